@@ -1,0 +1,50 @@
+"""Ray actor for one draft replica: loads the draft model and serves specpool.v1.DraftWorker.
+
+Module import pulls in no torch; the model loads inside the actor's own process.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+
+def _build_engine(config: dict):
+    import torch
+
+    from draft_worker.proposer import DraftEngine
+    from target_worker.model_pair import resolve_model
+
+    if config["num_threads"]:
+        torch.set_num_threads(config["num_threads"])
+    model = resolve_model(config["model"])
+    started = time.monotonic()
+    print(f"[specpool] draft: loading {model} ({config['dtype']}, {config['device']}) ...", flush=True)
+    engine = DraftEngine(model, config["dtype"], config["device"], config["max_sessions"])
+    print(f"[specpool] draft: loaded in {time.monotonic() - started:.1f}s", flush=True)
+    return engine
+
+
+class DraftWorker:
+    """One draft replica. `start()` loads the model and returns {"address", "pid"}."""
+
+    def __init__(self, config: dict):
+        self._config = config
+        self._server = None
+        self._engine = None
+
+    async def start(self) -> dict:
+        import ray
+
+        from draft_worker.server import DraftServicer
+        from protos.specpool.v1 import worker_pb2_grpc
+        from target_worker.grpc_server import start_server
+
+        self._engine = await asyncio.to_thread(_build_engine, self._config)
+        host = ray.util.get_node_ip_address()
+        self._server, address = await start_server(
+            worker_pb2_grpc.add_DraftWorkerServicer_to_server, DraftServicer(self._engine), host)
+        return {"address": address, "pid": os.getpid()}
+
+    def active_sessions(self) -> int:
+        return len(self._engine.sessions) if self._engine else 0

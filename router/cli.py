@@ -1,0 +1,167 @@
+"""specpool's command line.
+
+    specpool serve --config deploy/local.yaml          # place the pools on Ray, serve gRPC
+    specpool generate "The meaning of life is"        # ask a running server
+    specpool demo --config deploy/local.yaml "Hello"  # serve, answer one request, stop
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+
+import grpc
+
+from protos.specpool.v1 import generation_pb2, generation_pb2_grpc
+from router.config import ConfigError, SpecpoolConfig, load_config
+
+FINISH_NAMES = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FINISH_REASON_STOP: "stop",
+                generation_pb2.FINISH_REASON_EOS: "eos"}
+
+
+def build_router(config: SpecpoolConfig, pools):
+    from router.server import Router
+    from router.text import load_tokenizer
+    from router.worker_client import DraftClient, TargetClient
+
+    timeout = config.router.worker_timeout_s
+    return Router(config, [DraftClient(a, timeout) for a in pools.draft_addresses],
+                  [TargetClient(a, timeout) for a in pools.target_addresses],
+                  pools.target_info, load_tokenizer(pools.target_info["model_path"]))
+
+
+class Service:
+    """A running specpool: public server up at once (NOT_SERVING), pools launched, then SERVING."""
+
+    def __init__(self, config: SpecpoolConfig):
+        self.config = config
+        self.server = self.port = self.pools = None
+
+    async def start(self) -> "Service":
+        from router import launch
+        from router.server import mark_ready, start_public_server
+
+        self.server, self.port, servicer, health = await start_public_server(
+            self.config.router.host, self.config.router.port)
+        print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until pools are ready)",
+              flush=True)
+        await asyncio.to_thread(launch.connect, self.config)
+        self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s)
+        await mark_ready(servicer, health, build_router(self.config, self.pools))
+        print(f"[specpool] SERVING: {len(self.pools.draft_addresses)} draft, {len(self.pools.target_addresses)} "
+              f"target replica(s) (TP={self.config.target.tensor_parallel_size})", flush=True)
+        return self
+
+    async def stop(self, grace: float = 5.0) -> None:
+        if self.server:
+            await self.server.stop(grace)
+        if self.pools:
+            await asyncio.to_thread(self.pools.shutdown)
+
+
+async def _serve(config: SpecpoolConfig) -> None:
+    service = await Service(config).start()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print("[specpool] shutting down", flush=True)
+    await service.stop()
+
+
+def make_request(args) -> generation_pb2.GenerateRequest:
+    request = generation_pb2.GenerateRequest(prompt=args.prompt, max_new_tokens=args.max_new_tokens)
+    request.sampling.temperature = args.temperature
+    request.sampling.top_k = args.top_k
+    if args.top_p is not None:
+        request.sampling.top_p = args.top_p
+    if args.seed is not None:
+        request.sampling.seed = args.seed
+    if args.k is not None:
+        request.speculation.k = args.k
+    return request
+
+
+def summary(response: generation_pb2.GenerateResponse, tokens: int, seconds: float) -> str:
+    stats = response.stats
+    acceptance = stats.accepted_tokens / stats.draft_tokens if stats.draft_tokens else 0.0
+    per_pass = tokens / stats.target_passes if stats.target_passes else 0.0
+    return (f"[{tokens} tokens, finish={FINISH_NAMES.get(response.finish_reason, '?')}, "
+            f"target passes={stats.target_passes}, acceptance={acceptance:.2f}, "
+            f"mean accepted length={per_pass:.2f} tokens/pass, {tokens / seconds:.1f} tokens/s, "
+            f"wire={stats.wire_bytes} B]")
+
+
+def run_generate(args, out=sys.stdout) -> int:
+    request = make_request(args)
+    started = time.monotonic()
+    with grpc.insecure_channel(args.address) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        try:
+            if args.stream:
+                tokens, last = 0, None
+                for last in stub.GenerateStream(request):
+                    out.write(last.text)
+                    out.flush()
+                    tokens += len(last.token_ids)
+                response = last
+            else:
+                response = stub.Generate(request)
+                tokens = len(response.token_ids)
+                out.write(response.text)
+        except grpc.RpcError as exc:
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    print("\n" + summary(response, tokens, time.monotonic() - started), file=out)
+    return 0
+
+
+async def _demo(config: SpecpoolConfig, args) -> int:
+    service = await Service(config).start()
+    try:
+        args.address = f"127.0.0.1:{service.port}"
+        return await asyncio.to_thread(run_generate, args)
+    finally:
+        await service.stop()
+
+
+def _add_generate_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--k", type=int, default=None, help="fix K for this request (0: no speculation)")
+    parser.add_argument("--stream", action="store_true")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specpool", description="distributed speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="place the pools on Ray and serve gRPC")
+    serve.add_argument("--config", required=True)
+    gen = sub.add_parser("generate", help="send one request to a running server")
+    gen.add_argument("--address", default="127.0.0.1:50051")
+    _add_generate_args(gen)
+    demo = sub.add_parser("demo", help="serve the config, answer one request, stop")
+    demo.add_argument("--config", default="deploy/local.yaml")
+    _add_generate_args(demo)
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        return run_generate(args)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "serve":
+        asyncio.run(_serve(config))
+        return 0
+    return asyncio.run(_demo(config, args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""specpool's YAML config: one dataclass per section, validated at load.
+
+    specpool serve --config deploy/local.yaml
+
+An unknown key or a bad value raises ConfigError naming it (e.g. "draft.replicas: must be >= 1").
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from draft_worker.config import DraftConfig
+from target_worker.config import ConfigError, TargetConfig
+
+DRAFT_SAMPLING_MODES = ("greedy", "sampled")
+
+
+@dataclass
+class RouterConfig:
+    host: str = "127.0.0.1"          # interface the public gRPC server binds
+    port: int = 50051
+    worker_timeout_s: float = 30.0   # per router -> worker call
+    ready_timeout_s: float = 600.0   # how long serve waits for every pool to load
+
+    def validate(self, section: str = "router") -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"{section}.port: must be in [0, 65535] (got {self.port!r})")
+        for key in ("worker_timeout_s", "ready_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{section}.{key}: must be > 0 (got {getattr(self, key)!r})")
+
+
+@dataclass
+class SpeculationConfig:
+    k: int = 4                       # draft tokens per round (0: plain target decoding)
+    k_max: int = 16                  # largest K a request may ask for
+    draft_sampling: str = "greedy"   # greedy: q one-hot, IDs only; sampled: draft samples, sends hidden states
+
+    def validate(self, section: str = "speculation") -> None:
+        if not 0 <= self.k <= self.k_max:
+            raise ConfigError(f"{section}.k: must be in [0, k_max={self.k_max}] (got {self.k!r})")
+        if self.draft_sampling not in DRAFT_SAMPLING_MODES:
+            raise ConfigError(f"{section}.draft_sampling: must be one of {DRAFT_SAMPLING_MODES} "
+                              f"(got {self.draft_sampling!r})")
+
+
+@dataclass
+class RayConfig:
+    address: str = ""                # "" starts a local Ray instance; "auto" or host:port joins a cluster
+    namespace: str = "specpool"
+    node_ip: str = ""                # local instance only: the address workers bind (e.g. 127.0.0.1)
+    num_cpus: int = 0                # local instance only: logical CPUs (0: Ray's default)
+    resources: dict = field(default_factory=dict)   # local instance only: custom resources to declare
+
+    def validate(self, section: str = "ray") -> None:
+        if self.num_cpus < 0:
+            raise ConfigError(f"{section}.num_cpus: must be >= 0 (got {self.num_cpus!r})")
+
+
+@dataclass
+class SpecpoolConfig:
+    router: RouterConfig = field(default_factory=RouterConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+
+
+def _coerce(value, kind, key: str):
+    """Check one scalar against its dataclass field type; ints are accepted where floats are."""
+    origin = typing.get_origin(kind) or kind
+    if origin is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: must be a mapping (got {value!r})")
+        return dict(value)
+    if not isinstance(value, origin) or (origin is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: must be {origin.__name__} (got {value!r})")
+    return value
+
+
+def _build(cls, data: dict, prefix: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: must be a mapping (got {data!r})")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown key (known: {', '.join(sorted(names))})")
+    kwargs = {}
+    for name, value in data.items():
+        kind = hints[name]
+        if dataclasses.is_dataclass(kind):
+            kwargs[name] = _build(kind, value or {}, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, kind, prefix + name)
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict) -> SpecpoolConfig:
+    config = _build(SpecpoolConfig, data or {}, "")
+    for section in dataclasses.fields(SpecpoolConfig):
+        getattr(config, section.name).validate(section.name)
+    return config
+
+
+def load_config(path: str | os.PathLike) -> SpecpoolConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from exc
+    return config_from_dict(data)
+
+
+def config_to_dict(config: SpecpoolConfig) -> dict:
+    return dataclasses.asdict(config)

@@ -1,0 +1,94 @@
+"""Placing the worker pools on Ray: draft replicas as actors, each target replica as a STRICT_PACK
+placement group of tensor-parallel rank actors. Pools are steered to their nodes by the Ray
+resources named in the config (e.g. draft_gpu / target_gpu). No torch is imported here."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from draft_worker.actor import DraftWorker
+from router.config import SpecpoolConfig
+from target_worker.actor import TargetRank
+from target_worker.config import PoolConfig
+
+
+@dataclass
+class Pools:
+    draft_addresses: list[str] = field(default_factory=list)
+    target_addresses: list[str] = field(default_factory=list)
+    target_info: dict = field(default_factory=dict)        # rank 0 of the first target replica
+    draft_actors: list = field(default_factory=list)
+    target_actors: list[list] = field(default_factory=list)  # per replica, its ranks
+    placement_groups: list = field(default_factory=list)
+
+    def shutdown(self) -> None:
+        for actor in self.draft_actors + [a for ranks in self.target_actors for a in ranks]:
+            ray.kill(actor, no_restart=True)
+        for group in self.placement_groups:
+            remove_placement_group(group)
+
+
+def connect(config: SpecpoolConfig) -> None:
+    """Join RAY_ADDRESS / ray.address, or start a local instance with the configured resources."""
+    if ray.is_initialized():
+        return
+    address = config.ray.address or os.environ.get("RAY_ADDRESS") or None
+    kwargs = {"namespace": config.ray.namespace, "log_to_driver": True}
+    if address is None:
+        kwargs.update(include_dashboard=False, resources=config.ray.resources or None,
+                      num_cpus=config.ray.num_cpus or None, _node_ip_address=config.ray.node_ip or None)
+    ray.init(address=address, **kwargs)
+
+
+def _bundle(pool: PoolConfig) -> dict:
+    bundle = {"CPU": pool.num_cpus, "GPU": pool.num_gpus, **pool.resources}
+    return {name: amount for name, amount in bundle.items() if amount} or {"CPU": 0.01}
+
+
+def start_draft(config: SpecpoolConfig, index: int):
+    pool = config.draft
+    actor = ray.remote(DraftWorker).options(
+        name=f"specpool-draft-{index}", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
+        resources=pool.resources, max_restarts=-1, max_concurrency=64,
+    ).remote(dataclasses.asdict(pool))
+    return actor, actor.start.remote()
+
+
+def start_target(config: SpecpoolConfig, index: int):
+    pool, size = config.target, config.target.tensor_parallel_size
+    group = placement_group([_bundle(pool)] * size, strategy="STRICT_PACK", name=f"specpool-target-{index}")
+    ranks = [ray.remote(TargetRank).options(
+        name=f"specpool-target-{index}-rank-{rank}", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
+        resources=pool.resources, max_restarts=-1, max_concurrency=64,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+    ).remote(dataclasses.asdict(pool), dataclasses.asdict(config.draft), rank, size) for rank in range(size)]
+    return group, ranks
+
+
+def launch(config: SpecpoolConfig, timeout: float | None = None) -> Pools:
+    """Start every replica of both pools and wait until all have loaded their models."""
+    pools = Pools()
+    draft_refs = []
+    for i in range(config.draft.replicas):
+        actor, ref = start_draft(config, i)
+        pools.draft_actors.append(actor)
+        draft_refs.append(ref)
+    target_refs = []
+    for i in range(config.target.replicas):
+        group, ranks = start_target(config, i)
+        pools.placement_groups.append(group)
+        pools.target_actors.append(ranks)
+        ray.get(group.ready(), timeout=timeout)
+        master = ray.get(ranks[0].rendezvous.remote(), timeout=timeout)
+        target_refs.append([rank.start.remote(master) for rank in ranks])
+    pools.draft_addresses = [info["address"] for info in ray.get(draft_refs, timeout=timeout)]
+    for refs in target_refs:
+        infos = ray.get(refs, timeout=timeout)
+        pools.target_addresses.append(infos[0]["address"])
+        pools.target_info = pools.target_info or infos[0]
+    return pools

@@ -1,0 +1,119 @@
+"""The speculative loop, run by the router for each request.
+
+One round: the draft worker appends the newly committed tokens to its cache and proposes K tokens;
+the target worker runs one forward over its new tokens plus the K drafts and rejection-samples
+them, answering how many it accepted and the next token. The router commits those tokens and is
+the source of truth for them: each worker's `synced` count says how many committed tokens its
+cache holds, so a round sends only what is new, and a worker that lost its cache is re-prefilled.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
+
+import grpc
+
+from protos.specpool.v1 import generation_pb2, worker_pb2
+from router.worker_client import DraftClient, TargetClient
+
+
+@dataclass
+class RequestState:
+    """Everything the router knows about one request in flight."""
+    session_id: int
+    tokens: list[int]                      # prompt + committed output
+    prompt_len: int
+    max_new_tokens: int
+    sampling: generation_pb2.SamplingParams  # normalised: top_p and seed always set
+    fixed_k: int | None                    # the request's own K, or None for the router's policy
+    draft_mode: int                        # worker_pb2.DRAFT_MODE_*
+    max_context: int
+    stop_ids: frozenset = frozenset()
+    eos_ids: frozenset = frozenset()
+    draft_synced: int = 0                  # committed tokens held in the draft worker's cache
+    target_synced: int = 0                 # committed tokens held in the target worker's cache
+    finish_reason: int = generation_pb2.FINISH_REASON_UNSPECIFIED
+    stats: generation_pb2.GenerationStats = field(default_factory=generation_pb2.GenerationStats)
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+def clamp_k(state: RequestState, k: int) -> int:
+    """No drafts past max_new_tokens (a round commits up to K + 1) or past the context window."""
+    remaining = state.max_new_tokens - state.generated
+    room = state.max_context - len(state.tokens) - 1 if state.max_context else k
+    return max(0, min(k, remaining - 1, room))
+
+
+async def propose(state: RequestState, draft: DraftClient, k: int) -> tuple[list[int], bytes]:
+    """K draft tokens (and their hidden states in sampled mode); no drafts if the draft is unreachable."""
+    try:
+        response, wire = await draft.propose(state.session_id, state.tokens, state.draft_synced, k,
+                                             state.sampling, state.draft_mode)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise
+        state.draft_synced = 0            # whatever comes back up has no cache for us
+        return [], b""
+    state.stats.wire_bytes += wire
+    return list(response.draft_token_ids), response.draft_hidden_states
+
+
+async def speculative_round(state: RequestState, draft: DraftClient | None, target: TargetClient,
+                            k: int) -> list[int]:
+    """Draft K, verify them in one target pass, return the 1..K+1 tokens the target committed to."""
+    committed_before = len(state.tokens)
+    drafts, hidden = await propose(state, draft, k) if k > 0 and draft else ([], b"")
+    verdict, wire = await target.verify(state.session_id, state.tokens, state.target_synced, drafts, hidden,
+                                        state.sampling)
+    accepted = verdict.num_accepted
+    if drafts:   # the draft cached the committed tokens and its first K-1 drafts
+        state.draft_synced = committed_before + min(accepted, len(drafts) - 1)
+    state.target_synced = committed_before + accepted
+    stats = state.stats
+    stats.wire_bytes += wire
+    stats.target_passes += 1
+    stats.draft_tokens += len(drafts)
+    stats.accepted_tokens += accepted
+    stats.k_per_round.append(len(drafts))
+    return drafts[:accepted] + [verdict.next_token_id]
+
+
+def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
+    """Append tokens until a stop token, EOS or max_new_tokens; returns what was committed."""
+    committed = []
+    for token in new_tokens:
+        state.tokens.append(token)
+        committed.append(token)
+        if token in state.stop_ids:
+            state.finish_reason = generation_pb2.FINISH_REASON_STOP
+        elif token in state.eos_ids:
+            state.finish_reason = generation_pb2.FINISH_REASON_EOS
+        elif state.generated >= state.max_new_tokens:
+            state.finish_reason = generation_pb2.FINISH_REASON_LENGTH
+        if state.finish_reason:
+            break
+    return committed
+
+
+async def generate(state: RequestState, draft: DraftClient | None, target: TargetClient,
+                   choose_k: Callable[[RequestState], int]) -> AsyncIterator[list[int]]:
+    """Run rounds until the request finishes, yielding each round's committed tokens.
+    Both workers' caches for this session are released however the request ends."""
+    try:
+        while not state.finish_reason:
+            k = clamp_k(state, state.fixed_k if state.fixed_k is not None else choose_k(state))
+            yield commit(state, await speculative_round(state, draft, target, k))
+    finally:
+        await release(state.session_id, [w for w in (draft, target) if w is not None])
+
+
+async def release(session_id: int, workers: list) -> None:
+    """Best-effort: a worker that is down has lost the cache anyway; LRU eviction is the backstop."""
+    await asyncio.gather(*(w.release(session_id) for w in workers), return_exceptions=True)
+
+
+DRAFT_MODES = {"greedy": worker_pb2.DRAFT_MODE_GREEDY, "sampled": worker_pb2.DRAFT_MODE_SAMPLED}

@@ -1,0 +1,69 @@
+"""Checks on a GenerateRequest. Each failure names the offending field, and the servicer turns it
+into INVALID_ARGUMENT; nothing is silently clamped or truncated."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from protos.specpool.v1 import generation_pb2
+
+MAX_REQUEST_ID_CHARS = 256
+
+
+class RequestError(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    vocab_size: int
+    max_context: int          # 0: unknown, no limit checked
+    k_max: int
+    max_prompt_tokens: int = 0  # 0: only the context window limits it
+
+
+def check_token_ids(field: str, token_ids, vocab_size: int) -> None:
+    for i, token in enumerate(token_ids):
+        if not 0 <= token < vocab_size:
+            raise RequestError(f"{field}[{i}]", f"{token} is outside the vocabulary [0, {vocab_size})")
+
+
+def check_prompt(request: generation_pb2.GenerateRequest, prompt_ids: list[int], limits: ModelLimits) -> None:
+    if request.prompt and request.prompt_token_ids:
+        raise RequestError("prompt", "set prompt or prompt_token_ids, not both")
+    if not prompt_ids:
+        raise RequestError("prompt_token_ids" if not request.prompt else "prompt", "must not be empty")
+    check_token_ids("prompt_token_ids", prompt_ids, limits.vocab_size)
+    if limits.max_prompt_tokens and len(prompt_ids) > limits.max_prompt_tokens:
+        raise RequestError("prompt", f"{len(prompt_ids)} tokens is over the limit of {limits.max_prompt_tokens}")
+
+
+def check_lengths(request: generation_pb2.GenerateRequest, prompt_len: int, limits: ModelLimits) -> None:
+    if request.max_new_tokens < 1:
+        raise RequestError("max_new_tokens", "must be >= 1")
+    if limits.max_context and prompt_len + request.max_new_tokens > limits.max_context:
+        raise RequestError("max_new_tokens", f"prompt ({prompt_len} tokens) + max_new_tokens "
+                           f"({request.max_new_tokens}) exceeds the model's context of {limits.max_context}")
+
+
+def check_sampling(sampling: generation_pb2.SamplingParams) -> None:
+    if not math.isfinite(sampling.temperature) or sampling.temperature < 0:
+        raise RequestError("sampling.temperature", f"must be a finite number >= 0 (got {sampling.temperature})")
+    if sampling.HasField("top_p") and not 0 < sampling.top_p <= 1:
+        raise RequestError("sampling.top_p", f"must be in (0, 1] (got {sampling.top_p})")
+    if sampling.top_k < 0:
+        raise RequestError("sampling.top_k", f"must be >= 0 (got {sampling.top_k})")
+
+
+def validate(request: generation_pb2.GenerateRequest, prompt_ids: list[int], limits: ModelLimits) -> None:
+    """Raise RequestError for the first invalid field of the request."""
+    check_prompt(request, prompt_ids, limits)
+    check_lengths(request, len(prompt_ids), limits)
+    check_sampling(request.sampling)
+    if request.speculation.HasField("k") and request.speculation.k > limits.k_max:
+        raise RequestError("speculation.k", f"must be <= k_max={limits.k_max} (got {request.speculation.k})")
+    check_token_ids("stop_token_ids", request.stop_token_ids, limits.vocab_size)
+    if len(request.request_id) > MAX_REQUEST_ID_CHARS:
+        raise RequestError("request_id", f"must be at most {MAX_REQUEST_ID_CHARS} characters")

@@ -1,0 +1,79 @@
+"""Ray actor for one rank of a target replica's tensor-parallel group.
+
+All ranks load their shard with transformers' TP plan; rank 0 also serves specpool.v1.TargetWorker
+and forwards each call to the other ranks (see tensor_parallel.py). Module import pulls in no torch.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _build_engine(config: dict, draft: dict, rank: int, world_size: int, master: tuple[str, int]):
+    import torch
+
+    from target_worker import tensor_parallel
+    from target_worker.model_pair import resolve_model
+    from target_worker.verifier import TargetEngine
+
+    if config["num_threads"]:
+        torch.set_num_threads(config["num_threads"])
+    if world_size > 1:
+        tensor_parallel.init_group(rank, world_size, master[0], master[1], config["device"])
+    model, draft_model = resolve_model(config["model"]), resolve_model(draft["model"])
+    started = time.monotonic()
+    print(f"[specpool] target rank {rank}/{world_size}: loading {model} ({config['dtype']}, "
+          f"{config['device']}) ...", flush=True)
+    engine = TargetEngine(model, draft_model, config["dtype"], config["device"], draft["dtype"],
+                          tp_plan="auto" if world_size > 1 else None, max_sessions=config["max_sessions"])
+    print(f"[specpool] target rank {rank}: loaded in {time.monotonic() - started:.1f}s", flush=True)
+    return engine
+
+
+class TargetRank:
+    """Rank `rank` of one target replica. Call rendezvous() on rank 0, then start() on every rank."""
+
+    def __init__(self, config: dict, draft: dict, rank: int, world_size: int):
+        self._config, self._draft = config, draft
+        self._rank, self._world_size = rank, world_size
+        self._engine = None
+        self._server = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        return host, _free_port(host)
+
+    async def start(self, master: tuple[str, int]) -> dict:
+        import ray
+
+        from protos.specpool.v1 import worker_pb2_grpc
+        from target_worker import tensor_parallel
+        from target_worker.grpc_server import start_server
+        from target_worker.model_pair import resolve_model
+        from target_worker.modeling import model_info
+        from target_worker.server import TargetServicer
+
+        self._engine = await asyncio.to_thread(
+            _build_engine, self._config, self._draft, self._rank, self._world_size, master)
+        info = {"pid": os.getpid(), "rank": self._rank, "model_path": resolve_model(self._config["model"]),
+                **model_info(self._engine.model)}
+        if self._rank > 0:
+            tensor_parallel.start_follower(self._engine)
+            return info
+        self._server, address = await start_server(
+            worker_pb2_grpc.add_TargetWorkerServicer_to_server,
+            TargetServicer(self._engine, self._world_size), ray.util.get_node_ip_address())
+        return {**info, "address": address}
+
+    def active_sessions(self) -> int:
+        return len(self._engine.sessions) if self._engine else 0

@@ -1,0 +1,43 @@
+"""What the draft and target gRPC servers share: running the engine off the event loop, mapping
+engine errors to gRPC statuses, and starting a grpc.aio server on the worker's node."""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import grpc
+
+from target_worker.sessions import SessionLost
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                  ("grpc.so_reuseport", 0)]
+
+
+class EngineRunner:
+    """Runs engine calls one at a time on a dedicated thread (the model is not thread-safe)."""
+
+    def __init__(self):
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+    async def call(self, context: grpc.aio.ServicerContext, fn: Callable, *args):
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, fn, *args)
+        except SessionLost as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
+async def start_server(add_servicer: Callable, servicer, host: str, port: int = 0,
+                       credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.aio.Server, str]:
+    """Start a grpc.aio server for one servicer; returns it and its "host:port" address."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    add_servicer(servicer, server)
+    bind = f"{host}:{port}"
+    bound = server.add_secure_port(bind, credentials) if credentials else server.add_insecure_port(bind)
+    await server.start()
+    return server, f"{host}:{bound}"

@@ -1,0 +1,78 @@
+"""Per-request KV caches held by a worker, keyed by the router's session id.
+
+The router is the source of truth for committed tokens. Each call names the `position` the worker
+should already hold; the store crops the cache back to it (dropping rejected drafts) or, if it
+holds fewer tokens than that (never saw the session, evicted it, restarted), raises SessionLost so
+the router re-sends the whole committed context with position 0.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+from target_worker.sampling import Sampling
+
+
+class SessionLost(Exception):
+    """The worker does not hold the tokens the router expects it to hold."""
+
+
+@dataclass
+class Session:
+    sampling: Sampling
+    cache: object = None           # transformers DynamicCache, created on first forward
+    length: int = 0                # tokens held in the cache
+    last_used: float = field(default=0.0)
+
+    def crop(self, position: int) -> None:
+        if self.length > position:
+            self.cache.crop(position - self.length)   # negative: number of tokens to drop
+            self.length = position
+
+
+class SessionStore:
+    """LRU map of session id -> Session, bounded by max_sessions."""
+
+    def __init__(self, max_sessions: int = 256, clock: Callable[[], float] = time.monotonic):
+        self._sessions: OrderedDict[int, Session] = OrderedDict()
+        self._max_sessions = max_sessions
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def open(self, session_id: int, position: int, sampling: Sampling | None) -> Session:
+        """The session, cropped to `position`; position 0 (re)starts it with `sampling`."""
+        if position == 0:
+            if sampling is None:
+                raise ValueError("sampling params are required when a session starts (position 0)")
+            session = Session(sampling=sampling)
+            self._sessions[session_id] = session
+        else:
+            session = self._sessions.get(session_id)
+            if session is None or session.length < position:
+                held = 0 if session is None else session.length
+                raise SessionLost(f"session {session_id}: router expects {position} tokens, worker holds {held}")
+            session.crop(position)
+        self._sessions.move_to_end(session_id)
+        session.last_used = self._clock()
+        while len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+        return session
+
+    def release(self, session_id: int) -> bool:
+        return self._sessions.pop(session_id, None) is not None
+
+
+def sampling_from_proto(params) -> Sampling:
+    """specpool.v1.SamplingParams (already normalised by the router) -> Sampling."""
+    return Sampling(temperature=params.temperature, top_p=params.top_p if params.HasField("top_p") else 1.0,
+                    top_k=params.top_k, seed=params.seed)
+
+
+def open_session(store: SessionStore, request) -> Session:
+    """Open the session a Propose/Verify request names (sampling travels only with position 0)."""
+    sampling = sampling_from_proto(request.sampling) if request.HasField("sampling") else None
+    return store.open(request.session_id, request.position, sampling)
