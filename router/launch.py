@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 from dataclasses import dataclass, field
 
 import ray
@@ -50,20 +51,20 @@ def _bundle(pool: PoolConfig) -> dict:
     return {name: amount for name, amount in bundle.items() if amount} or {"CPU": 0.01}
 
 
-def start_draft(config: SpecpoolConfig, index: int):
+def start_draft(config: SpecpoolConfig, index: int, tag: str):
     pool = config.draft
     actor = ray.remote(DraftWorker).options(
-        name=f"specpool-draft-{index}", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
+        name=f"specpool-{tag}-draft-{index}", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
         resources=pool.resources, max_restarts=-1, max_concurrency=64,
     ).remote(dataclasses.asdict(pool))
     return actor, actor.start.remote()
 
 
-def start_target(config: SpecpoolConfig, index: int):
+def start_target(config: SpecpoolConfig, index: int, tag: str):
     pool, size = config.target, config.target.tensor_parallel_size
-    group = placement_group([_bundle(pool)] * size, strategy="STRICT_PACK", name=f"specpool-target-{index}")
+    group = placement_group([_bundle(pool)] * size, strategy="STRICT_PACK", name=f"specpool-{tag}-target-{index}")
     ranks = [ray.remote(TargetRank).options(
-        name=f"specpool-target-{index}-rank-{rank}", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
+        name=f"specpool-{tag}-target-{index}-rank-{rank}", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
         resources=pool.resources, max_restarts=-1, max_concurrency=64,
         scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
     ).remote(dataclasses.asdict(pool), dataclasses.asdict(config.draft), rank, size) for rank in range(size)]
@@ -71,16 +72,17 @@ def start_target(config: SpecpoolConfig, index: int):
 
 
 def launch(config: SpecpoolConfig, timeout: float | None = None) -> Pools:
-    """Start every replica of both pools and wait until all have loaded their models."""
-    pools = Pools()
+    """Start every replica of both pools and wait until all have loaded their models.
+    Actors are named specpool-<tag>-draft-<i> and specpool-<tag>-target-<i>-rank-<r>."""
+    pools, tag = Pools(), uuid.uuid4().hex[:6]
     draft_refs = []
     for i in range(config.draft.replicas):
-        actor, ref = start_draft(config, i)
+        actor, ref = start_draft(config, i, tag)
         pools.draft_actors.append(actor)
         draft_refs.append(ref)
     target_refs = []
     for i in range(config.target.replicas):
-        group, ranks = start_target(config, i)
+        group, ranks = start_target(config, i, tag)
         pools.placement_groups.append(group)
         pools.target_actors.append(ranks)
         ray.get(group.ready(), timeout=timeout)

@@ -1,0 +1,114 @@
+"""Shared fixtures: tiny model pairs built offline, a local Ray instance, and running services."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import threading
+
+import grpc
+import pytest
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from protos.specpool.v1 import generation_pb2_grpc  # noqa: E402
+from router.config import config_from_dict  # noqa: E402
+
+ALPHABET = "abcdefgh"
+
+
+@pytest.fixture(scope="session")
+def byte_pair(tmp_path_factory):
+    """A byte-level random-init pair (vocab 257)."""
+    from target_worker.model_pair import PairSpec, ensure_pair
+    draft, target = ensure_pair(tmp_path_factory.mktemp("pairs") / "bytes", PairSpec(seed=3, target_hidden=128))
+    return str(draft), str(target)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """A pair over a 9-token vocabulary with peaked, different distributions: cheap to test exactly."""
+    from target_worker.model_pair import PairSpec, ensure_pair
+    spec = PairSpec(alphabet=ALPHABET, seed=5, init_std=0.3, target_hidden=64, target_layers=2)
+    draft, target = ensure_pair(tmp_path_factory.mktemp("pairs") / "tiny", spec)
+    return str(draft), str(target)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    import ray
+    ray.init(num_cpus=16, resources={"draft_pool": 8, "target_pool": 16}, include_dashboard=False,
+             namespace="specpool-tests", _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def service_config(pair, **overrides) -> dict:
+    draft, target = pair
+    config = {
+        "router": {"host": "127.0.0.1", "port": 0, "worker_timeout_s": 60.0},
+        "draft": {"model": draft, "resources": {"draft_pool": 1}, "num_threads": 1},
+        "target": {"model": target, "resources": {"target_pool": 1}, "num_threads": 1},
+        "speculation": {"k": 3},
+    }
+    for section, values in overrides.items():
+        config.setdefault(section, {}).update(values)
+    return config
+
+
+class RunningService:
+    """A specpool Service on its own event loop thread, as `specpool serve` runs it."""
+
+    def __init__(self, config: dict):
+        from router.cli import Service
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.service = self._run(Service(config_from_dict(config)).start())
+        self.address = f"127.0.0.1:{self.service.port}"
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+
+    def _run(self, coro, timeout=600):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self):
+        self.channel.close()
+        self._run(self.service.stop(grace=1.0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def start_service(ray_local):
+    running = []
+
+    def start(config: dict) -> RunningService:
+        service = RunningService(config)
+        running.append(service)
+        return service
+    yield start
+    for service in running:
+        service.stop()
+
+
+@pytest.fixture(scope="session")
+def reference_generate(byte_pair):
+    """Greedy transformers generate() of the target alone, cached per (prompt, length)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(byte_pair[1]).eval()
+    cache = {}
+
+    def generate(prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        key = (tuple(prompt_ids), max_new_tokens)
+        if key not in cache:
+            out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False)
+            tokens = out[0, len(prompt_ids):].tolist()
+            eos = model.generation_config.eos_token_id
+            cache[key] = tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
+        return cache[key]
+    return generate
+
+

@@ -1,0 +1,93 @@
+"""End to end through gRPC, Ray actors and the router: greedy output is token-for-token identical
+to transformers generate() of the target alone, for K in {1, 3, 6}, TP=1 and TP=2, streaming and
+unary, and under concurrency with sessions evicted (re-prefill)."""
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos.specpool.v1 import generation_pb2
+from tests.conftest import service_config
+
+PROMPTS = [[72, 101, 108, 108, 111], [10, 200, 3, 77, 150, 42, 9, 1, 2, 3, 4], [33]]
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def service(request, start_service, byte_pair):
+    # max_sessions=2 makes workers evict sessions under concurrency, exercising re-prefill.
+    return start_service(service_config(byte_pair, target={"tensor_parallel_size": request.param,
+                                                           "max_sessions": 2},
+                                        draft={"max_sessions": 2}))
+
+
+def greedy_request(prompt, k, max_new=MAX_NEW):
+    request = generation_pb2.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=max_new)
+    request.speculation.k = k
+    return request
+
+
+def stream_tokens(stub, request):
+    chunks = list(stub.GenerateStream(request))
+    tokens = [t for chunk in chunks for t in chunk.token_ids]
+    return tokens, chunks
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("mode", ["unary", "stream"])
+def test_greedy_identical_to_target_generate(service, reference_generate, k, mode):
+    for prompt in PROMPTS:
+        expected = reference_generate(prompt, MAX_NEW)
+        request = greedy_request(prompt, k)
+        if mode == "unary":
+            response = service.stub.Generate(request)
+            tokens, stats = list(response.token_ids), response.stats
+        else:
+            tokens, chunks = stream_tokens(service.stub, request)
+            stats = chunks[-1].stats
+            assert all(c.finish_reason == 0 for c in chunks[:-1]) and chunks[-1].finish_reason != 0
+        assert tokens == expected, (prompt, k)
+        assert set(stats.k_per_round) <= {k, *range(k)}          # K is clamped only near the end
+        assert stats.target_passes == len(stats.k_per_round)
+        assert stats.accepted_tokens + stats.target_passes >= len(tokens)
+
+
+def test_plain_target_decoding_with_k0(service, reference_generate):
+    response = service.stub.Generate(greedy_request(PROMPTS[0], 0))
+    assert list(response.token_ids) == reference_generate(PROMPTS[0], MAX_NEW)
+    assert response.stats.draft_tokens == 0 and set(response.stats.k_per_round) == {0}
+    assert response.stats.target_passes == len(response.token_ids)
+
+
+def test_concurrent_requests_each_match_alone(service, reference_generate):
+    requests = [(prompt, k) for prompt in PROMPTS for k in (1, 4)] * 2
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda pk: service.stub.Generate(greedy_request(*pk)).token_ids, requests))
+    for (prompt, _), tokens in zip(requests, results):
+        assert list(tokens) == reference_generate(prompt, MAX_NEW)
+
+
+def test_health_serving_and_reflection(service):
+    channel = grpc.insecure_channel(service.address)
+    health = health_pb2_grpc.HealthStub(channel)
+    assert health.Check(health_pb2.HealthCheckRequest(service="")).status == health_pb2.HealthCheckResponse.SERVING
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    answer = next(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    names = {s.name for s in answer.list_services_response.service}
+    assert {"specpool.v1.Generation", "grpc.health.v1.Health"} <= names
+    channel.close()
+
+
+def test_text_prompt_and_stop_tokens(service, reference_generate, byte_pair):
+    from router.text import load_tokenizer
+    prompt_text = "Hello"
+    expected = reference_generate(load_tokenizer(byte_pair[1]).encode(prompt_text).ids, MAX_NEW)
+    response = service.stub.Generate(generation_pb2.GenerateRequest(prompt=prompt_text, max_new_tokens=MAX_NEW))
+    assert list(response.token_ids) == expected
+    stop = expected[5]
+    response = service.stub.Generate(generation_pb2.GenerateRequest(prompt=prompt_text, max_new_tokens=MAX_NEW,
+                                                                    stop_token_ids=[stop]))
+    assert list(response.token_ids) == expected[:expected.index(stop) + 1]
+    assert response.finish_reason == generation_pb2.FINISH_REASON_STOP
