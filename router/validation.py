@@ -34,7 +34,7 @@ def check_prompt(request: generation_pb2.GenerateRequest, prompt_ids: list[int],
     if request.prompt and request.prompt_token_ids:
         raise RequestError("prompt", "set prompt or prompt_token_ids, not both")
     if not prompt_ids:
-        raise RequestError("prompt_token_ids" if not request.prompt else "prompt", "must not be empty")
+        raise RequestError("prompt", "must not be empty (set prompt or prompt_token_ids)")
     check_token_ids("prompt_token_ids", prompt_ids, limits.vocab_size)
     if limits.max_prompt_tokens and len(prompt_ids) > limits.max_prompt_tokens:
         raise RequestError("prompt", f"{len(prompt_ids)} tokens is over the limit of {limits.max_prompt_tokens}")

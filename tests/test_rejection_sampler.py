@@ -1,25 +1,12 @@
 """Properties of the rejection sampler (target_worker.sampling), in the paper's vocabulary."""
-import math
-
 import pytest
 import torch
 
 from target_worker.sampling import (Sampling, logits_to_probs, one_hot_draft_probs, rejection_sample, sample,
                                     generator)
+from tests.distribution import chi_square_p_value
 
 VOCAB = 6
-
-
-def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """p-value of Pearson's chi-square test of counts against probs (cells with p > 0)."""
-    n = counts.sum()
-    mask = probs > 0
-    expected = probs[mask] * n
-    stat = float(((counts[mask] - expected) ** 2 / expected).sum())
-    dof = int(mask.sum()) - 1
-    # Wilson-Hilferty approximation of the chi-square survival function
-    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
-    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def random_rows(seed: int, rows: int, sharpness: float = 2.0) -> torch.Tensor:

@@ -1,0 +1,298 @@
+"""Adaptive K: how many draft tokens to propose per speculative round.
+
+Model. Each round the draft proposes K tokens and the target verifies them in one pass. Draft position j
+(0-based) is accepted with the conditional probability a_j = P(j accepted | 0..j-1 accepted); the round commits
+the accepted prefix plus one target token, so
+
+    E[K] = sum_{i=0..K} prod_{j<i} a_j                                (E[0] = 1: plain target decoding)
+    T(K) = [K > 0] * (K * t_draft + rtt_draft) + t_verify(K) + rtt_target,   t_verify(K) = a + b*K
+    goodput(K) = E[K] / T(K)                                          (tokens per second)
+
+Acceptance statistics. Per position j the last `window` outcomes are kept: a round with K drafts and n accepted
+adds "accepted" at positions 0..n-1, "rejected" at n (if n < K) and nothing beyond (never attempted). Outcomes
+older than `max_age` rounds are dropped too, so rarely attempted positions forget an old phase. Each a_j is
+shrunk towards a prior with `prior_weight` pseudo-outcomes: a_0 towards `prior_acceptance`, a_j (j > 0) towards
+the estimate of a_{j-1}. This "chain extrapolation" is how positions beyond the current K stay learnable: an
+unseen position is assumed to accept like the deepest one seen, so the controller can jump to a large K as soon
+as the shallow positions look good, and probes at K+1 (see below) then measure the deeper positions directly.
+
+Cost statistics (all timings are passed in; nothing here reads a clock), exponentially weighted with an effective
+length of `cost_window` rounds: t_draft = sum(draft seconds) / sum(drafted tokens); t_verify(K) = a + b*K by
+ridge-regularised weighted least squares over (K, verify seconds), so the slope tends to 0 (a constant) while
+only one K has been seen, and is clamped >= 0; rtt_draft and rtt_target are weighted means.
+
+Policies. `fixed` always returns `k`. `threshold` moves K by one step every `adjust_every` rounds: up when the
+acceptance rate since its last step is above `raise_above`, down when below `lower_below`. `goodput` starts at
+`k` for `warmup_rounds`, then takes the argmax of goodput(K) over [k_min, k_max], switching only when the best
+beats the current K by the `hysteresis` fraction. Both adaptive policies probe roughly every `probe_every`
+rounds (jittered by the injected RNG): K+1 (K-1 at k_max), or with chance `random_probe` a uniformly random
+other K, so stale statistics refresh and a phase change is noticed even at K = 0.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+POLICIES = ("fixed", "threshold", "goodput")
+_RIDGE = 0.01          # added to the variance of K in the t_verify fit: slope -> 0 while only one K was seen
+_MIN_TIME = 1e-12      # floor of T(K), so a model with no timings yet never divides by zero
+_COST_KEYS = ("w", "x", "y", "xx", "xy", "rtt_target", "dw", "draft_s", "draft_k", "rtt_draft")
+
+
+@dataclass
+class ControllerConfig:
+    policy: str = "goodput"          # fixed | threshold | goodput
+    k: int = 4                       # the fixed K, and the starting K of the adaptive policies
+    k_min: int = 0                   # smallest K an adaptive policy chooses (0: plain target decoding)
+    k_max: int = 8                   # largest K an adaptive policy chooses; positions tracked: 0..k_max-1
+    window: int = 64                 # outcomes kept per draft position (position 0: the last `window` rounds with K > 0)
+    max_age: int = 512               # rounds after which an outcome is dropped even if its window is not full
+    prior_acceptance: float = 0.5    # prior for a_0; a_j (j > 0) is shrunk towards a_{j-1} instead
+    prior_weight: float = 2.0        # pseudo-outcomes behind each prior
+    cost_window: int = 256           # effective length in rounds of the exponentially weighted timing estimates
+    # threshold policy
+    raise_above: float = 0.8         # K += 1 when the acceptance rate since the last step is above this
+    lower_below: float = 0.4         # K -= 1 when it is below this
+    adjust_every: int = 16           # rounds between two threshold steps
+    # goodput policy
+    warmup_rounds: int = 16          # rounds observed at K = k before the model decides (and before probing)
+    hysteresis: float = 0.05         # switch only if the best K's modeled goodput beats the current K's by this fraction
+    # probing (threshold and goodput)
+    probe_every: int = 8             # mean rounds between probes; 0 disables probing
+    random_probe: float = 0.1        # chance that a probe tries a uniformly random other K instead of K+1
+
+    def validate(self, section: str = "speculation") -> None:
+        """Raise ValueError naming the first bad key, e.g. 'speculation.k_max: must be >= k_min=2 (got 1)'."""
+        if self.policy not in POLICIES:
+            raise ValueError(f"{section}.policy: must be one of {POLICIES} (got {self.policy!r})")
+        checks = (
+            ("k_min", self.k_min >= 0, "must be >= 0"),
+            ("k_max", self.k_max >= self.k_min, f"must be >= k_min={self.k_min}"),
+            ("k", self.k_min <= self.k <= self.k_max, f"must be in [k_min, k_max] = [{self.k_min}, {self.k_max}]"),
+            ("window", self.window >= 1, "must be >= 1"),
+            ("max_age", self.max_age >= 1, "must be >= 1"),
+            ("prior_acceptance", 0.0 <= self.prior_acceptance <= 1.0, "must be in [0, 1]"),
+            ("prior_weight", self.prior_weight >= 0, "must be >= 0"),
+            ("cost_window", self.cost_window >= 1, "must be >= 1"),
+            ("raise_above", 0.0 <= self.raise_above <= 1.0, "must be in [0, 1]"),
+            ("lower_below", 0.0 <= self.lower_below <= self.raise_above,
+             f"must be in [0, raise_above={self.raise_above}]"),
+            ("adjust_every", self.adjust_every >= 1, "must be >= 1"),
+            ("warmup_rounds", self.warmup_rounds >= 0, "must be >= 0"),
+            ("hysteresis", self.hysteresis >= 0, "must be >= 0"),
+            ("probe_every", self.probe_every >= 0, "must be >= 0"),
+            ("random_probe", 0.0 <= self.random_probe <= 1.0, "must be in [0, 1]"),
+        )
+        for key, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"{section}.{key}: {rule} (got {getattr(self, key)!r})")
+
+
+def expected_tokens(rates: list[float], k: int) -> float:
+    """E[K] = sum_{i=0..K} prod_{j<i} a_j; positions past the end of `rates` reuse its last rate."""
+    total, survive = 1.0, 1.0
+    for j in range(k):
+        survive *= rates[min(j, len(rates) - 1)] if rates else 0.0
+        total += survive
+    return total
+
+
+def round_time(k: int, costs: dict) -> float:
+    """T(K) = [K>0] * (K * t_draft + rtt_draft) + t_verify(K) + rtt_target, from a costs() dict."""
+    draft = k * costs["t_draft"] + costs["rtt_draft"] if k > 0 else 0.0
+    verify = max(costs["t_verify_a"] + costs["t_verify_b"] * k, 0.0)
+    return max(draft + verify + costs["rtt_target"], _MIN_TIME)
+
+
+def _decay_add(sums: dict, decay: float, **values: float) -> None:
+    for key, value in values.items():
+        sums[key] = sums[key] * decay + value
+
+
+def _fit_line(sums: dict) -> tuple[float, float]:
+    """Weighted ridge least squares of verify seconds on K: (intercept a, slope b >= 0)."""
+    w = sums["w"]
+    if w <= 0:
+        return 0.0, 0.0
+    mean_x, mean_y = sums["x"] / w, sums["y"] / w
+    var_x = max(sums["xx"] / w - mean_x * mean_x, 0.0)
+    cov_xy = sums["xy"] / w - mean_x * mean_y
+    slope = max(cov_xy / (var_x + _RIDGE), 0.0)
+    return mean_y - slope * mean_x, slope
+
+
+class KController:
+    """Chooses K before each round (choose_k) and learns from each round's outcome and timings (observe)."""
+
+    def __init__(self, config: ControllerConfig | None = None, rng: random.Random | None = None):
+        self.config = config if config is not None else ControllerConfig()
+        self.config.validate()
+        self._rng = rng if rng is not None else random.Random()
+        self._k = self.config.k
+        self._probing = False
+        self._calls = 0
+        self._next_probe = 0
+        self._rounds = 0
+        self._window: deque = deque()          # recent rounds with K > 0: (round, attempted, accepted)
+        self._attempts: list[int] = []         # per position: rounds in the window that attempted it
+        self._accepts: list[int] = []          # per position: ... and accepted it
+        self._resize_positions()
+        self._cost = dict.fromkeys(_COST_KEYS, 0.0)
+        self._since = [0, 0, 0]                # threshold policy: rounds, attempted, accepted since its last step
+
+    @property
+    def k(self) -> int:
+        """The K the policy currently holds (a probe round returns another K without changing it)."""
+        return self.config.k if self.config.policy == "fixed" else self._k
+
+    @property
+    def probing(self) -> bool:
+        """Whether the last choose_k() returned a probe rather than the policy's K."""
+        return self._probing
+
+    @property
+    def rounds(self) -> int:
+        return self._rounds
+
+    def choose_k(self) -> int:
+        """The K for the next round."""
+        self._calls += 1
+        self._probing = False
+        if self.config.policy == "fixed":
+            return self.config.k
+        if self.config.policy == "threshold":
+            self._threshold_step()
+        elif self._rounds >= max(self.config.warmup_rounds, 1):
+            self._goodput_step()
+        if self._probe_due():
+            probe = self._probe_k()
+            self._probing = probe != self._k
+            return probe
+        return self._k
+
+    def observe(self, k: int, num_accepted: int, draft_seconds: float = 0.0, verify_seconds: float = 0.0,
+                rtt_seconds: float = 0.0, draft_rtt_seconds: float | None = None) -> None:
+        """Record one round: K drafted, how many were accepted, and its timings in seconds.
+
+        draft_seconds / verify_seconds: compute time of the draft's K tokens and of the target's verify pass;
+        rtt_seconds: the rest of the target call (router <-> target round trip); draft_rtt_seconds: the same for
+        the draft call (None: same as rtt_seconds). Positions >= k_max are not tracked.
+        """
+        if k < 0 or not 0 <= num_accepted <= k:
+            raise ValueError(f"observe: need 0 <= num_accepted <= k (got k={k}, num_accepted={num_accepted})")
+        self._rounds += 1
+        self._record_acceptance(k, num_accepted)
+        self._record_costs(k, draft_seconds, verify_seconds, rtt_seconds,
+                           rtt_seconds if draft_rtt_seconds is None else draft_rtt_seconds)
+
+    def acceptance(self) -> list[float]:
+        """Estimated a_j for j in 0..k_max-1, each shrunk towards the pooled rate of positions < j."""
+        weight = self.config.prior_weight
+        pooled_n, pooled_s, prior = 0, 0, self.config.prior_acceptance
+        rates = []
+        for n, s in zip(self._attempts, self._accepts):
+            rates.append((s + weight * prior) / (n + weight) if n + weight > 0 else prior)
+            pooled_n, pooled_s = pooled_n + n, pooled_s + s
+            prior = (pooled_s + weight * self.config.prior_acceptance) / (pooled_n + weight) \
+                if pooled_n + weight > 0 else prior
+        return rates
+
+    def costs(self) -> dict:
+        """Current cost estimates in seconds: t_draft per token, t_verify(K) = a + b*K, both round trips."""
+        c = self._cost
+        a, b = _fit_line(c)
+        return {"t_draft": c["draft_s"] / c["draft_k"] if c["draft_k"] > 0 else 0.0,
+                "t_verify_a": a, "t_verify_b": b,
+                "rtt_draft": c["rtt_draft"] / c["dw"] if c["dw"] > 0 else 0.0,
+                "rtt_target": c["rtt_target"] / c["w"] if c["w"] > 0 else 0.0}
+
+    def goodput_curve(self) -> dict[int, float]:
+        """Modeled goodput E[K] / T(K) (tokens per second) for each K in [k_min, k_max]."""
+        rates, costs = self.acceptance(), self.costs()
+        return {k: expected_tokens(rates, k) / round_time(k, costs)
+                for k in range(self.config.k_min, self.config.k_max + 1)}
+
+    def snapshot(self) -> dict:
+        """A JSON-ready view for the admin API."""
+        return {"policy": self.config.policy, "k": self.k, "probing": self._probing, "rounds": self._rounds,
+                "acceptance": [round(a, 4) for a in self.acceptance()],
+                "samples": list(self._attempts),
+                "costs": self.costs(),
+                "goodput": {str(k): g for k, g in self.goodput_curve().items()}}
+
+    def update_config(self, config: ControllerConfig) -> None:
+        """Apply a new config between rounds: statistics are kept, the current K is clamped into range."""
+        config.validate()
+        self.config = config
+        while len(self._window) > config.window:
+            self._window.popleft()
+        self._resize_positions()
+        self._k = min(max(self._k, config.k_min), config.k_max)
+
+    # -- policies ----------------------------------------------------------------------------------------------
+
+    def _threshold_step(self) -> None:
+        rounds, attempted, accepted = self._since
+        if rounds < self.config.adjust_every or attempted == 0:
+            return
+        rate = accepted / attempted
+        if rate > self.config.raise_above:
+            self._k = min(self._k + 1, self.config.k_max)
+        elif rate < self.config.lower_below:
+            self._k = max(self._k - 1, self.config.k_min)
+        self._since = [0, 0, 0]
+
+    def _goodput_step(self) -> None:
+        curve = self.goodput_curve()
+        best = max(curve, key=curve.get)
+        if self._k not in curve or curve[best] > curve[self._k] * (1.0 + self.config.hysteresis):
+            self._k = best
+
+    def _probe_due(self) -> bool:
+        every = self.config.probe_every
+        if every == 0 or self._rounds < self.config.warmup_rounds or self._calls < self._next_probe:
+            return False
+        self._next_probe = self._calls + self._rng.randint(max(1, every // 2), every + every // 2)
+        return True
+
+    def _probe_k(self) -> int:
+        low, high = self.config.k_min, self.config.k_max
+        if low == high:
+            return self._k
+        if self._rng.random() < self.config.random_probe:
+            return self._rng.choice([k for k in range(low, high + 1) if k != self._k])
+        return self._k + 1 if self._k < high else self._k - 1
+
+    # -- statistics --------------------------------------------------------------------------------------------
+
+    def _record_acceptance(self, k: int, accepted: int) -> None:
+        attempted = min(k, accepted + 1)
+        if attempted:
+            self._window.append((self._rounds, attempted, accepted))
+            self._count(attempted, accepted, +1)
+        oldest = self._rounds - self.config.max_age
+        while self._window and (len(self._window) > self.config.window or self._window[0][0] <= oldest):
+            _, old_attempted, old_accepted = self._window.popleft()
+            self._count(old_attempted, old_accepted, -1)
+        since = self._since
+        since[0], since[1], since[2] = since[0] + 1, since[1] + attempted, since[2] + accepted
+
+    def _count(self, attempted: int, accepted: int, sign: int) -> None:
+        """Add (sign=+1) or remove (-1) one round's outcomes: 0..accepted-1 accepted, `accepted` rejected."""
+        for j in range(min(attempted, len(self._attempts))):
+            self._attempts[j] += sign
+            self._accepts[j] += sign * (j < accepted)
+
+    def _record_costs(self, k: int, draft_s: float, verify_s: float, rtt_s: float, draft_rtt_s: float) -> None:
+        decay = 1.0 - 1.0 / self.config.cost_window
+        _decay_add(self._cost, decay, w=1.0, x=k, y=verify_s, xx=k * k, xy=k * verify_s, rtt_target=rtt_s)
+        if k > 0:
+            _decay_add(self._cost, decay, dw=1.0, draft_s=draft_s, draft_k=k, rtt_draft=draft_rtt_s)
+
+    def _resize_positions(self) -> None:
+        """Size the per-position counts for k_max and recount them from the window of rounds."""
+        self._attempts = [0] * self.config.k_max
+        self._accepts = [0] * self.config.k_max
+        for _, attempted, accepted in self._window:
+            self._count(attempted, accepted, +1)

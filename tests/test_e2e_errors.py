@@ -1,0 +1,61 @@
+"""Bad input gets INVALID_ARGUMENT naming the field, and the server keeps serving."""
+import grpc
+import pytest
+
+from protos.specpool.v1 import generation_pb2
+from tests.conftest import service_config
+
+VALID = dict(prompt_token_ids=[5, 6, 7], max_new_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def service(start_service, byte_pair):
+    return start_service(service_config(byte_pair, speculation={"k": 2, "k_max": 8}))
+
+
+def request(**fields):
+    sampling = fields.pop("sampling", {})
+    speculation = fields.pop("speculation", {})
+    req = generation_pb2.GenerateRequest(**{**VALID, **fields})
+    for key, value in sampling.items():
+        setattr(req.sampling, key, value)
+    for key, value in speculation.items():
+        setattr(req.speculation, key, value)
+    return req
+
+
+BAD = {
+    "empty prompt": (dict(prompt_token_ids=[]), "prompt"),
+    "empty text prompt": (dict(prompt_token_ids=[], prompt=""), "prompt"),
+    "prompt and ids": (dict(prompt="hi"), "prompt"),
+    "id above vocab": (dict(prompt_token_ids=[5, 257]), "prompt_token_ids[1]"),
+    "negative id": (dict(prompt_token_ids=[-1]), "prompt_token_ids[0]"),
+    "max_new_tokens 0": (dict(max_new_tokens=0), "max_new_tokens"),
+    "over context": (dict(max_new_tokens=5000), "max_new_tokens"),
+    "negative temperature": (dict(sampling={"temperature": -0.5}), "sampling.temperature"),
+    "nan temperature": (dict(sampling={"temperature": float("nan")}), "sampling.temperature"),
+    "top_p zero": (dict(sampling={"top_p": 0.0}), "sampling.top_p"),
+    "top_p above one": (dict(sampling={"top_p": 1.5}), "sampling.top_p"),
+    "negative top_k": (dict(sampling={"top_k": -1}), "sampling.top_k"),
+    "k above k_max": (dict(speculation={"k": 9}), "speculation.k"),
+    "stop id outside vocab": (dict(stop_token_ids=[300]), "stop_token_ids[0]"),
+}
+
+
+@pytest.mark.parametrize("mode", ["unary", "stream"])
+@pytest.mark.parametrize("case", list(BAD))
+def test_invalid_argument_names_the_field(service, case, mode):
+    fields, field_name = BAD[case]
+    call = service.stub.Generate if mode == "unary" else lambda r: list(service.stub.GenerateStream(r))
+    with pytest.raises(grpc.RpcError) as info:
+        call(request(**fields))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith(field_name + ":"), info.value.details()
+    assert len(service.stub.Generate(request()).token_ids) == 4        # still serving
+
+
+def test_oversized_message_is_refused(service):
+    with pytest.raises(grpc.RpcError) as info:
+        service.stub.Generate(request(prompt="x" * (5 * 1024 * 1024), prompt_token_ids=[]))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert len(service.stub.Generate(request()).token_ids) == 4

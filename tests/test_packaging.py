@@ -1,0 +1,42 @@
+"""Repository invariants: committed gRPC stubs match the .proto files, the router imports no torch,
+and the shipped configs load."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router.config import ConfigError, config_from_dict, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_committed_stubs_match_protos():
+    from protos.generate import stale_files
+    assert stale_files() == [], "run: python -m protos.generate"
+
+
+def test_router_imports_no_torch():
+    code = ("import sys, router.cli, router.server, router.launch, router.speculation, router.worker_client; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
+
+
+def test_local_config_loads():
+    config = load_config(ROOT / "deploy" / "local.yaml")
+    assert config.router.port == 50051 and config.target.tensor_parallel_size == 1
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"draft": {"replica": 2}}, "draft.replica: unknown key"),
+    ({"target": {"tensor_parallel_size": 0}}, "target.tensor_parallel_size:"),
+    ({"router": {"port": "x"}}, "router.port: must be int"),
+    ({"speculation": {"draft_sampling": "beam"}}, "speculation.draft_sampling:"),
+    ({"speculation": {"k": -1}}, "speculation.k:"),
+    ({"draft": {"dtype": "float8"}}, "draft.dtype:"),
+    ({"bogus": {}}, "bogus: unknown key"),
+])
+def test_bad_config_names_the_key(data, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        config_from_dict(data)
