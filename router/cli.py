@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import time
 
-import grpc
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")   # Ray forks while gRPC threads run; keep that quiet
 
-from protos.specpool.v1 import generation_pb2, generation_pb2_grpc
-from router.config import ConfigError, SpecpoolConfig, load_config
+import grpc  # noqa: E402
+
+from protos.specpool.v1 import generation_pb2, generation_pb2_grpc  # noqa: E402
+from router.config import ConfigError, SpecpoolConfig, load_config  # noqa: E402
 
 FINISH_NAMES = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FINISH_REASON_STOP: "stop",
                 generation_pb2.FINISH_REASON_EOS: "eos"}

@@ -1,0 +1,29 @@
+# specpool: the two commands of the README.
+#   make demo   # install, serve the local default (deploy/local.yaml), answer a first request
+#   make test   # install, run the test suite (what .ci/run calls)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PROMPT ?= The quick brown fox
+
+.PHONY: install demo serve test stubs
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install torch==2.13.0          # the CPU wheel, before anything can pull CUDA builds
+	$(PY) -m pip install -e ".[test]"
+	touch $@
+
+demo: install
+	$(VENV)/bin/specpool demo --config deploy/local.yaml --max-new-tokens 32 "$(PROMPT)"
+
+serve: install
+	$(VENV)/bin/specpool serve --config deploy/local.yaml
+
+test: install
+	$(PY) -m pytest -q
+
+stubs: install
+	$(PY) -m protos.generate
