@@ -3,6 +3,8 @@
     specpool serve --config deploy/local.yaml          # place the pools on Ray, serve gRPC
     specpool generate "The meaning of life is"        # ask a running server
     specpool demo --config deploy/local.yaml "Hello"  # serve, answer one request, stop
+    specpool reload --config deploy/local.yaml         # hot-reload the speculation section
+    specpool status                                    # active config and live K statistics
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")   # Ray forks while gRPC thread
 
 import grpc  # noqa: E402
 
-from protos.specpool.v1 import generation_pb2, generation_pb2_grpc  # noqa: E402
+from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc  # noqa: E402
 from router.config import ConfigError, SpecpoolConfig, load_config  # noqa: E402
 
 FINISH_NAMES = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FINISH_REASON_STOP: "stop",
@@ -40,7 +42,7 @@ class Service:
 
     def __init__(self, config: SpecpoolConfig):
         self.config = config
-        self.server = self.port = self.pools = None
+        self.server = self.port = self.pools = self.router = self.metrics_port = None
 
     async def start(self) -> "Service":
         from router import launch
@@ -52,7 +54,11 @@ class Service:
               flush=True)
         await asyncio.to_thread(launch.connect, self.config)
         self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s)
-        await mark_ready(servicer, health, build_router(self.config, self.pools))
+        self.router = build_router(self.config, self.pools)
+        if self.config.router.metrics_port >= 0:
+            self.metrics_port = self.router.metrics.serve(self.config.router.host, self.config.router.metrics_port)
+            print(f"[specpool] metrics on http://{self.config.router.host}:{self.metrics_port}/metrics", flush=True)
+        await mark_ready(servicer, health, self.router)
         print(f"[specpool] SERVING: {len(self.pools.draft_addresses)} draft, {len(self.pools.target_addresses)} "
               f"target replica(s) (TP={self.config.target.tensor_parallel_size})", flush=True)
         return self
@@ -64,11 +70,23 @@ class Service:
             await asyncio.to_thread(self.pools.shutdown)
 
 
-async def _serve(config: SpecpoolConfig) -> None:
+def reload_from_file(service: Service, path: str) -> None:
+    """SIGHUP: re-read the config file and apply its speculation section (or keep the running one)."""
+    import yaml
+    try:
+        service.router.reload(yaml.safe_load(open(path).read()) or {})
+        print(f"[specpool] reloaded {path}: {service.router.config.speculation}", flush=True)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        print(f"[specpool] reload of {path} refused, running config kept: {exc}", flush=True)
+
+
+async def _serve(config: SpecpoolConfig, path: str) -> None:
     service = await Service(config).start()
     stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload_from_file, service, path)
     await stop.wait()
     print("[specpool] shutting down", flush=True)
     await service.stop()
@@ -130,6 +148,23 @@ async def _demo(config: SpecpoolConfig, args) -> int:
         await service.stop()
 
 
+def run_admin(args) -> int:
+    """`specpool reload` / `specpool status` against a running server's Admin service."""
+    with grpc.insecure_channel(args.address) as channel:
+        stub = admin_pb2_grpc.AdminStub(channel)
+        try:
+            if args.command == "reload":
+                response = stub.Reload(admin_pb2.ReloadRequest(config_yaml=open(args.config).read()))
+                print("reloaded; speculation now:\n" + response.speculation_yaml)
+            else:
+                response = stub.GetStatus(admin_pb2.GetStatusRequest())
+                print(response.config_yaml + "\n" + response.stats_json)
+        except grpc.RpcError as exc:
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -152,16 +187,23 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="serve the config, answer one request, stop")
     demo.add_argument("--config", default="deploy/local.yaml")
     _add_generate_args(demo)
+    reload = sub.add_parser("reload", help="hot-reload the speculation section of a running server")
+    reload.add_argument("--config", required=True)
+    status = sub.add_parser("status", help="print the active config and live statistics")
+    for admin in (reload, status):
+        admin.add_argument("--address", default="127.0.0.1:50051")
     args = parser.parse_args(argv)
     if args.command == "generate":
         return run_generate(args)
+    if args.command in ("reload", "status"):
+        return run_admin(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     if args.command == "serve":
-        asyncio.run(_serve(config))
+        asyncio.run(_serve(config, args.config))
         return 0
     return asyncio.run(_demo(config, args))
 

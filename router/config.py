@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from draft_worker.config import DraftConfig
+from router.controller import ControllerConfig
 from target_worker.config import ConfigError, TargetConfig
 
 DRAFT_SAMPLING_MODES = ("greedy", "sampled")
@@ -26,24 +27,29 @@ class RouterConfig:
     port: int = 50051
     worker_timeout_s: float = 30.0   # per router -> worker call
     ready_timeout_s: float = 600.0   # how long serve waits for every pool to load
+    metrics_port: int = -1           # Prometheus /metrics on router.host (-1: off, 0: any free port)
 
     def validate(self, section: str = "router") -> None:
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"{section}.port: must be in [0, 65535] (got {self.port!r})")
+        for key in ("port", "metrics_port"):
+            if not -1 <= getattr(self, key) <= 65535 or (key == "port" and self.port < 0):
+                raise ConfigError(f"{section}.{key}: must be a port number (got {getattr(self, key)!r})")
         for key in ("worker_timeout_s", "ready_timeout_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{section}.{key}: must be > 0 (got {getattr(self, key)!r})")
 
 
 @dataclass
-class SpeculationConfig:
-    k: int = 4                       # draft tokens per round (0: plain target decoding)
-    k_max: int = 16                  # largest K a request may ask for
+class SpeculationConfig(ControllerConfig):
+    """The K controller's knobs (router/controller.py) plus how drafts are sampled."""
     draft_sampling: str = "greedy"   # greedy: q one-hot, IDs only; sampled: draft samples, sends hidden states
 
     def validate(self, section: str = "speculation") -> None:
-        if not 0 <= self.k <= self.k_max:
-            raise ConfigError(f"{section}.k: must be in [0, k_max={self.k_max}] (got {self.k!r})")
+        try:
+            super().validate(section)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         if self.draft_sampling not in DRAFT_SAMPLING_MODES:
             raise ConfigError(f"{section}.draft_sampling: must be one of {DRAFT_SAMPLING_MODES} "
                               f"(got {self.draft_sampling!r})")
@@ -119,5 +125,5 @@ def load_config(path: str | os.PathLike) -> SpecpoolConfig:
     return config_from_dict(data)
 
 
-def config_to_dict(config: SpecpoolConfig) -> dict:
-    return dataclasses.asdict(config)
+def config_to_yaml(config) -> str:
+    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)

@@ -8,13 +8,16 @@ the accepted prefix plus one target token, so
     T(K) = [K > 0] * (K * t_draft + rtt_draft) + t_verify(K) + rtt_target,   t_verify(K) = a + b*K
     goodput(K) = E[K] / T(K)                                          (tokens per second)
 
-Acceptance statistics. Per position j the last `window` outcomes are kept: a round with K drafts and n accepted
-adds "accepted" at positions 0..n-1, "rejected" at n (if n < K) and nothing beyond (never attempted). Outcomes
-older than `max_age` rounds are dropped too, so rarely attempted positions forget an old phase. Each a_j is
-shrunk towards a prior with `prior_weight` pseudo-outcomes: a_0 towards `prior_acceptance`, a_j (j > 0) towards
-the estimate of a_{j-1}. This "chain extrapolation" is how positions beyond the current K stay learnable: an
-unseen position is assumed to accept like the deepest one seen, so the controller can jump to a large K as soon
-as the shallow positions look good, and probes at K+1 (see below) then measure the deeper positions directly.
+Acceptance statistics. The drafting rounds (K > 0) among the last `window` rounds are kept as (attempted,
+accepted), with per-position counts over them: a round with K drafts and n accepted counts "accepted"
+at positions 0..n-1, "rejected" at n (if n < K) and nothing beyond (never attempted). At least `min_samples` such
+rounds are kept however old, so the sparse data of K = 0 (probes only) is not too noisy. a_j = accepted/attempted
+at j, shrunk with `prior_weight` pseudo-outcomes towards the rate pooled over all positions (itself shrunk
+towards `prior_acceptance`). That pooled prior is how positions beyond the current K stay learnable: an unseen or
+rarely seen position is assumed to accept like the positions seen, so the controller can jump to a large K as
+soon as the shallow positions look good, and probes at K+1 (below) then measure the next position directly.
+Phase changes: when a_0 over the last `change_recent` drafting rounds differs from the rest of the window by a
+likelihood-ratio test at `change_z` (in standard-error units), the older rounds are forgotten at once.
 
 Cost statistics (all timings are passed in; nothing here reads a clock), exponentially weighted with an effective
 length of `cost_window` rounds: t_draft = sum(draft seconds) / sum(drafted tokens); t_verify(K) = a + b*K by
@@ -30,6 +33,8 @@ other K, so stale statistics refresh and a phase change is noticed even at K = 0
 """
 from __future__ import annotations
 
+import itertools
+import math
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -46,10 +51,13 @@ class ControllerConfig:
     k: int = 4                       # the fixed K, and the starting K of the adaptive policies
     k_min: int = 0                   # smallest K an adaptive policy chooses (0: plain target decoding)
     k_max: int = 8                   # largest K an adaptive policy chooses; positions tracked: 0..k_max-1
-    window: int = 64                 # outcomes kept per draft position (position 0: the last `window` rounds with K > 0)
-    max_age: int = 512               # rounds after which an outcome is dropped even if its window is not full
-    prior_acceptance: float = 0.5    # prior for a_0; a_j (j > 0) is shrunk towards a_{j-1} instead
-    prior_weight: float = 2.0        # pseudo-outcomes behind each prior
+    window: int = 128                # rounds in the rolling acceptance statistics
+    min_samples: int = 32            # ... but keep at least this many rounds with K > 0 (sparse data, e.g. at K = 0)
+    prior_acceptance: float = 0.5    # acceptance assumed before any data (prior of the pooled rate)
+    prior_weight: float = 8.0        # pseudo-outcomes shrinking each a_j towards the pooled rate (and it to the prior)
+    change_recent: int = 16          # rounds (with K > 0) in the change test's recent part
+    change_z: float = 4.5            # forget older rounds when a_0 over the recent part differs by this many
+                                     # standard errors from the rest of the window (0: no change test)
     cost_window: int = 256           # effective length in rounds of the exponentially weighted timing estimates
     # threshold policy
     raise_above: float = 0.8         # K += 1 when the acceptance rate since the last step is above this
@@ -57,10 +65,10 @@ class ControllerConfig:
     adjust_every: int = 16           # rounds between two threshold steps
     # goodput policy
     warmup_rounds: int = 16          # rounds observed at K = k before the model decides (and before probing)
-    hysteresis: float = 0.05         # switch only if the best K's modeled goodput beats the current K's by this fraction
+    hysteresis: float = 0.01         # switch only if the best K's modeled goodput beats the current K's by this
     # probing (threshold and goodput)
     probe_every: int = 8             # mean rounds between probes; 0 disables probing
-    random_probe: float = 0.1        # chance that a probe tries a uniformly random other K instead of K+1
+    random_probe: float = 0.05       # chance that a probe tries a uniformly random other K instead of K+1
 
     def validate(self, section: str = "speculation") -> None:
         """Raise ValueError naming the first bad key, e.g. 'speculation.k_max: must be >= k_min=2 (got 1)'."""
@@ -71,9 +79,11 @@ class ControllerConfig:
             ("k_max", self.k_max >= self.k_min, f"must be >= k_min={self.k_min}"),
             ("k", self.k_min <= self.k <= self.k_max, f"must be in [k_min, k_max] = [{self.k_min}, {self.k_max}]"),
             ("window", self.window >= 1, "must be >= 1"),
-            ("max_age", self.max_age >= 1, "must be >= 1"),
+            ("min_samples", self.min_samples >= 0, "must be >= 0"),
             ("prior_acceptance", 0.0 <= self.prior_acceptance <= 1.0, "must be in [0, 1]"),
             ("prior_weight", self.prior_weight >= 0, "must be >= 0"),
+            ("change_recent", self.change_recent >= 1, "must be >= 1"),
+            ("change_z", self.change_z >= 0, "must be >= 0"),
             ("cost_window", self.cost_window >= 1, "must be >= 1"),
             ("raise_above", 0.0 <= self.raise_above <= 1.0, "must be in [0, 1]"),
             ("lower_below", 0.0 <= self.lower_below <= self.raise_above,
@@ -108,6 +118,12 @@ def round_time(k: int, costs: dict) -> float:
 def _decay_add(sums: dict, decay: float, **values: float) -> None:
     for key, value in values.items():
         sums[key] = sums[key] * decay + value
+
+
+def _log_likelihood(successes: int, n: int, p: float) -> float:
+    """Bernoulli log likelihood of `successes` in n trials at rate p (0 log 0 = 0)."""
+    failures = n - successes
+    return (successes * math.log(p) if successes else 0.0) + (failures * math.log(1.0 - p) if failures else 0.0)
 
 
 def _fit_line(sums: dict) -> tuple[float, float]:
@@ -187,16 +203,12 @@ class KController:
                            rtt_seconds if draft_rtt_seconds is None else draft_rtt_seconds)
 
     def acceptance(self) -> list[float]:
-        """Estimated a_j for j in 0..k_max-1, each shrunk towards the pooled rate of positions < j."""
-        weight = self.config.prior_weight
-        pooled_n, pooled_s, prior = 0, 0, self.config.prior_acceptance
-        rates = []
-        for n, s in zip(self._attempts, self._accepts):
-            rates.append((s + weight * prior) / (n + weight) if n + weight > 0 else prior)
-            pooled_n, pooled_s = pooled_n + n, pooled_s + s
-            prior = (pooled_s + weight * self.config.prior_acceptance) / (pooled_n + weight) \
-                if pooled_n + weight > 0 else prior
-        return rates
+        """Estimated a_j for j in 0..k_max-1, each shrunk towards the rate pooled over all positions."""
+        weight, prior = self.config.prior_weight, self.config.prior_acceptance
+        attempts, accepts = sum(self._attempts), sum(self._accepts)
+        pooled = (accepts + weight * prior) / (attempts + weight) if attempts + weight > 0 else prior
+        return [(s + weight * pooled) / (n + weight) if n + weight > 0 else pooled
+                for n, s in zip(self._attempts, self._accepts)]
 
     def costs(self) -> dict:
         """Current cost estimates in seconds: t_draft per token, t_verify(K) = a + b*K, both round trips."""
@@ -225,7 +237,7 @@ class KController:
         """Apply a new config between rounds: statistics are kept, the current K is clamped into range."""
         config.validate()
         self.config = config
-        while len(self._window) > config.window:
+        while len(self._window) > config.min_samples and self._window[0][0] <= self._rounds - config.window:
             self._window.popleft()
         self._resize_positions()
         self._k = min(max(self._k, config.k_min), config.k_max)
@@ -271,12 +283,30 @@ class KController:
         if attempted:
             self._window.append((self._rounds, attempted, accepted))
             self._count(attempted, accepted, +1)
-        oldest = self._rounds - self.config.max_age
-        while self._window and (len(self._window) > self.config.window or self._window[0][0] <= oldest):
+        oldest = self._rounds - self.config.window
+        while len(self._window) > self.config.min_samples and self._window[0][0] <= oldest:
             _, old_attempted, old_accepted = self._window.popleft()
             self._count(old_attempted, old_accepted, -1)
+        if attempted and self._changed():
+            recent = list(self._window)[-self.config.change_recent:]
+            self._window = deque(recent)
+            self._resize_positions()
         since = self._since
         since[0], since[1], since[2] = since[0] + 1, since[1] + attempted, since[2] + accepted
+
+    def _changed(self) -> bool:
+        """Likelihood-ratio test of a_0: the last change_recent rounds of the window against the older ones."""
+        recent_n, old_n = self.config.change_recent, len(self._window) - self.config.change_recent
+        if self.config.change_z <= 0 or old_n < recent_n or not self._accepts or \
+                self._window[-recent_n][0] <= self._rounds - 2 * recent_n:   # sparse (e.g. K = 0 probes): skip
+            return False
+        recent_s = sum(accepted > 0 for _, _, accepted in itertools.islice(reversed(self._window), recent_n))
+        old_s = self._accepts[0] - recent_s
+        pooled = (recent_s + old_s) / (recent_n + old_n)
+        statistic = 2.0 * (_log_likelihood(recent_s, recent_n, recent_s / recent_n)
+                           + _log_likelihood(old_s, old_n, old_s / old_n)
+                           - _log_likelihood(recent_s + old_s, recent_n + old_n, pooled))
+        return statistic > self.config.change_z ** 2
 
     def _count(self, attempted: int, accepted: int, sign: int) -> None:
         """Add (sign=+1) or remove (-1) one round's outcomes: 0..accepted-1 accepted, `accepted` rejected."""

@@ -4,17 +4,24 @@ Health for service "" is NOT_SERVING until every pool has loaded (`Router` attac
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
+import json
 import random
+import time
 import uuid
 
 import grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+import yaml
 from grpc_reflection.v1alpha import reflection
 
-from protos.specpool.v1 import generation_pb2, generation_pb2_grpc
-from router.config import SpecpoolConfig
+from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc
+from router.config import ConfigError, SpecpoolConfig, config_from_dict, config_to_yaml
+from router.k_selection import KSelector
+from router.metrics import Metrics
 from router.speculation import DRAFT_MODES, RequestState, generate
 from router.text import IncrementalDetokenizer
 from router.validation import ModelLimits, RequestError, validate
@@ -32,8 +39,15 @@ class Router:
         self.drafts, self.targets = drafts, targets
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(model_info["eos_token_ids"])
-        self.limits = ModelLimits(model_info["vocab_size"], model_info["max_context"], config.speculation.k_max)
+        self.model_info = model_info
         self._rng = rng or random.Random()
+        self.metrics = Metrics()
+        self.k_selector = KSelector(config.speculation, self.metrics, random.Random(self._rng.getrandbits(64)))
+
+    @property
+    def limits(self) -> ModelLimits:
+        return ModelLimits(self.model_info["vocab_size"], self.model_info["max_context"],
+                           self.config.speculation.k_max)
 
     def admit(self, request: generation_pb2.GenerateRequest) -> RequestState:
         """Validate and normalise a request into the router's state for it (raises RequestError)."""
@@ -47,30 +61,54 @@ class Router:
             sampling.seed = self._rng.getrandbits(63)
         spec = request.speculation
         fixed_k = 0 if spec.disable else (spec.k if spec.HasField("k") else None)
+        if fixed_k is None and sampling.temperature > 0 and request.sampling.HasField("seed"):
+            fixed_k = self.config.speculation.k   # same seed, same output: K must not depend on load
         mode = "greedy" if sampling.temperature == 0 else self.config.speculation.draft_sampling
         return RequestState(session_id=self._rng.getrandbits(63), tokens=list(prompt_ids),
                             prompt_len=len(prompt_ids), max_new_tokens=request.max_new_tokens, sampling=sampling,
                             fixed_k=fixed_k, draft_mode=DRAFT_MODES[mode], max_context=self.limits.max_context,
                             stop_ids=frozenset(request.stop_token_ids), eos_ids=self.eos_ids)
 
-    def choose_k(self, state: RequestState) -> int:
-        return self.config.speculation.k
-
     async def run(self, state: RequestState):
         """The request's rounds on the least-loaded draft and target replicas (sticky for the request)."""
         draft = least_loaded(self.drafts) if self.drafts else None
         target = least_loaded(self.targets)
-        for worker in (draft, target):
-            if worker:
-                worker.outstanding += 1
+        workers = [w for w in (draft, target) if w]
+        for worker in workers:
+            worker.outstanding += 1
+        self.k_selector.attach(state)
+        last, first = time.perf_counter(), True
         try:
-            async with contextlib.aclosing(generate(state, draft, target, self.choose_k)) as rounds:
+            async with contextlib.aclosing(generate(state, draft, target, self.k_selector)) as rounds:
                 async for tokens in rounds:
+                    now = time.perf_counter()
+                    self.metrics.observe_tokens(now - last, len(tokens), first)
+                    last, first = now, False
                     yield tokens
         finally:
-            for worker in (draft, target):
-                if worker:
-                    worker.outstanding -= 1
+            self.k_selector.detach(state)
+            for worker in workers:
+                worker.outstanding -= 1
+
+    def reload(self, data: dict) -> None:
+        """Apply a new config's speculation section between rounds; refuse changes elsewhere."""
+        new = config_from_dict(data)
+        for section in ("router", "ray", "draft", "target"):
+            if getattr(new, section) != getattr(self.config, section):
+                changed = [f.name for f in dataclasses.fields(getattr(new, section))
+                           if getattr(getattr(new, section), f.name) != getattr(getattr(self.config, section), f.name)]
+                raise RestartRequired(f"{section}.{changed[0]}: changing this needs a restart")
+        self.k_selector.update_config(new.speculation)
+        self.config = new
+
+    def status(self) -> dict:
+        return {"pool": self.k_selector.pool.snapshot(), "active_requests": len(self.k_selector.active),
+                "replicas": {"draft": [c.outstanding for c in self.drafts],
+                             "target": [c.outstanding for c in self.targets]}}
+
+
+class RestartRequired(ValueError):
+    """A reload tried to change something only a restart can change."""
 
 
 def _response(state: RequestState, request_id: str, tokens: list[int], text: str) -> generation_pb2.GenerateResponse:
@@ -95,25 +133,69 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return router, state, request.request_id or uuid.uuid4().hex
 
-    async def GenerateStream(self, request, context):
-        router, state, request_id = await self._admit(request, context)
-        detokenizer = IncrementalDetokenizer(router.tokenizer)
+    @contextlib.asynccontextmanager
+    async def _tracked(self, context):
+        """Count the request by its final status; a worker failure becomes UNAVAILABLE."""
+        code, started = "OK", time.perf_counter()
         try:
+            yield
+        except grpc.aio.AioRpcError as exc:
+            code = "UNAVAILABLE"
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"a worker failed: {exc.code().name}: {exc.details()}")
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except BaseException:
+            code = context.code().name if context.code() else "UNKNOWN"
+            raise
+        finally:
+            if self.router is not None:
+                self.router.metrics.requests.labels(code).inc()
+                if code == "OK":
+                    self.router.metrics.e2e.observe(time.perf_counter() - started)
+
+    async def GenerateStream(self, request, context):
+        async with self._tracked(context):
+            router, state, request_id = await self._admit(request, context)
+            detokenizer = IncrementalDetokenizer(router.tokenizer)
             async for tokens in router.run(state):
                 text = detokenizer.push(tokens, final=bool(state.finish_reason))
                 yield _response(state, request_id, tokens, text)
-        except grpc.aio.AioRpcError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"a worker failed: {exc.code().name}: {exc.details()}")
 
     async def Generate(self, request, context):
-        router, state, request_id = await self._admit(request, context)
-        try:
+        async with self._tracked(context):
+            router, state, request_id = await self._admit(request, context)
             async for _ in router.run(state):
                 pass
-        except grpc.aio.AioRpcError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"a worker failed: {exc.code().name}: {exc.details()}")
-        output = state.tokens[state.prompt_len:]
-        return _response(state, request_id, output, router.tokenizer.decode(output, skip_special_tokens=True))
+            output = state.tokens[state.prompt_len:]
+            return _response(state, request_id, output, router.tokenizer.decode(output, skip_special_tokens=True))
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    """Hot reload of the speculation section, and a read-back of config and live statistics."""
+
+    def __init__(self, generation: GenerationServicer):
+        self._generation = generation
+
+    async def _router(self, context) -> Router:
+        if self._generation.router is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "specpool is still loading its worker pools")
+        return self._generation.router
+
+    async def Reload(self, request, context):
+        router = await self._router(context)
+        try:
+            router.reload(yaml.safe_load(request.config_yaml) or {})
+        except RestartRequired as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except (ConfigError, ValueError, yaml.YAMLError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return admin_pb2.ReloadResponse(speculation_yaml=config_to_yaml(router.config.speculation))
+
+    async def GetStatus(self, request, context):
+        router = await self._router(context)
+        return admin_pb2.GetStatusResponse(config_yaml=config_to_yaml(router.config),
+                                           stats_json=json.dumps(router.status()))
 
 
 async def start_public_server(host: str, port: int) -> tuple[grpc.aio.Server, int, GenerationServicer,
@@ -123,9 +205,11 @@ async def start_public_server(host: str, port: int) -> tuple[grpc.aio.Server, in
                                       ("grpc.so_reuseport", 0)])
     servicer = GenerationServicer()
     generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(servicer), server)
     health = health_async.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     services = (generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name,
+                admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(services, server)
     bound = server.add_insecure_port(f"{host}:{port}")

@@ -9,8 +9,9 @@ cache holds, so a round sends only what is new, and a worker that lost its cache
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Protocol
 
 import grpc
 
@@ -34,11 +35,29 @@ class RequestState:
     draft_synced: int = 0                  # committed tokens held in the draft worker's cache
     target_synced: int = 0                 # committed tokens held in the target worker's cache
     finish_reason: int = generation_pb2.FINISH_REASON_UNSPECIFIED
+    controller: object = None              # the request's own KController (router.k_selection)
     stats: generation_pb2.GenerationStats = field(default_factory=generation_pb2.GenerationStats)
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+
+@dataclass
+class Round:
+    """What one round did and what it cost (seconds), for the K controller and the metrics."""
+    k: int
+    accepted: int
+    tokens: list[int]
+    draft_seconds: float = 0.0       # the draft worker's compute
+    draft_rtt_seconds: float = 0.0   # the rest of the draft call
+    verify_seconds: float = 0.0      # the target worker's compute
+    rtt_seconds: float = 0.0         # the rest of the verify call
+
+
+class KPolicy(Protocol):
+    def choose_k(self, state: "RequestState") -> int: ...
+    def observe(self, state: "RequestState", round_: Round) -> None: ...
 
 
 def clamp_k(state: RequestState, k: int) -> int:
@@ -48,8 +67,17 @@ def clamp_k(state: RequestState, k: int) -> int:
     return max(0, min(k, remaining - 1, room))
 
 
-async def propose(state: RequestState, draft: DraftClient, k: int) -> tuple[list[int], bytes]:
-    """K draft tokens (and their hidden states in sampled mode); no drafts if the draft is unreachable."""
+def split_time(started: float, response) -> tuple[float, float]:
+    """(worker compute, the rest of the call) in seconds, from the worker's compute_us stamp."""
+    total = time.perf_counter() - started
+    compute = min(response.compute_us / 1e6, total)
+    return compute, total - compute
+
+
+async def propose(state: RequestState, draft: DraftClient, k: int, round_: Round) -> bytes:
+    """Fill round_.tokens with K drafts; returns their hidden states (sampled mode). A draft worker that
+    is unreachable costs this round its drafts, not the request: the round runs as plain decoding."""
+    started = time.perf_counter()
     try:
         response, wire = await draft.propose(state.session_id, state.tokens, state.draft_synced, k,
                                              state.sampling, state.draft_mode)
@@ -57,29 +85,39 @@ async def propose(state: RequestState, draft: DraftClient, k: int) -> tuple[list
         if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             raise
         state.draft_synced = 0            # whatever comes back up has no cache for us
-        return [], b""
+        return b""
+    round_.draft_seconds, round_.draft_rtt_seconds = split_time(started, response)
     state.stats.wire_bytes += wire
-    return list(response.draft_token_ids), response.draft_hidden_states
+    round_.tokens = list(response.draft_token_ids)
+    return response.draft_hidden_states
 
 
 async def speculative_round(state: RequestState, draft: DraftClient | None, target: TargetClient,
-                            k: int) -> list[int]:
-    """Draft K, verify them in one target pass, return the 1..K+1 tokens the target committed to."""
+                            k: int) -> Round:
+    """Draft K, verify them in one target pass; the round's tokens are the 1..K+1 the target committed to."""
     committed_before = len(state.tokens)
-    drafts, hidden = await propose(state, draft, k) if k > 0 and draft else ([], b"")
+    round_ = Round(k=0, accepted=0, tokens=[])
+    hidden = await propose(state, draft, k, round_) if k > 0 and draft else b""
+    drafts = round_.tokens
+    started = time.perf_counter()
     verdict, wire = await target.verify(state.session_id, state.tokens, state.target_synced, drafts, hidden,
                                         state.sampling)
-    accepted = verdict.num_accepted
+    round_.verify_seconds, round_.rtt_seconds = split_time(started, verdict)
+    round_.k, round_.accepted = len(drafts), verdict.num_accepted
     if drafts:   # the draft cached the committed tokens and its first K-1 drafts
-        state.draft_synced = committed_before + min(accepted, len(drafts) - 1)
-    state.target_synced = committed_before + accepted
-    stats = state.stats
+        state.draft_synced = committed_before + min(round_.accepted, len(drafts) - 1)
+    state.target_synced = committed_before + round_.accepted
+    record(state.stats, round_, wire)
+    round_.tokens = drafts[:round_.accepted] + [verdict.next_token_id]
+    return round_
+
+
+def record(stats: generation_pb2.GenerationStats, round_: Round, wire: int) -> None:
     stats.wire_bytes += wire
     stats.target_passes += 1
-    stats.draft_tokens += len(drafts)
-    stats.accepted_tokens += accepted
-    stats.k_per_round.append(len(drafts))
-    return drafts[:accepted] + [verdict.next_token_id]
+    stats.draft_tokens += round_.k
+    stats.accepted_tokens += round_.accepted
+    stats.k_per_round.append(round_.k)
 
 
 def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
@@ -100,13 +138,15 @@ def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
 
 
 async def generate(state: RequestState, draft: DraftClient | None, target: TargetClient,
-                   choose_k: Callable[[RequestState], int]) -> AsyncIterator[list[int]]:
+                   policy: KPolicy) -> AsyncIterator[list[int]]:
     """Run rounds until the request finishes, yielding each round's committed tokens.
     Both workers' caches for this session are released however the request ends."""
     try:
         while not state.finish_reason:
-            k = clamp_k(state, state.fixed_k if state.fixed_k is not None else choose_k(state))
-            yield commit(state, await speculative_round(state, draft, target, k))
+            k = clamp_k(state, state.fixed_k if state.fixed_k is not None else policy.choose_k(state))
+            round_ = await speculative_round(state, draft, target, k)
+            policy.observe(state, round_)
+            yield commit(state, round_.tokens)
     finally:
         await release(state.session_id, [w for w in (draft, target) if w is not None])
 

@@ -3,6 +3,7 @@ engine errors to gRPC statuses, and starting a grpc.aio server on the worker's n
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -16,6 +17,15 @@ SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.so_reuseport", 0)]
 
 
+def timed(fn: Callable, *args):
+    """Call fn; stamp the time it took on its answer (compute_us), for the router's cost model."""
+    started = time.perf_counter()
+    result = fn(*args)
+    if hasattr(result, "compute_us"):
+        result.compute_us = int((time.perf_counter() - started) * 1e6)
+    return result
+
+
 class EngineRunner:
     """Runs engine calls one at a time on a dedicated thread (the model is not thread-safe)."""
 
@@ -25,7 +35,7 @@ class EngineRunner:
     async def call(self, context: grpc.aio.ServicerContext, fn: Callable, *args):
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, fn, *args)
+            return await loop.run_in_executor(self._executor, timed, fn, *args)
         except SessionLost as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except ValueError as exc:

@@ -1,0 +1,29 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReloadRequest(_message.Message):
+    __slots__ = ("config_yaml",)
+    CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
+    config_yaml: str
+    def __init__(self, config_yaml: _Optional[str] = ...) -> None: ...
+
+class ReloadResponse(_message.Message):
+    __slots__ = ("speculation_yaml",)
+    SPECULATION_YAML_FIELD_NUMBER: _ClassVar[int]
+    speculation_yaml: str
+    def __init__(self, speculation_yaml: _Optional[str] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("config_yaml", "stats_json")
+    CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
+    STATS_JSON_FIELD_NUMBER: _ClassVar[int]
+    config_yaml: str
+    stats_json: str
+    def __init__(self, config_yaml: _Optional[str] = ..., stats_json: _Optional[str] = ...) -> None: ...

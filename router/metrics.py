@@ -1,0 +1,58 @@
+"""Prometheus metrics of the router, named as vLLM users already graph them.
+
+Acceptance rate       = rate(specpool_spec_decode_num_accepted_tokens_total)
+                        / rate(specpool_spec_decode_num_draft_tokens_total)
+Mean accepted length  = 1 + rate(specpool_spec_decode_num_accepted_tokens_total)
+                            / rate(specpool_spec_decode_num_drafts_total)      (tokens per drafting round)
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """The router's metrics in their own registry (one per router, so tests can read them)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.drafts = Counter("specpool_spec_decode_num_drafts", "Rounds that proposed at least one draft", registry=r)
+        self.draft_tokens = Counter("specpool_spec_decode_num_draft_tokens", "Draft tokens proposed", registry=r)
+        self.accepted_tokens = Counter("specpool_spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                       registry=r)
+        self.accepted_per_pos = Counter("specpool_spec_decode_num_accepted_tokens_per_pos",
+                                        "Draft tokens accepted, by draft position", ["position"], registry=r)
+        self.target_passes = Counter("specpool_target_passes", "Target verification passes", registry=r)
+        self.k = Gauge("specpool_spec_decode_k", "K the pool's controller currently chooses", registry=r)
+        self.ttft = Histogram("specpool_time_to_first_token_seconds", "Time to first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("specpool_inter_token_latency_seconds", "Time between output tokens",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("specpool_e2e_request_latency_seconds", "End-to-end request latency",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter("specpool_requests", "Finished requests by final gRPC status", ["code"], registry=r)
+
+    def observe_round(self, k: int, accepted: int) -> None:
+        self.target_passes.inc()
+        if k == 0:
+            return
+        self.drafts.inc()
+        self.draft_tokens.inc(k)
+        self.accepted_tokens.inc(accepted)
+        for position in range(accepted):
+            self.accepted_per_pos.labels(str(position)).inc()
+
+    def observe_tokens(self, gap_seconds: float, tokens: int, first: bool) -> None:
+        """A chunk of `tokens` arrived `gap_seconds` after the previous one (or after admission)."""
+        if first:
+            self.ttft.observe(gap_seconds)
+            tokens -= 1
+        for _ in range(tokens):
+            self.itl.observe(gap_seconds / max(tokens, 1))
+
+    def serve(self, host: str, port: int) -> int:
+        """Expose /metrics over HTTP; returns the bound port."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return server.server_port

@@ -1,0 +1,331 @@
+"""Trace-driven tests of the adaptive-K controller (router/controller.py): no models, no Ray, no wall clock.
+
+A synthetic environment accepts draft position j with probability alpha (i.i.d. per position) and charges each
+round by a cost model in arbitrary time units. Every policy is run on the same trace (common random numbers: the
+same uniforms decide acceptance and the same jitter scales the timings), so their throughputs
+(tokens / total time) compare like for like. Run with -s to see the measured numbers.
+"""
+from __future__ import annotations
+
+import functools
+import random
+from dataclasses import dataclass, replace
+
+import pytest
+
+from router.controller import ControllerConfig, KController, expected_tokens, round_time
+
+K_MAX = 8
+ROUNDS = 3000                  # rounds of a stationary trace
+PHASE_ROUNDS = 1500            # rounds of each phase of the phase-change trace
+PHASES = (0.9, 0.3, 0.7)       # acceptance per phase
+SETTLE_ROUNDS = 200            # the goodput policy settles within this many rounds of each phase start
+STATIONARY_TOLERANCE = 0.05    # goodput policy vs the best fixed K on a stationary trace
+PHASE_GAIN = 0.10              # goodput policy vs every fixed K on the phase-change trace
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Time per round: [K>0] * (K * t_draft + rtt) + verify_base + verify_per_k * K + rtt, each term jittered."""
+    t_draft: float = 0.1
+    verify_base: float = 1.0
+    verify_per_k: float = 0.05
+    rtt: float = 0.2
+    jitter: float = 0.1        # each timing is scaled by a factor in [1 - jitter, 1 + jitter]
+
+    def goodput(self, alpha, k: int) -> float:
+        """Analytic tokens per time unit: mean tokens per round over the mean round time."""
+        tokens = mean_tokens(alpha, k)
+        time = (k * self.t_draft + self.rtt if k else 0.0) + self.verify_base + self.verify_per_k * k + self.rtt
+        return tokens / time
+
+    def best_k(self, alpha: float) -> int:
+        return max(range(K_MAX + 1), key=lambda k: self.goodput(alpha, k))
+
+
+def rate(alpha, j: int) -> float:
+    """Acceptance of draft position j: alpha is one rate for every position or a tuple of per-position rates."""
+    return alpha[j] if isinstance(alpha, tuple) else alpha
+
+
+def mean_tokens(alpha, k: int) -> float:
+    """Closed form for one rate, (1 - alpha^(K+1)) / (1 - alpha); the product sum for per-position rates."""
+    if not isinstance(alpha, tuple):
+        return (1 - alpha ** (k + 1)) / (1 - alpha)
+    total, survive = 1.0, 1.0
+    for j in range(k):
+        survive *= alpha[j]
+        total += survive
+    return total
+
+
+@dataclass
+class Run:
+    throughput: float
+    ks: list[int]
+    probes: list[bool]
+
+
+@functools.lru_cache(maxsize=None)
+def make_trace(alphas: tuple[float, ...], seed: int, jitter: float) -> tuple:
+    """Per round: (alpha, K_MAX uniforms deciding acceptance, 4 timing jitter factors)."""
+    rng = random.Random(seed)
+    return tuple((alpha, tuple(rng.random() for _ in range(K_MAX)),
+                  tuple(rng.uniform(1 - jitter, 1 + jitter) for _ in range(4))) for alpha in alphas)
+
+
+def simulate(controller: KController, trace: tuple, cost: CostModel) -> Run:
+    tokens = elapsed = 0.0
+    ks, probes = [], []
+    for alpha, uniforms, jit in trace:
+        k = controller.choose_k()
+        ks.append(k)
+        probes.append(controller.probing)
+        accepted = 0
+        while accepted < k and uniforms[accepted] < rate(alpha, accepted):
+            accepted += 1
+        draft = k * cost.t_draft * jit[0]
+        verify = (cost.verify_base + cost.verify_per_k * k) * jit[1]
+        rtt, draft_rtt = cost.rtt * jit[2], (cost.rtt * jit[3] if k else 0.0)
+        elapsed += draft + verify + rtt + draft_rtt
+        tokens += accepted + 1
+        controller.observe(k, accepted, draft, verify, rtt, draft_rtt)
+    return Run(tokens / elapsed, ks, probes)
+
+
+@functools.lru_cache(maxsize=None)
+def run_policy(alphas: tuple[float, ...], cost: CostModel, policy: str = "goodput", k: int = 4,
+               seed: int = 0) -> Run:
+    trace = make_trace(alphas, seed, cost.jitter)
+    config = ControllerConfig(policy=policy, k=k, k_max=K_MAX)
+    return simulate(KController(config, random.Random(seed)), trace, cost)
+
+
+def fixed_throughputs(alphas: tuple[float, ...], cost: CostModel) -> dict[int, float]:
+    return {k: run_policy(alphas, cost, "fixed", k).throughput for k in range(K_MAX + 1)}
+
+
+def settle_round(ks: list[int], probes: list[bool], optimal: int) -> int:
+    """First round after which every non-probe K stays within +-1 of `optimal` (len(ks): never)."""
+    last_bad = -1
+    for i, (k, probe) in enumerate(zip(ks, probes)):
+        if not probe and abs(k - optimal) > 1:
+            last_bad = i
+    return last_bad + 1
+
+
+def phase_trace() -> tuple[float, ...]:
+    return tuple(alpha for alpha in PHASES for _ in range(PHASE_ROUNDS))
+
+
+# -- 1-3: throughput and settling against the cost model ----------------------------------------------------------
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.9])
+def test_stationary_goodput_within_5pct_of_best_fixed_k(alpha):
+    """Cost model: t_draft 0.1/token, t_verify(K) = 1.0 + 0.05*K, rtt 0.2 per call, 10% jitter."""
+    cost, alphas = CostModel(), (alpha,) * ROUNDS
+    fixed = fixed_throughputs(alphas, cost)
+    best = max(fixed, key=fixed.get)
+    adaptive = run_policy(alphas, cost)
+    ratio = adaptive.throughput / fixed[best]
+    print(f"\nalpha={alpha}: goodput {adaptive.throughput:.4f}, best fixed K={best} {fixed[best]:.4f}, "
+          f"ratio {ratio:.3f}, last K {adaptive.ks[-1]}")
+    assert ratio >= 1 - STATIONARY_TOLERANCE
+
+
+def test_phase_change_goodput_beats_every_fixed_k_by_10pct():
+    """Acceptance 0.9 -> 0.3 -> 0.7, 1500 rounds each. Cost model as above: t_draft 0.1/token, t_verify(K) =
+    1.0 + 0.05*K, rtt 0.2 per call. Then the best K is 8 at 0.9, 1 (0 within 1%) at 0.3 and 4 at 0.7, so no
+    single K fits all phases: the analytic per-phase optimum beats the best fixed K by ~18%."""
+    cost, alphas = CostModel(), phase_trace()
+    assert [cost.best_k(a) for a in PHASES] == [8, 1, 4]          # the premise: the phases want different K
+    fixed = fixed_throughputs(alphas, cost)
+    best = max(fixed, key=fixed.get)
+    adaptive = run_policy(alphas, cost)
+    gain = adaptive.throughput / fixed[best] - 1
+    print(f"\ngoodput {adaptive.throughput:.4f}; fixed: " + ", ".join(f"K={k} {t:.4f}" for k, t in fixed.items())
+          + f"; gain over best fixed (K={best}) {gain:.1%}")
+    assert gain >= PHASE_GAIN
+
+
+def test_settles_after_each_phase_change():
+    """Settled: every non-probe K stays within +-1 of the phase's analytic optimum for the rest of the phase."""
+    cost = CostModel()
+    run = run_policy(phase_trace(), cost)
+    settles = []
+    for i, alpha in enumerate(PHASES):
+        part = slice(i * PHASE_ROUNDS, (i + 1) * PHASE_ROUNDS)
+        settles.append(settle_round(run.ks[part], run.probes[part], cost.best_k(alpha)))
+    print(f"\nsettle rounds per phase {dict(zip(PHASES, settles))} (bound {SETTLE_ROUNDS})")
+    assert max(settles) <= SETTLE_ROUNDS
+
+
+def modeled_efficiency(ks: list[int], alpha: float, cost: CostModel) -> float:
+    """Analytic throughput of the chosen Ks (sum of E[K] over sum of T(K)) relative to the best K's."""
+    tokens = [mean_tokens(alpha, k) for k in ks]
+    time = sum(e / cost.goodput(alpha, k) for e, k in zip(tokens, ks))
+    return sum(tokens) / time / cost.goodput(alpha, cost.best_k(alpha))
+
+
+def test_recovers_from_k0_when_acceptance_rises():
+    """alpha 0.05 -> 0.9 (1000 rounds each), expensive draft (t_draft 0.3): best K is 0, then 6. At K=0 only the
+    probes carry acceptance data, so they must notice the change. Near alpha 0.9 goodput is flat (K=5..8 within
+    1.5%), so the bar here is: K >= 4 within SETTLE_ROUNDS, then >= 98% of the best K's modeled goodput."""
+    cost = CostModel(t_draft=0.3)
+    assert (cost.best_k(0.05), cost.best_k(0.9)) == (0, 6)
+    run = run_policy((0.05,) * 1000 + (0.9,) * 1000, cost)
+    assert settle_round(run.ks[:1000], run.probes[:1000], 0) <= SETTLE_ROUNDS
+    ks, probes = run.ks[1000:], run.probes[1000:]
+    recovered = next((i for i, (k, probe) in enumerate(zip(ks, probes)) if k >= 4 and not probe), len(ks))
+    efficiency = modeled_efficiency(ks[SETTLE_ROUNDS:], 0.9, cost)
+    print(f"\nleft K=0 for K>=4 after {recovered} rounds; then {efficiency:.4f} of the best K's goodput")
+    assert recovered <= SETTLE_ROUNDS and efficiency >= 0.98
+
+
+def test_uses_per_position_acceptance():
+    """Position-dependent acceptance (a_0 = a_1 = 0.95, then 0.2): the best K is 2, while the single rate pooled
+    over positions (~0.7) would suggest K ~ 4 and lose ~8%. Cost model as in the stationary test."""
+    cost, profile = CostModel(), (0.95, 0.95) + (0.2,) * (K_MAX - 2)
+    assert cost.best_k(profile) == 2 and cost.goodput(profile, 4) < 0.93 * cost.goodput(profile, 2)
+    alphas = (profile,) * ROUNDS
+    fixed = fixed_throughputs(alphas, cost)
+    run = run_policy(alphas, cost)
+    ratio = run.throughput / max(fixed.values())
+    print(f"\nper-position profile: goodput {ratio:.3f} of the best fixed K ({max(fixed, key=fixed.get)})")
+    assert ratio >= 1 - STATIONARY_TOLERANCE
+
+
+# -- 4: K = 0 --------------------------------------------------------------------------------------------------------
+
+def test_chooses_k0_when_speculation_does_not_pay():
+    """alpha 0.05 and a draft token costing half a verify pass: plain decoding is ~35% faster than K=1."""
+    cost, alphas = CostModel(t_draft=0.5), (0.05,) * 1000
+    assert cost.best_k(0.05) == 0
+    run = run_policy(alphas, cost)
+    chosen = [k for k, probe in zip(run.ks[100:], run.probes[100:]) if not probe]
+    ratio = run.throughput / run_policy(alphas, cost, "fixed", 0).throughput
+    print(f"\nK=0 on {chosen.count(0)}/{len(chosen)} non-probe rounds; throughput {ratio:.3f} of fixed K=0")
+    assert chosen.count(0) == len(chosen)
+    assert ratio >= 0.85        # the price of warm-up at K=4 and of probes (~1 round in 8 at K >= 1)
+
+
+# -- 5: threshold and fixed policies -----------------------------------------------------------------------------
+
+def drive(controller: KController, rounds: int, accepted_of) -> list[int]:
+    """Run rounds with `accepted_of(k)` accepted drafts and fixed timings; return the chosen Ks."""
+    ks = []
+    for _ in range(rounds):
+        k = controller.choose_k()
+        ks.append(k)
+        controller.observe(k, accepted_of(k), 0.1 * k, 1.0 + 0.05 * k, 0.2)
+    return ks
+
+
+def test_threshold_policy_steps_k_by_one_within_bounds():
+    config = ControllerConfig(policy="threshold", k=2, k_min=1, k_max=4, adjust_every=4, probe_every=0)
+    controller = KController(config, random.Random(0))
+    assert drive(controller, 16, lambda k: k) == [2] * 4 + [3] * 4 + [4] * 8          # rate 1.0 > 0.8: up, clamped
+    assert drive(controller, 4, lambda k: min(k, 2)) == [4] * 4                     # rate 0.6: holds
+    assert drive(controller, 20, lambda k: 0) == [4] * 4 + [3] * 4 + [2] * 4 + [1] * 8   # rate 0 < 0.4: down, clamped
+
+
+def test_threshold_policy_leaves_k0_through_probes():
+    config = ControllerConfig(policy="threshold", k=0, adjust_every=4, probe_every=4, warmup_rounds=0)
+    ks = drive(KController(config, random.Random(0)), 200, lambda k: k)
+    assert max(ks) == config.k_max and ks[-1] == config.k_max
+
+
+def test_fixed_policy_never_moves():
+    controller = KController(ControllerConfig(policy="fixed", k=3), random.Random(0))
+    rng = random.Random(1)
+    ks = drive(controller, 500, lambda k: rng.randint(0, k))
+    assert set(ks) == {3} and controller.k == 3 and not controller.probing
+
+
+# -- 6: config validation and update_config ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes, key", [
+    ({"policy": "bogus"}, "policy"),
+    ({"k_min": 3, "k": 3, "k_max": 2}, "k_max"),
+    ({"k_min": -1}, "k_min"),
+    ({"k": 9}, "k"),
+    ({"window": 0}, "window"),
+    ({"prior_acceptance": 1.5}, "prior_acceptance"),
+    ({"lower_below": 0.9}, "lower_below"),
+    ({"hysteresis": -0.1}, "hysteresis"),
+    ({"probe_every": -1}, "probe_every"),
+    ({"change_z": -1.0}, "change_z"),
+])
+def test_config_errors_name_the_field(changes, key):
+    with pytest.raises(ValueError, match=rf"^speculation\.{key}: "):
+        replace(ControllerConfig(), **changes).validate()
+    with pytest.raises(ValueError, match=rf"^controller\.{key}: "):
+        replace(ControllerConfig(), **changes).validate("controller")
+    with pytest.raises(ValueError, match=rf"^speculation\.{key}: "):
+        KController(replace(ControllerConfig(), **changes))
+
+
+def test_update_config_keeps_statistics_and_clamps_k():
+    controller = KController(ControllerConfig(), random.Random(0))
+    simulate(controller, make_trace((0.9,) * 300, 0, 0.1), CostModel())
+    before = controller.snapshot()
+    assert before["k"] >= 5
+
+    controller.update_config(replace(controller.config, k=2, k_min=1, k_max=3))
+    after = controller.snapshot()
+    assert controller.k == 3 and after["rounds"] == before["rounds"] and after["costs"] == before["costs"]
+    assert after["samples"] == before["samples"][:3]
+    assert after["acceptance"] == pytest.approx(before["acceptance"][:3], abs=0.02)   # pooled prior: 3 positions
+    assert controller.choose_k() in (1, 2, 3)
+
+    controller.update_config(replace(controller.config, k_max=8))          # widening recounts from the window
+    assert controller.snapshot()["samples"] == before["samples"]
+    assert controller.snapshot()["acceptance"] == before["acceptance"]
+    with pytest.raises(ValueError, match=r"^speculation\.k: "):
+        controller.update_config(replace(controller.config, k=9))
+    assert controller.config.k_max == 8
+
+
+# -- 7: determinism --------------------------------------------------------------------------------------------------
+
+def test_seeded_rng_gives_identical_k_sequences():
+    cost, trace = CostModel(), make_trace((0.6,) * 1000, 3, 0.1)
+    first = simulate(KController(ControllerConfig(), random.Random(11)), trace, cost)
+    second = simulate(KController(ControllerConfig(), random.Random(11)), trace, cost)
+    other = simulate(KController(ControllerConfig(), random.Random(12)), trace, cost)
+    assert first.ks == second.ks and first.probes == second.probes and first.throughput == second.throughput
+    assert other.probes != first.probes                       # the RNG really drives the probe schedule
+
+
+# -- statistics and the model ------------------------------------------------------------------------------------
+
+def test_round_outcome_counts_per_position():
+    controller = KController(ControllerConfig(k_max=6, prior_weight=0.0), random.Random(0))
+    controller.observe(4, 2)        # positions 0, 1 accepted, 2 rejected, 3.. not attempted
+    controller.observe(4, 4)        # 0..3 accepted
+    controller.observe(0, 0)        # plain decoding: nothing attempted
+    snapshot = controller.snapshot()
+    assert snapshot["samples"] == [2, 2, 2, 1, 0, 0]
+    assert snapshot["acceptance"][:4] == [1.0, 1.0, 0.5, 1.0]
+    assert snapshot["rounds"] == 3
+
+
+def test_cost_model_fits_timings():
+    controller = KController(ControllerConfig(), random.Random(0))
+    for _ in range(50):
+        controller.observe(3, 1, 3 * 0.12, 1.0 + 0.05 * 3, 0.2, 0.3)
+    single = controller.costs()                               # one K seen: flat line through its mean
+    assert single["t_verify_b"] == pytest.approx(0.0, abs=1e-9) and single["t_verify_a"] == pytest.approx(1.15)
+    for k in (1, 6) * 50:
+        controller.observe(k, 0, k * 0.12, 1.0 + 0.05 * k, 0.2, 0.3)
+    costs = controller.costs()
+    assert costs["t_draft"] == pytest.approx(0.12)
+    assert costs["t_verify_a"] == pytest.approx(1.0, abs=0.01) and costs["t_verify_b"] == pytest.approx(0.05, abs=0.002)
+    assert (costs["rtt_target"], costs["rtt_draft"]) == (pytest.approx(0.2), pytest.approx(0.3))
+    assert round_time(0, costs) == pytest.approx(costs["t_verify_a"] + 0.2)
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens([0.5, 0.5], 0) == 1.0
+    assert expected_tokens([0.9, 0.5, 0.2], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.09)
+    assert expected_tokens([0.6], 4) == pytest.approx((1 - 0.6 ** 5) / 0.4)
