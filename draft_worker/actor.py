@@ -32,8 +32,12 @@ class DraftWorker:
         self._config = config
         self._server = None
         self._engine = None
+        self._info: dict = {}
 
     async def start(self) -> dict:
+        """Load the model and serve; idempotent (a restarted actor is started again by the router)."""
+        if self._server is not None:
+            return self._info
         import ray
 
         from draft_worker.server import DraftServicer
@@ -44,7 +48,11 @@ class DraftWorker:
         host = ray.util.get_node_ip_address()
         self._server, address = await start_server(
             worker_pb2_grpc.add_DraftWorkerServicer_to_server, DraftServicer(self._engine), host)
-        return {"address": address, "pid": os.getpid()}
+        self._info = {"address": address, "pid": os.getpid()}
+        return self._info
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def active_sessions(self) -> int:
         return len(self._engine.sessions) if self._engine else 0

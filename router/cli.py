@@ -27,14 +27,19 @@ FINISH_NAMES = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FI
 
 
 def build_router(config: SpecpoolConfig, pools):
+    from functools import partial
+
+    from router.launch import recover_draft, recover_target
     from router.server import Router
     from router.text import load_tokenizer
     from router.worker_client import DraftClient, TargetClient
 
-    timeout = config.router.worker_timeout_s
-    return Router(config, [DraftClient(a, timeout) for a in pools.draft_addresses],
-                  [TargetClient(a, timeout) for a in pools.target_addresses],
-                  pools.target_info, load_tokenizer(pools.target_info["model_path"]))
+    timeout, ready = config.router.worker_timeout_s, config.router.ready_timeout_s
+    drafts = [DraftClient(address, timeout, partial(recover_draft, actor, ready))
+              for address, actor in zip(pools.draft_addresses, pools.draft_actors)]
+    targets = [TargetClient(address, timeout, partial(recover_target, ranks, ready))
+               for address, ranks in zip(pools.target_addresses, pools.target_actors)]
+    return Router(config, drafts, targets, pools.target_info, load_tokenizer(pools.target_info["model_path"]))
 
 
 class Service:
@@ -42,13 +47,13 @@ class Service:
 
     def __init__(self, config: SpecpoolConfig):
         self.config = config
-        self.server = self.port = self.pools = self.router = self.metrics_port = None
+        self.server = self.port = self.pools = self.router = self.metrics_port = self.health = None
 
     async def start(self) -> "Service":
         from router import launch
         from router.server import mark_ready, start_public_server
 
-        self.server, self.port, servicer, health = await start_public_server(
+        self.server, self.port, servicer, self.health = await start_public_server(
             self.config.router.host, self.config.router.port)
         print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until pools are ready)",
               flush=True)
@@ -58,12 +63,15 @@ class Service:
         if self.config.router.metrics_port >= 0:
             self.metrics_port = self.router.metrics.serve(self.config.router.host, self.config.router.metrics_port)
             print(f"[specpool] metrics on http://{self.config.router.host}:{self.metrics_port}/metrics", flush=True)
-        await mark_ready(servicer, health, self.router)
+        await mark_ready(servicer, self.health, self.router)
         print(f"[specpool] SERVING: {len(self.pools.draft_addresses)} draft, {len(self.pools.target_addresses)} "
               f"target replica(s) (TP={self.config.target.tensor_parallel_size})", flush=True)
         return self
 
     async def stop(self, grace: float = 5.0) -> None:
+        """Health NOT_SERVING, refuse new requests, give in-flight ones `grace` seconds, stop the pools."""
+        if self.health:
+            await self.health.enter_graceful_shutdown()
         if self.server:
             await self.server.stop(grace)
         if self.pools:
@@ -88,8 +96,8 @@ async def _serve(config: SpecpoolConfig, path: str) -> None:
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload_from_file, service, path)
     await stop.wait()
-    print("[specpool] shutting down", flush=True)
-    await service.stop()
+    print(f"[specpool] shutting down (grace {config.router.shutdown_grace_s:.0f}s)", flush=True)
+    await service.stop(config.router.shutdown_grace_s)
 
 
 def make_request(args) -> generation_pb2.GenerateRequest:

@@ -28,14 +28,24 @@ class RouterConfig:
     worker_timeout_s: float = 30.0   # per router -> worker call
     ready_timeout_s: float = 600.0   # how long serve waits for every pool to load
     metrics_port: int = -1           # Prometheus /metrics on router.host (-1: off, 0: any free port)
+    max_active_requests: int = 64    # requests generating at once; more wait in the admission queue
+    max_queued_requests: int = 256   # beyond this, RESOURCE_EXHAUSTED at once
+    max_prompt_tokens: int = 0       # size cap on prompts (0: the model's context)
+    max_new_tokens: int = 4096       # size cap on outputs (0: the model's context)
+    shutdown_grace_s: float = 30.0   # on SIGTERM: how long in-flight requests may take to finish
+    target_recovery_s: float = 60.0  # how long a request waits for a failed target to come back
 
     def validate(self, section: str = "router") -> None:
         for key in ("port", "metrics_port"):
             if not -1 <= getattr(self, key) <= 65535 or (key == "port" and self.port < 0):
                 raise ConfigError(f"{section}.{key}: must be a port number (got {getattr(self, key)!r})")
-        for key in ("worker_timeout_s", "ready_timeout_s"):
+        for key in ("worker_timeout_s", "ready_timeout_s", "max_active_requests", "shutdown_grace_s",
+                    "target_recovery_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{section}.{key}: must be > 0 (got {getattr(self, key)!r})")
+        for key in ("max_queued_requests", "max_prompt_tokens", "max_new_tokens"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{section}.{key}: must be >= 0 (got {getattr(self, key)!r})")
 
 
 @dataclass

@@ -43,11 +43,30 @@ class Router:
         self._rng = rng or random.Random()
         self.metrics = Metrics()
         self.k_selector = KSelector(config.speculation, self.metrics, random.Random(self._rng.getrandbits(64)))
+        self._slots = asyncio.Semaphore(config.router.max_active_requests)
+        self.queued = 0
+
+    @contextlib.asynccontextmanager
+    async def admission(self):
+        """A generation slot; waits in a bounded queue, and past its bound refuses at once."""
+        if self._slots.locked() and self.queued >= self.config.router.max_queued_requests:
+            raise Overloaded(f"{self.config.router.max_active_requests} requests running and "
+                             f"{self.queued} queued: try again later")
+        self.queued += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.queued -= 1
+        try:
+            yield
+        finally:
+            self._slots.release()
 
     @property
     def limits(self) -> ModelLimits:
         return ModelLimits(self.model_info["vocab_size"], self.model_info["max_context"],
-                           self.config.speculation.k_max)
+                           self.config.speculation.k_max, self.config.router.max_prompt_tokens,
+                           self.config.router.max_new_tokens)
 
     def admit(self, request: generation_pb2.GenerateRequest) -> RequestState:
         """Validate and normalise a request into the router's state for it (raises RequestError)."""
@@ -71,24 +90,26 @@ class Router:
 
     async def run(self, state: RequestState):
         """The request's rounds on the least-loaded draft and target replicas (sticky for the request)."""
-        draft = least_loaded(self.drafts) if self.drafts else None
-        target = least_loaded(self.targets)
-        workers = [w for w in (draft, target) if w]
-        for worker in workers:
-            worker.outstanding += 1
-        self.k_selector.attach(state)
         last, first = time.perf_counter(), True
-        try:
-            async with contextlib.aclosing(generate(state, draft, target, self.k_selector)) as rounds:
-                async for tokens in rounds:
-                    now = time.perf_counter()
-                    self.metrics.observe_tokens(now - last, len(tokens), first)
-                    last, first = now, False
-                    yield tokens
-        finally:
-            self.k_selector.detach(state)
+        async with self.admission():
+            draft = least_loaded(self.drafts) if self.drafts else None
+            target = least_loaded(self.targets)
+            workers = [w for w in (draft, target) if w]
             for worker in workers:
-                worker.outstanding -= 1
+                worker.outstanding += 1
+            self.k_selector.attach(state)
+            try:
+                async with contextlib.aclosing(generate(state, draft, target, self.k_selector,
+                                                        self.config.router.target_recovery_s)) as rounds:
+                    async for tokens in rounds:
+                        now = time.perf_counter()
+                        self.metrics.observe_tokens(now - last, len(tokens), first)
+                        last, first = now, False
+                        yield tokens
+            finally:
+                self.k_selector.detach(state)
+                for worker in workers:
+                    worker.outstanding -= 1
 
     def reload(self, data: dict) -> None:
         """Apply a new config's speculation section between rounds; refuse changes elsewhere."""
@@ -105,6 +126,10 @@ class Router:
         return {"pool": self.k_selector.pool.snapshot(), "active_requests": len(self.k_selector.active),
                 "replicas": {"draft": [c.outstanding for c in self.drafts],
                              "target": [c.outstanding for c in self.targets]}}
+
+
+class Overloaded(Exception):
+    """The admission queue is full."""
 
 
 class RestartRequired(ValueError):
@@ -131,6 +156,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             state = router.admit(request)
         except RequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        remaining = context.time_remaining()
+        if remaining is not None:
+            state.deadline = time.monotonic() + remaining
         return router, state, request.request_id or uuid.uuid4().hex
 
     @contextlib.asynccontextmanager
@@ -142,6 +170,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         except grpc.aio.AioRpcError as exc:
             code = "UNAVAILABLE"
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"a worker failed: {exc.code().name}: {exc.details()}")
+        except Overloaded as exc:
+            code = "RESOURCE_EXHAUSTED"
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except asyncio.CancelledError:
             code = "CANCELLED"
             raise

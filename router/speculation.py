@@ -36,11 +36,16 @@ class RequestState:
     target_synced: int = 0                 # committed tokens held in the target worker's cache
     finish_reason: int = generation_pb2.FINISH_REASON_UNSPECIFIED
     controller: object = None              # the request's own KController (router.k_selection)
+    deadline: float | None = None          # time.monotonic() by which the client wants its answer
     stats: generation_pb2.GenerationStats = field(default_factory=generation_pb2.GenerationStats)
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    def timeout(self, limit: float) -> float:
+        """A worker call's timeout: `limit`, or less if the client's deadline comes sooner."""
+        return limit if self.deadline is None else max(0.0, min(limit, self.deadline - time.monotonic()))
 
 
 @dataclass
@@ -77,13 +82,16 @@ def split_time(started: float, response) -> tuple[float, float]:
 async def propose(state: RequestState, draft: DraftClient, k: int, round_: Round) -> bytes:
     """Fill round_.tokens with K drafts; returns their hidden states (sampled mode). A draft worker that
     is unreachable costs this round its drafts, not the request: the round runs as plain decoding."""
+    if not draft.healthy:
+        return b""
     started = time.perf_counter()
     try:
         response, wire = await draft.propose(state.session_id, state.tokens, state.draft_synced, k,
-                                             state.sampling, state.draft_mode)
+                                             state.sampling, state.draft_mode, state.timeout(draft.timeout))
     except grpc.aio.AioRpcError as exc:
-        if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        if exc.code() not in WORKER_DOWN:
             raise
+        draft.mark_failed()
         state.draft_synced = 0            # whatever comes back up has no cache for us
         return b""
     round_.draft_seconds, round_.draft_rtt_seconds = split_time(started, response)
@@ -101,7 +109,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     drafts = round_.tokens
     started = time.perf_counter()
     verdict, wire = await target.verify(state.session_id, state.tokens, state.target_synced, drafts, hidden,
-                                        state.sampling)
+                                        state.sampling, state.timeout(target.timeout))
     round_.verify_seconds, round_.rtt_seconds = split_time(started, verdict)
     round_.k, round_.accepted = len(drafts), verdict.num_accepted
     if drafts:   # the draft cached the committed tokens and its first K-1 drafts
@@ -137,14 +145,32 @@ def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
     return committed
 
 
+async def resilient_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
+                          recovery_s: float) -> Round:
+    """A round that survives a target failure: wait (bounded) for the target group to be restarted,
+    then run the round again; the restarted target has no cache, so it is re-prefilled."""
+    while True:
+        try:
+            return await speculative_round(state, draft, target, k)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in WORKER_DOWN or state.timeout(recovery_s) <= 0:
+                raise
+            target.mark_failed()
+            state.target_synced = 0
+            try:
+                await target.wait_recovered(state.timeout(recovery_s))
+            except asyncio.TimeoutError:
+                raise exc from None
+
+
 async def generate(state: RequestState, draft: DraftClient | None, target: TargetClient,
-                   policy: KPolicy) -> AsyncIterator[list[int]]:
+                   policy: KPolicy, recovery_s: float = 60.0) -> AsyncIterator[list[int]]:
     """Run rounds until the request finishes, yielding each round's committed tokens.
     Both workers' caches for this session are released however the request ends."""
     try:
         while not state.finish_reason:
             k = clamp_k(state, state.fixed_k if state.fixed_k is not None else policy.choose_k(state))
-            round_ = await speculative_round(state, draft, target, k)
+            round_ = await resilient_round(state, draft, target, k, recovery_s)
             policy.observe(state, round_)
             yield commit(state, round_.tokens)
     finally:
@@ -156,4 +182,5 @@ async def release(session_id: int, workers: list) -> None:
     await asyncio.gather(*(w.release(session_id) for w in workers), return_exceptions=True)
 
 
+WORKER_DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL)
 DRAFT_MODES = {"greedy": worker_pb2.DRAFT_MODE_GREEDY, "sampled": worker_pb2.DRAFT_MODE_SAMPLED}

@@ -22,6 +22,7 @@ class ModelLimits:
     max_context: int          # 0: unknown, no limit checked
     k_max: int
     max_prompt_tokens: int = 0  # 0: only the context window limits it
+    max_new_tokens: int = 0     # 0: only the context window limits it
 
 
 def check_token_ids(field: str, token_ids, vocab_size: int) -> None:
@@ -43,6 +44,8 @@ def check_prompt(request: generation_pb2.GenerateRequest, prompt_ids: list[int],
 def check_lengths(request: generation_pb2.GenerateRequest, prompt_len: int, limits: ModelLimits) -> None:
     if request.max_new_tokens < 1:
         raise RequestError("max_new_tokens", "must be >= 1")
+    if limits.max_new_tokens and request.max_new_tokens > limits.max_new_tokens:
+        raise RequestError("max_new_tokens", f"{request.max_new_tokens} is over the limit of {limits.max_new_tokens}")
     if limits.max_context and prompt_len + request.max_new_tokens > limits.max_context:
         raise RequestError("max_new_tokens", f"prompt ({prompt_len} tokens) + max_new_tokens "
                            f"({request.max_new_tokens}) exceeds the model's context of {limits.max_context}")

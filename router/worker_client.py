@@ -6,6 +6,7 @@ whole committed context (re-prefill).
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Awaitable, Callable
 
 import grpc
@@ -33,14 +34,53 @@ async def synced_call(rpc: Callable[..., Awaitable], make_request: Callable, tok
 
 
 class WorkerClient:
-    """One worker replica's channel, plus the number of sessions the router has routed to it."""
+    """One worker replica's channel, the number of sessions the router has routed to it, and its
+    recovery: after a failure, `recover()` (blocking; it restarts or re-finds the worker through Ray
+    and returns its new address) runs in the background until the worker is back."""
 
-    def __init__(self, address: str, stub_class, timeout: float):
-        self.address = address
+    RETRY_PAUSE_S = 0.5
+
+    def __init__(self, address: str, stub_class, timeout: float, recover: Callable[[], str] | None = None):
         self.timeout = timeout
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self.stub = stub_class(self.channel)
         self.outstanding = 0
+        self._stub_class = stub_class
+        self._recover_fn = recover
+        self._recovering: asyncio.Task | None = None
+        self._connect(address)
+
+    def _connect(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = self._stub_class(self.channel)
+
+    @property
+    def healthy(self) -> bool:
+        return self._recovering is None
+
+    def mark_failed(self) -> None:
+        """Start recovering this worker (once, however many requests saw it fail)."""
+        if self._recover_fn is not None and self._recovering is None:
+            self._recovering = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        try:
+            while True:
+                try:
+                    address = await asyncio.to_thread(self._recover_fn)
+                    break
+                except Exception as exc:  # noqa: BLE001 - keep trying until the worker is back
+                    print(f"[specpool] worker {self.address} still down: {exc!r}", flush=True)
+                    await asyncio.sleep(self.RETRY_PAUSE_S)
+            old = self.channel
+            self._connect(address)
+            await old.close()
+        finally:
+            self._recovering = None
+
+    async def wait_recovered(self, timeout: float) -> None:
+        """Wait until recovery finishes; raises TimeoutError past `timeout` seconds."""
+        if self._recovering is not None:
+            await asyncio.wait_for(asyncio.shield(self._recovering), timeout)
 
     async def release(self, session_id: int) -> None:
         await self.stub.Release(worker_pb2.ReleaseRequest(session_id=session_id), timeout=self.timeout)
@@ -50,28 +90,28 @@ class WorkerClient:
 
 
 class DraftClient(WorkerClient):
-    def __init__(self, address: str, timeout: float = 30.0):
-        super().__init__(address, worker_pb2_grpc.DraftWorkerStub, timeout)
+    def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None):
+        super().__init__(address, worker_pb2_grpc.DraftWorkerStub, timeout, recover)
 
     async def propose(self, session_id: int, tokens: list[int], synced: int, k: int,
-                      sampling: generation_pb2.SamplingParams, mode: int):
+                      sampling: generation_pb2.SamplingParams, mode: int, timeout: float):
         def make(position, new, start):
             return worker_pb2.ProposeRequest(session_id=session_id, position=position, new_token_ids=new, k=k,
                                              sampling=sampling if start else None, mode=mode)
-        return await synced_call(self.stub.Propose, make, tokens, synced, self.timeout)
+        return await synced_call(self.stub.Propose, make, tokens, synced, timeout)
 
 
 class TargetClient(WorkerClient):
-    def __init__(self, address: str, timeout: float = 30.0):
-        super().__init__(address, worker_pb2_grpc.TargetWorkerStub, timeout)
+    def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None):
+        super().__init__(address, worker_pb2_grpc.TargetWorkerStub, timeout, recover)
 
     async def verify(self, session_id: int, tokens: list[int], synced: int, drafts: list[int],
-                     hidden: bytes, sampling: generation_pb2.SamplingParams):
+                     hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float):
         def make(position, new, start):
             return worker_pb2.VerifyRequest(session_id=session_id, position=position, new_token_ids=new,
                                             draft_token_ids=drafts, draft_hidden_states=hidden,
                                             sampling=sampling if start else None)
-        return await synced_call(self.stub.Verify, make, tokens, synced, self.timeout)
+        return await synced_call(self.stub.Verify, make, tokens, synced, timeout)
 
 
 def least_loaded(clients: list[WorkerClient]) -> WorkerClient:

@@ -75,5 +75,8 @@ class TargetRank:
             TargetServicer(self._engine, self._world_size), ray.util.get_node_ip_address())
         return {**info, "address": address}
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def active_sessions(self) -> int:
         return len(self._engine.sessions) if self._engine else 0

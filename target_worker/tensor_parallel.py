@@ -53,10 +53,18 @@ def _run(engine, kind: int, request):
 
 
 def lead(engine, kind: int, request, world_size: int):
-    """Rank 0: have every rank run this call, then run it here and return the result."""
-    if world_size > 1:
+    """Rank 0: have every rank run this call, then run it here and return the result. A collective
+    that fails means a peer is gone: exit, so that Ray restarts this rank too."""
+    if world_size == 1:
+        return _run(engine, kind, request)
+    try:
         _broadcast(kind, request.SerializeToString())
-    return _run(engine, kind, request)
+        return _run(engine, kind, request)
+    except (SessionLost, ValueError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a broken collective: leave no half-alive group
+        print(f"[specpool] target rank 0 lost its group ({exc!r}); exiting", flush=True)
+        os._exit(1)
 
 
 def follow(engine) -> None:

@@ -1,0 +1,125 @@
+"""Faults injected while requests are in flight: the outcome is identical greedy tokens, or the
+documented clean status, and no leaked session state."""
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import ray
+
+from protos.specpool.v1 import generation_pb2
+from tests.conftest import service_config
+
+PROMPT = [4, 5, 6, 7]
+LONG = 200
+
+
+def greedy(max_new=LONG, k=3):
+    request = generation_pb2.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=max_new)
+    request.speculation.k = k
+    return request
+
+
+def stream_with_fault(service, request, fault, after_chunks=5):
+    """Stream a request; run `fault()` once `after_chunks` chunks have arrived; return all chunks."""
+    chunks = []
+    for chunk in service.stub.GenerateStream(request, timeout=180):
+        chunks.append(chunk)
+        if len(chunks) == after_chunks:
+            fault()
+    return chunks
+
+
+def tokens_of(chunks):
+    return [t for c in chunks for t in c.token_ids]
+
+
+def sigkill(actor):
+    os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def tp2(start_service, byte_pair):
+    return start_service(service_config(byte_pair, target={"tensor_parallel_size": 2},
+                                        router={"target_recovery_s": 120.0}))
+
+
+def test_draft_killed_mid_request_gives_identical_tokens(tp2, reference_generate):
+    draft = tp2.service.pools.draft_actors[0]
+    chunks = stream_with_fault(tp2, greedy(), lambda: sigkill(draft))
+    assert tokens_of(chunks) == reference_generate(PROMPT, LONG)
+    ks = list(chunks[-1].stats.k_per_round)
+    assert 0 in ks[4:]                                   # it went on in plain target decoding
+    deadline = time.monotonic() + 120                    # Ray restarts the draft; speculation resumes
+    while time.monotonic() < deadline:
+        response = tp2.stub.Generate(greedy(max_new=20))
+        assert list(response.token_ids) == reference_generate(PROMPT, 20)
+        if response.stats.draft_tokens > 0:
+            break
+        time.sleep(1.0)
+    assert response.stats.draft_tokens > 0
+
+
+def test_target_rank_killed_mid_request_gives_identical_tokens(tp2, reference_generate):
+    rank1 = tp2.service.pools.target_actors[0][1]
+    chunks = stream_with_fault(tp2, greedy(), lambda: sigkill(rank1))
+    assert tokens_of(chunks) == reference_generate(PROMPT, LONG)
+    after = tp2.stub.Generate(greedy(max_new=20))
+    assert list(after.token_ids) == reference_generate(PROMPT, 20)
+
+
+@pytest.fixture(scope="module")
+def small(start_service, byte_pair):
+    return start_service(service_config(byte_pair, router={"max_active_requests": 1, "max_queued_requests": 1}))
+
+
+def active_sessions(service):
+    pools = service.service.pools
+    actors = pools.draft_actors + [ranks[0] for ranks in pools.target_actors]
+    return ray.get([a.active_sessions.remote() for a in actors])
+
+
+def wait_no_sessions(service, timeout=15):
+    deadline = time.monotonic() + timeout
+    while (counts := active_sessions(service)) != [0, 0] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return counts
+
+
+def test_deadline_expiry_is_clean(small):
+    with pytest.raises(grpc.RpcError) as info:
+        small.stub.Generate(greedy(max_new=900), timeout=0.5)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert wait_no_sessions(small) == [0, 0]
+
+
+def test_overload_is_refused_at_once(small, reference_generate):
+    """One running, one queued; the rest get RESOURCE_EXHAUSTED immediately."""
+    def call(_):
+        started = time.monotonic()
+        try:
+            return list(small.stub.Generate(greedy(max_new=150)).token_ids), time.monotonic() - started
+        except grpc.RpcError as exc:
+            return exc.code(), time.monotonic() - started
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(call, range(6)))
+    refused = [seconds for outcome, seconds in results if outcome == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    served = [outcome for outcome, _ in results if isinstance(outcome, list)]
+    assert len(refused) + len(served) == 6 and len(served) >= 2 and len(refused) >= 1
+    assert all(tokens == reference_generate(PROMPT, 150) for tokens in served)
+    assert max(refused) < 1.0
+    assert wait_no_sessions(small) == [0, 0]
+
+
+def test_cancel_mid_stream_frees_sessions(small):
+    stream = small.stub.GenerateStream(greedy(max_new=900))
+    next(stream)
+    threading.Timer(0.2, stream.cancel).start()
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in stream:
+            pass
+    assert info.value.code() == grpc.StatusCode.CANCELLED
+    assert wait_no_sessions(small) == [0, 0]
