@@ -1,0 +1,66 @@
+"""Fuzz the public API: 500+ random and edge-case requests each get OK or a clean status, and the
+server stays healthy."""
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protos.specpool.v1 import generation_pb2
+from tests.conftest import service_config
+
+CLEAN = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
+INT32 = st.one_of(st.integers(-5, 300), st.sampled_from([-2**31, 2**31 - 1, 256, 257]))
+FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32), st.sampled_from([0.0, 1.0, 1e-30]))
+
+
+@st.composite
+def requests(draw):
+    request = generation_pb2.GenerateRequest(
+        max_new_tokens=draw(st.sampled_from([0, 1, 2, 3, 4, 1025, 5000, 2**32 - 1])),
+        stop_token_ids=draw(st.lists(INT32, max_size=3)),
+        request_id=draw(st.text(max_size=300)))
+    if draw(st.booleans()):
+        request.prompt = draw(st.text(max_size=40))
+    if draw(st.booleans()):
+        request.prompt_token_ids.extend(draw(st.lists(INT32, max_size=12)))
+    request.sampling.temperature = draw(FLOATS)
+    if draw(st.booleans()):
+        request.sampling.top_p = draw(FLOATS)
+    request.sampling.top_k = draw(st.sampled_from([-1, 0, 1, 5, 2**31 - 1]))
+    if draw(st.booleans()):
+        request.sampling.seed = draw(st.integers(0, 2**64 - 1))
+    if draw(st.booleans()):
+        request.speculation.k = draw(st.sampled_from([0, 1, 3, 8, 9, 2**32 - 1]))
+    request.speculation.disable = draw(st.booleans())
+    return request
+
+
+@pytest.fixture(scope="module")
+def service(start_service, byte_pair):
+    return start_service(service_config(byte_pair, speculation={"k": 2, "k_max": 8}))
+
+
+def test_fuzzed_requests_get_ok_or_a_clean_status(service):
+    seen = {}
+
+    @settings(max_examples=520, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(requests())
+    def check(request):
+        try:
+            response = service.stub.Generate(request, timeout=60)
+            code = grpc.StatusCode.OK
+            assert 1 <= len(response.token_ids) <= request.max_new_tokens
+        except grpc.RpcError as exc:
+            code = exc.code()
+            assert code in CLEAN, (code, exc.details(), request)
+            assert ":" in exc.details()
+        seen[code] = seen.get(code, 0) + 1
+    check()
+    assert sum(seen.values()) >= 500
+    assert seen.get(grpc.StatusCode.OK, 0) > 0 and seen.get(grpc.StatusCode.INVALID_ARGUMENT, 0) > 0
+    channel = grpc.insecure_channel(service.address)
+    status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="")).status
+    channel.close()
+    assert status == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,83 @@
+"""SIGTERM to `specpool serve`: health goes NOT_SERVING, the in-flight request finishes, new ones are
+refused, and the process exits within the grace period."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos.specpool.v1 import generation_pb2, generation_pb2_grpc
+from tests.conftest import service_config
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def health(channel) -> int:
+    try:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+    except grpc.RpcError:
+        return -1
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_sigterm_drains_in_flight_requests(tmp_path, byte_pair, reference_generate):
+    port = free_port()
+    config = service_config(byte_pair, router={"port": port, "shutdown_grace_s": 60.0},
+                            ray={"node_ip": "127.0.0.1", "num_cpus": 8,
+                                 "resources": {"draft_pool": 2, "target_pool": 2}})
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    server = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(path)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        assert wait_for(lambda: health(channel) == health_pb2.HealthCheckResponse.SERVING, 180)
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        request = generation_pb2.GenerateRequest(prompt_token_ids=[3, 1, 4, 1, 5], max_new_tokens=400)
+        request.speculation.k = 1
+        chunks, first = [], threading.Event()
+
+        def consume():
+            for chunk in stub.GenerateStream(request, timeout=120):
+                chunks.append(chunk)
+                first.set()
+        reader = threading.Thread(target=consume)
+        reader.start()
+        assert first.wait(60)
+        server.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: health(channel) != health_pb2.HealthCheckResponse.SERVING, 10)
+        late = generation_pb2.GenerateRequest(prompt_token_ids=[3], max_new_tokens=2)
+        try:
+            stub.Generate(late, timeout=10)
+            refused = None
+        except grpc.RpcError as exc:
+            refused = exc.code()
+        assert refused == grpc.StatusCode.UNAVAILABLE
+        reader.join(120)
+        assert [t for c in chunks for t in c.token_ids] == reference_generate([3, 1, 4, 1, 5], 400)
+        assert chunks[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
+        assert server.wait(60) == 0
+    finally:
+        channel.close()
+        if server.poll() is None:
+            server.kill()
+            server.wait()
