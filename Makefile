@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= The quick brown fox
 
-.PHONY: install demo serve test stubs
+.PHONY: install demo serve test stubs bench
 
 install: $(VENV)/.installed
 
@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0          # the CPU wheel, before anything can pull CUDA builds
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install -e ".[test,bench]"
 	touch $@
 
 demo: install
@@ -27,3 +27,6 @@ test: install
 
 stubs: install
 	$(PY) -m protos.generate
+
+bench: install
+	$(PY) -m benchmarks.speedup --config deploy/local.yaml --out benchmarks/results
