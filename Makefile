@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= The quick brown fox
 
-.PHONY: install demo serve test stubs bench
+.PHONY: install demo serve test stubs bench sysdeps
 
 install: $(VENV)/.installed
 
@@ -22,7 +22,12 @@ demo: install
 serve: install
 	$(VENV)/bin/specpool serve --config deploy/local.yaml
 
-test: install
+# The ray-up test runs a real sshd on 127.0.0.1; install it where it is missing (as root).
+sysdeps:
+	command -v sshd >/dev/null && command -v rsync >/dev/null || \
+	  { apt-get update && apt-get install -y openssh-server rsync; }
+
+test: install sysdeps
 	$(PY) -m pytest -q
 
 stubs: install
