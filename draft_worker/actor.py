@@ -56,3 +56,6 @@ class DraftWorker:
 
     def active_sessions(self) -> int:
         return len(self._engine.sessions) if self._engine else 0
+
+    def sessions_started(self) -> int:
+        return self._engine.sessions.started if self._engine else 0

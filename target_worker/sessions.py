@@ -39,6 +39,7 @@ class SessionStore:
         self._sessions: OrderedDict[int, Session] = OrderedDict()
         self._max_sessions = max_sessions
         self._clock = clock
+        self.started = 0               # sessions (re)started here, for load-balancing checks
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -50,6 +51,7 @@ class SessionStore:
                 raise ValueError("sampling params are required when a session starts (position 0)")
             session = Session(sampling=sampling)
             self._sessions[session_id] = session
+            self.started += 1
         else:
             session = self._sessions.get(session_id)
             if session is None or session.length < position:
