@@ -28,13 +28,14 @@ def _build_engine(config: dict):
 class DraftWorker:
     """One draft replica. `start()` loads the model and returns {"address", "pid"}."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, tls: dict | None = None):
         self._config = config
+        self._tls = tls or {}
         self._server = None
         self._engine = None
         self._info: dict = {}
 
-    async def start(self) -> dict:
+    async def start(self, host: str | None = None) -> dict:
         """Load the model and serve; idempotent (a restarted actor is started again by the router)."""
         if self._server is not None:
             return self._info
@@ -42,12 +43,15 @@ class DraftWorker:
 
         from draft_worker.server import DraftServicer
         from protos.specpool.v1 import worker_pb2_grpc
+        from target_worker.config import TlsConfig
         from target_worker.grpc_server import start_server
+        from target_worker.tls import worker_server_credentials
 
         self._engine = await asyncio.to_thread(_build_engine, self._config)
-        host = ray.util.get_node_ip_address()
+        host = host or ray.util.get_node_ip_address()
         self._server, address = await start_server(
-            worker_pb2_grpc.add_DraftWorkerServicer_to_server, DraftServicer(self._engine), host)
+            worker_pb2_grpc.add_DraftWorkerServicer_to_server, DraftServicer(self._engine), host,
+            credentials=worker_server_credentials(TlsConfig(**self._tls)))
         self._info = {"address": address, "pid": os.getpid()}
         return self._info
 

@@ -34,10 +34,10 @@ def build_router(config: SpecpoolConfig, pools):
     from router.text import load_tokenizer
     from router.worker_client import DraftClient, TargetClient
 
-    timeout, ready = config.router.worker_timeout_s, config.router.ready_timeout_s
-    drafts = [DraftClient(address, timeout, partial(recover_draft, actor, ready))
+    timeout, ready, host = config.router.worker_timeout_s, config.router.ready_timeout_s, config.ray.node_ip or None
+    drafts = [DraftClient(address, timeout, partial(recover_draft, actor, host, ready), config.tls)
               for address, actor in zip(pools.draft_addresses, pools.draft_actors)]
-    targets = [TargetClient(address, timeout, partial(recover_target, ranks, ready))
+    targets = [TargetClient(address, timeout, partial(recover_target, ranks, host, ready), config.tls)
                for address, ranks in zip(pools.target_addresses, pools.target_actors)]
     return Router(config, drafts, targets, pools.target_info, load_tokenizer(pools.target_info["model_path"]))
 
@@ -52,9 +52,11 @@ class Service:
     async def start(self) -> "Service":
         from router import launch
         from router.server import mark_ready, start_public_server
+        from target_worker.tls import server_credentials
 
+        credentials = server_credentials(self.config.tls, self.config.tls.client_auth)
         self.server, self.port, servicer, self.health = await start_public_server(
-            self.config.router.host, self.config.router.port)
+            self.config.router.host, self.config.router.port, credentials)
         print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until pools are ready)",
               flush=True)
         await asyncio.to_thread(launch.connect, self.config)
@@ -123,10 +125,20 @@ def summary(response: generation_pb2.GenerateResponse, tokens: int, seconds: flo
             f"wire={stats.wire_bytes} B]")
 
 
+def open_channel(args) -> grpc.Channel:
+    """Plaintext, or TLS when --tls-ca is given (mutual TLS with --tls-cert/--tls-key)."""
+    if not getattr(args, "tls_ca", None):
+        return grpc.insecure_channel(args.address)
+    def read(path):
+        return open(path, "rb").read() if path else None
+    credentials = grpc.ssl_channel_credentials(read(args.tls_ca), read(args.tls_key), read(args.tls_cert))
+    return grpc.secure_channel(args.address, credentials)
+
+
 def run_generate(args, out=sys.stdout) -> int:
     request = make_request(args)
     started = time.monotonic()
-    with grpc.insecure_channel(args.address) as channel:
+    with open_channel(args) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         try:
             if args.stream:
@@ -158,7 +170,7 @@ async def _demo(config: SpecpoolConfig, args) -> int:
 
 def run_admin(args) -> int:
     """`specpool reload` / `specpool status` against a running server's Admin service."""
-    with grpc.insecure_channel(args.address) as channel:
+    with open_channel(args) as channel:
         stub = admin_pb2_grpc.AdminStub(channel)
         try:
             if args.command == "reload":
@@ -200,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     status = sub.add_parser("status", help="print the active config and live statistics")
     for admin in (reload, status):
         admin.add_argument("--address", default="127.0.0.1:50051")
+    for client in (gen, reload, status):
+        client.add_argument("--tls-ca", help="CA bundle: connect with TLS")
+        client.add_argument("--tls-cert", help="client certificate (mutual TLS)")
+        client.add_argument("--tls-key", help="client private key (mutual TLS)")
     args = parser.parse_args(argv)
     if args.command == "generate":
         return run_generate(args)

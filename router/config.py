@@ -16,7 +16,7 @@ import yaml
 
 from draft_worker.config import DraftConfig
 from router.controller import ControllerConfig
-from target_worker.config import ConfigError, TargetConfig
+from target_worker.config import ConfigError, TargetConfig, TlsConfig
 
 DRAFT_SAMPLING_MODES = ("greedy", "sampled")
 
@@ -69,7 +69,8 @@ class SpeculationConfig(ControllerConfig):
 class RayConfig:
     address: str = ""                # "" starts a local Ray instance; "auto" or host:port joins a cluster
     namespace: str = "specpool"
-    node_ip: str = ""                # local instance only: the address workers bind (e.g. 127.0.0.1)
+    node_ip: str = ""                # address workers bind and advertise ("": their Ray node's IP);
+                                     # 127.0.0.1 keeps a single-machine deployment on loopback
     num_cpus: int = 0                # local instance only: logical CPUs (0: Ray's default)
     resources: dict = field(default_factory=dict)   # local instance only: custom resources to declare
 
@@ -85,6 +86,7 @@ class SpecpoolConfig:
     draft: DraftConfig = field(default_factory=DraftConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
 
 def _coerce(value, kind, key: str):

@@ -56,8 +56,8 @@ def start_draft(config: SpecpoolConfig, index: int, tag: str):
     actor = ray.remote(DraftWorker).options(
         name=f"specpool-{tag}-draft-{index}", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
         resources=pool.resources, max_restarts=-1, max_task_retries=-1, max_concurrency=64,
-    ).remote(dataclasses.asdict(pool))
-    return actor, actor.start.remote()
+    ).remote(dataclasses.asdict(pool), dataclasses.asdict(config.tls))
+    return actor, actor.start.remote(config.ray.node_ip or None)
 
 
 def start_target(config: SpecpoolConfig, index: int, tag: str):
@@ -67,26 +67,27 @@ def start_target(config: SpecpoolConfig, index: int, tag: str):
         name=f"specpool-{tag}-target-{index}-rank-{rank}", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
         resources=pool.resources, max_restarts=-1, max_task_retries=-1, max_concurrency=64,
         scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
-    ).remote(dataclasses.asdict(pool), dataclasses.asdict(config.draft), rank, size) for rank in range(size)]
+    ).remote(dataclasses.asdict(pool), dataclasses.asdict(config.draft), rank, size, dataclasses.asdict(config.tls))
+        for rank in range(size)]
     return group, ranks
 
 
-def start_group(ranks: list, timeout: float | None = None) -> list[dict]:
+def start_group(ranks: list, host: str | None, timeout: float | None = None) -> list[dict]:
     """Rendezvous at rank 0, then start every rank; returns their infos (rank 0's has the address)."""
-    master = ray.get(ranks[0].rendezvous.remote(), timeout=timeout)
-    return ray.get([rank.start.remote(master) for rank in ranks], timeout=timeout)
+    master = ray.get(ranks[0].rendezvous.remote(host), timeout=timeout)
+    return ray.get([rank.start.remote(master, host) for rank in ranks], timeout=timeout)
 
 
-def recover_draft(actor, timeout: float | None = None) -> str:
+def recover_draft(actor, host: str | None, timeout: float | None = None) -> str:
     """The draft replica's address once it serves again (Ray restarts a killed actor; start() reloads)."""
-    return ray.get(actor.start.remote(), timeout=timeout)["address"]
+    return ray.get(actor.start.remote(host), timeout=timeout)["address"]
 
 
-def recover_target(ranks: list, timeout: float | None = None) -> str:
+def recover_target(ranks: list, host: str | None, timeout: float | None = None) -> str:
     """Tear the whole TP group down and start it again: no half-alive group lingers."""
     for rank in ranks:
         ray.kill(rank, no_restart=False)
-    return start_group(ranks, timeout)[0]["address"]
+    return start_group(ranks, host, timeout)[0]["address"]
 
 
 def launch(config: SpecpoolConfig, timeout: float | None = None) -> Pools:
@@ -104,7 +105,7 @@ def launch(config: SpecpoolConfig, timeout: float | None = None) -> Pools:
         pools.target_actors.append(ranks)
         ray.get(group.ready(), timeout=timeout)
     for ranks in pools.target_actors:
-        infos = start_group(ranks, timeout)
+        infos = start_group(ranks, config.ray.node_ip or None, timeout)
         pools.target_addresses.append(infos[0]["address"])
         pools.target_info = pools.target_info or infos[0]
     pools.draft_addresses = [info["address"] for info in ray.get(draft_refs, timeout=timeout)]

@@ -114,7 +114,7 @@ class Router:
     def reload(self, data: dict) -> None:
         """Apply a new config's speculation section between rounds; refuse changes elsewhere."""
         new = config_from_dict(data)
-        for section in ("router", "ray", "draft", "target"):
+        for section in ("router", "ray", "draft", "target", "tls"):
             if getattr(new, section) != getattr(self.config, section):
                 changed = [f.name for f in dataclasses.fields(getattr(new, section))
                            if getattr(getattr(new, section), f.name) != getattr(getattr(self.config, section), f.name)]
@@ -229,9 +229,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                                            stats_json=json.dumps(router.status()))
 
 
-async def start_public_server(host: str, port: int) -> tuple[grpc.aio.Server, int, GenerationServicer,
-                                                              health_async.HealthServicer]:
-    """Start Generation + health (NOT_SERVING) + reflection; attach a Router to the servicer later."""
+async def start_public_server(host: str, port: int, credentials: grpc.ServerCredentials | None = None
+                              ) -> tuple[grpc.aio.Server, int, GenerationServicer, health_async.HealthServicer]:
+    """Start Generation + Admin + health (NOT_SERVING) + reflection; attach a Router later.
+    With `credentials` the port speaks TLS."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.so_reuseport", 0)])
     servicer = GenerationServicer()
@@ -243,7 +244,8 @@ async def start_public_server(host: str, port: int) -> tuple[grpc.aio.Server, in
                 admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(services, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bind = f"{host}:{port}"
+    bound = server.add_secure_port(bind, credentials) if credentials else server.add_insecure_port(bind)
     await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
     return server, bound, servicer, health

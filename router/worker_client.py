@@ -12,6 +12,8 @@ from typing import Awaitable, Callable
 import grpc
 
 from protos.specpool.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
+from target_worker.config import TlsConfig
+from target_worker.tls import worker_channel
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
                    ("grpc.max_send_message_length", 64 * 1024 * 1024)]
@@ -40,8 +42,10 @@ class WorkerClient:
 
     RETRY_PAUSE_S = 0.5
 
-    def __init__(self, address: str, stub_class, timeout: float, recover: Callable[[], str] | None = None):
+    def __init__(self, address: str, stub_class, timeout: float, recover: Callable[[], str] | None = None,
+                 tls: TlsConfig | None = None):
         self.timeout = timeout
+        self._tls = tls
         self.outstanding = 0
         self._stub_class = stub_class
         self._recover_fn = recover
@@ -50,7 +54,7 @@ class WorkerClient:
 
     def _connect(self, address: str) -> None:
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.channel = worker_channel(address, self._tls, CHANNEL_OPTIONS)
         self.stub = self._stub_class(self.channel)
 
     @property
@@ -90,8 +94,9 @@ class WorkerClient:
 
 
 class DraftClient(WorkerClient):
-    def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None):
-        super().__init__(address, worker_pb2_grpc.DraftWorkerStub, timeout, recover)
+    def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None,
+                 tls: TlsConfig | None = None):
+        super().__init__(address, worker_pb2_grpc.DraftWorkerStub, timeout, recover, tls)
 
     async def propose(self, session_id: int, tokens: list[int], synced: int, k: int,
                       sampling: generation_pb2.SamplingParams, mode: int, timeout: float):
@@ -102,8 +107,9 @@ class DraftClient(WorkerClient):
 
 
 class TargetClient(WorkerClient):
-    def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None):
-        super().__init__(address, worker_pb2_grpc.TargetWorkerStub, timeout, recover)
+    def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None,
+                 tls: TlsConfig | None = None):
+        super().__init__(address, worker_pb2_grpc.TargetWorkerStub, timeout, recover, tls)
 
     async def verify(self, session_id: int, tokens: list[int], synced: int, drafts: list[int],
                      hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float):

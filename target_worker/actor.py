@@ -41,24 +41,26 @@ def _build_engine(config: dict, draft: dict, rank: int, world_size: int, master:
 class TargetRank:
     """Rank `rank` of one target replica. Call rendezvous() on rank 0, then start() on every rank."""
 
-    def __init__(self, config: dict, draft: dict, rank: int, world_size: int):
-        self._config, self._draft = config, draft
+    def __init__(self, config: dict, draft: dict, rank: int, world_size: int, tls: dict | None = None):
+        self._config, self._draft, self._tls = config, draft, tls or {}
         self._rank, self._world_size = rank, world_size
         self._engine = None
         self._server = None
 
-    def rendezvous(self) -> tuple[str, int]:
+    def rendezvous(self, host: str | None = None) -> tuple[str, int]:
         import ray
 
-        host = ray.util.get_node_ip_address()
+        host = host or ray.util.get_node_ip_address()
         return host, _free_port(host)
 
-    async def start(self, master: tuple[str, int]) -> dict:
+    async def start(self, master: tuple[str, int], host: str | None = None) -> dict:
         import ray
 
         from protos.specpool.v1 import worker_pb2_grpc
         from target_worker import tensor_parallel
+        from target_worker.config import TlsConfig
         from target_worker.grpc_server import start_server
+        from target_worker.tls import worker_server_credentials
         from target_worker.model_pair import resolve_model
         from target_worker.modeling import model_info
         from target_worker.server import TargetServicer
@@ -72,7 +74,8 @@ class TargetRank:
             return info
         self._server, address = await start_server(
             worker_pb2_grpc.add_TargetWorkerServicer_to_server,
-            TargetServicer(self._engine, self._world_size), ray.util.get_node_ip_address())
+            TargetServicer(self._engine, self._world_size), host or ray.util.get_node_ip_address(),
+            credentials=worker_server_credentials(TlsConfig(**self._tls)))
         return {**info, "address": address}
 
     def pid(self) -> int:

@@ -1,6 +1,7 @@
 """Config of a worker pool (the `draft:` and `target:` sections of the YAML). No torch here."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
@@ -49,3 +50,29 @@ class TargetConfig(PoolConfig):
         super().validate(section)
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"{section}.tensor_parallel_size: must be >= 1 (got {self.tensor_parallel_size!r})")
+
+
+@dataclass
+class TlsConfig:
+    """The `tls:` section: TLS on the public port and (mutual) TLS on router <-> worker channels.
+    Paths must exist on every node that reads them (router and workers)."""
+    cert: str = ""                  # PEM certificate chain of this deployment ("": TLS off)
+    key: str = ""                   # its PEM private key
+    ca: str = ""                    # PEM CA bundle that signed the peers' certificates
+    client_auth: bool = False       # public port: require client certificates (mutual TLS)
+    internal: bool = True           # router <-> workers over mutual TLS (both present `cert`)
+    server_name: str = ""           # name to check in worker certificates ("": their address)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert)
+
+    def validate(self, section: str = "tls") -> None:
+        if bool(self.cert) != bool(self.key):
+            raise ConfigError(f"{section}.key: cert and key go together (cert={self.cert!r}, key={self.key!r})")
+        if self.enabled and not self.ca and (self.internal or self.client_auth):
+            raise ConfigError(f"{section}.ca: needed to verify peers when internal or client_auth is on")
+        for key in ("cert", "key", "ca"):
+            path = getattr(self, key)
+            if path and not os.path.isfile(os.path.expanduser(path)):
+                raise ConfigError(f"{section}.{key}: no such file {path!r}")

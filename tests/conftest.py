@@ -48,6 +48,7 @@ def service_config(pair, **overrides) -> dict:
     draft, target = pair
     config = {
         "router": {"host": "127.0.0.1", "port": 0, "worker_timeout_s": 60.0},
+        "ray": {"node_ip": "127.0.0.1"},
         "draft": {"model": draft, "resources": {"draft_pool": 1}, "num_threads": 1},
         "target": {"model": target, "resources": {"target_pool": 1}, "num_threads": 1},
         "speculation": {"k": 3},

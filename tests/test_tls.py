@@ -1,0 +1,87 @@
+"""TLS on the public port and mutual TLS on router <-> worker channels."""
+import datetime
+import ipaddress
+
+import grpc
+import pytest
+
+from protos.specpool.v1 import generation_pb2, generation_pb2_grpc
+from router.config import ConfigError, config_from_dict
+from tests.conftest import service_config
+
+
+def make_certs(directory):
+    """A CA and one certificate for 127.0.0.1/localhost, usable as server and as client."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("specpool test CA")).issuer_name(name("specpool test CA"))
+          .public_key(ca_key.public_key()).serial_number(1).not_valid_before(now)
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
+    leaf = (x509.CertificateBuilder().subject_name(name("localhost")).issuer_name(ca.subject)
+            .public_key(key.public_key()).serial_number(2).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = {"ca": directory / "ca.pem", "cert": directory / "cert.pem", "key": directory / "key.pem"}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    return {k: str(v) for k, v in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_certs(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def service(start_service, byte_pair, certs):
+    config = service_config(byte_pair)
+    config["tls"] = {**certs, "client_auth": True, "internal": True}
+    return start_service(config)
+
+
+def tls_channel(service, certs, with_client_cert=True):
+    read = lambda key: open(certs[key], "rb").read()  # noqa: E731
+    credentials = grpc.ssl_channel_credentials(read("ca"), read("key") if with_client_cert else None,
+                                               read("cert") if with_client_cert else None)
+    return grpc.secure_channel(service.address, credentials)
+
+
+REQUEST = generation_pb2.GenerateRequest(prompt_token_ids=[1, 2, 3], max_new_tokens=8)
+
+
+def test_mutual_tls_end_to_end(service, certs, reference_generate):
+    with tls_channel(service, certs) as channel:
+        response = generation_pb2_grpc.GenerationStub(channel).Generate(REQUEST, timeout=60)
+    assert list(response.token_ids) == reference_generate([1, 2, 3], 8)   # through TLS workers too
+
+
+@pytest.mark.parametrize("client", ["plaintext", "no client certificate"])
+def test_clients_without_credentials_are_refused(service, certs, client):
+    channel = grpc.insecure_channel(service.address) if client == "plaintext" else \
+        tls_channel(service, certs, with_client_cert=False)
+    with channel, pytest.raises(grpc.RpcError) as info:
+        generation_pb2_grpc.GenerationStub(channel).Generate(REQUEST, timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_tls_config_errors_name_the_key(certs):
+    with pytest.raises(ConfigError, match=r"tls\.key:"):
+        config_from_dict({"tls": {"cert": certs["cert"]}})
+    with pytest.raises(ConfigError, match=r"tls\.ca:"):
+        config_from_dict({"tls": {"cert": certs["cert"], "key": certs["key"]}})
+    with pytest.raises(ConfigError, match=r"tls\.cert: no such file"):
+        config_from_dict({"tls": {"cert": "/nonexistent.pem", "key": certs["key"], "ca": certs["ca"]}})
