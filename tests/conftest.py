@@ -35,13 +35,17 @@ def tiny_pair(tmp_path_factory):
     return str(draft), str(target)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_local():
+    """A local Ray instance per test module (so no Ray of ours runs beside the ray-up test)."""
     import ray
-    ray.init(num_cpus=16, resources={"draft_pool": 8, "target_pool": 16}, include_dashboard=False,
+    environ = dict(os.environ)
+    ray.init(num_cpus=32, resources={"draft_pool": 16, "target_pool": 32}, include_dashboard=False,
              namespace="specpool-tests", _node_ip_address="127.0.0.1", log_to_driver=False)
     yield ray
     ray.shutdown()
+    os.environ.clear()
+    os.environ.update(environ)      # ray.init sets RAY_* variables that must not leak into later tests
 
 
 def service_config(pair, **overrides) -> dict:
@@ -81,8 +85,9 @@ class RunningService:
         self.thread.join(10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def start_service(ray_local):
+    """Start services for one test module; they stop (and free their Ray resources) after it."""
     running = []
 
     def start(config: dict) -> RunningService:
