@@ -29,7 +29,7 @@ FINISH_NAMES = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FI
 def build_router(config: SpecpoolConfig, pools):
     from functools import partial
 
-    from router.launch import recover_draft, recover_target
+    from router.launch import launch_more, recover_draft, recover_target
     from router.server import Router
     from router.text import load_tokenizer
     from router.worker_client import DraftClient, TargetClient
@@ -39,7 +39,19 @@ def build_router(config: SpecpoolConfig, pools):
               for address, actor in zip(pools.draft_addresses, pools.draft_actors)]
     targets = [TargetClient(address, timeout, partial(recover_target, ranks, host, ready), config.tls)
                for address, ranks in zip(pools.target_addresses, pools.target_actors)]
-    return Router(config, drafts, targets, pools.target_info, load_tokenizer(pools.target_info["model_path"]))
+
+    def scale_up(pool: str, count: int) -> list:
+        """Start `count` more replicas of a pool through Ray (blocking); factories of their clients,
+        to be called on the event loop."""
+        if pool == "draft":
+            actors = launch_more(config, pools, "draft", count, ready)
+            return [partial(DraftClient, pools.draft_addresses[-count + i], timeout,
+                            partial(recover_draft, a, host, ready), config.tls) for i, a in enumerate(actors)]
+        groups = launch_more(config, pools, "target", count, ready)
+        return [partial(TargetClient, pools.target_addresses[-count + i], timeout,
+                        partial(recover_target, g, host, ready), config.tls) for i, g in enumerate(groups)]
+    return Router(config, drafts, targets, pools.target_info, load_tokenizer(pools.target_info["model_path"]),
+                  scale_up=scale_up)
 
 
 class Service:
@@ -80,11 +92,11 @@ class Service:
             await asyncio.to_thread(self.pools.shutdown)
 
 
-def reload_from_file(service: Service, path: str) -> None:
-    """SIGHUP: re-read the config file and apply its speculation section (or keep the running one)."""
+async def reload_from_file(service: Service, path: str) -> None:
+    """SIGHUP: re-read the config file and apply it (or keep the running config)."""
     import yaml
     try:
-        service.router.reload(yaml.safe_load(open(path).read()) or {})
+        await service.router.reload(yaml.safe_load(open(path).read()) or {})
         print(f"[specpool] reloaded {path}: {service.router.config.speculation}", flush=True)
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"[specpool] reload of {path} refused, running config kept: {exc}", flush=True)
@@ -96,7 +108,13 @@ async def _serve(config: SpecpoolConfig, path: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, reload_from_file, service, path)
+    reloads = set()
+
+    def on_sighup():
+        task = loop.create_task(reload_from_file(service, path))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     await stop.wait()
     print(f"[specpool] shutting down (grace {config.router.shutdown_grace_s:.0f}s)", flush=True)
     await service.stop(config.router.shutdown_grace_s)

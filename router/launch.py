@@ -20,6 +20,7 @@ from target_worker.config import PoolConfig
 
 @dataclass
 class Pools:
+    tag: str = ""                                          # names this deployment's actors
     draft_addresses: list[str] = field(default_factory=list)
     target_addresses: list[str] = field(default_factory=list)
     target_info: dict = field(default_factory=dict)        # rank 0 of the first target replica
@@ -90,23 +91,44 @@ def recover_target(ranks: list, host: str | None, timeout: float | None = None) 
     return start_group(ranks, host, timeout)[0]["address"]
 
 
-def launch(config: SpecpoolConfig, timeout: float | None = None) -> Pools:
-    """Start every replica of both pools and wait until all have loaded their models.
-    Actors are named specpool-<tag>-draft-<i> and specpool-<tag>-target-<i>-rank-<r>."""
-    pools, tag = Pools(), uuid.uuid4().hex[:6]
-    draft_refs = []
-    for i in range(config.draft.replicas):
-        actor, ref = start_draft(config, i, tag)
-        pools.draft_actors.append(actor)
-        draft_refs.append(ref)
-    for i in range(config.target.replicas):
-        group, ranks = start_target(config, i, tag)
+def start_drafts(config: SpecpoolConfig, pools: "Pools", count: int) -> list:
+    """Create `count` more draft actors (loading begins at once); returns their start() refs."""
+    first = len(pools.draft_actors)
+    started = [start_draft(config, first + i, pools.tag) for i in range(count)]
+    pools.draft_actors.extend(actor for actor, _ in started)
+    return [ref for _, ref in started]
+
+
+def await_drafts(pools: "Pools", refs: list, timeout: float | None = None) -> list:
+    """Wait for drafts started by start_drafts; append their addresses; return the new actors."""
+    pools.draft_addresses.extend(info["address"] for info in ray.get(refs, timeout=timeout))
+    return pools.draft_actors[-len(refs):] if refs else []
+
+
+def launch_more(config: SpecpoolConfig, pools: "Pools", pool: str, count: int,
+                timeout: float | None = None) -> list:
+    """Start `count` more replicas of `pool` ("draft" or "target") and wait until they serve.
+    Returns the new draft actors or target rank groups; their addresses are appended to `pools`."""
+    if pool == "draft":
+        return await_drafts(pools, start_drafts(config, pools, count), timeout)
+    first, groups = len(pools.target_actors), []
+    for i in range(count):
+        group, ranks = start_target(config, first + i, pools.tag)
         pools.placement_groups.append(group)
         pools.target_actors.append(ranks)
         ray.get(group.ready(), timeout=timeout)
-    for ranks in pools.target_actors:
         infos = start_group(ranks, config.ray.node_ip or None, timeout)
         pools.target_addresses.append(infos[0]["address"])
         pools.target_info = pools.target_info or infos[0]
-    pools.draft_addresses = [info["address"] for info in ray.get(draft_refs, timeout=timeout)]
+        groups.append(ranks)
+    return groups
+
+
+def launch(config: SpecpoolConfig, timeout: float | None = None) -> Pools:
+    """Start every replica of both pools and wait until all have loaded their models.
+    Actors are named specpool-<tag>-draft-<i> and specpool-<tag>-target-<i>-rank-<r>."""
+    pools = Pools(tag=uuid.uuid4().hex[:6])
+    draft_refs = start_drafts(config, pools, config.draft.replicas)     # drafts load while targets start
+    launch_more(config, pools, "target", config.target.replicas, timeout)
+    await_drafts(pools, draft_refs, timeout)
     return pools

@@ -34,8 +34,9 @@ class Router:
     """Live serving state: worker replicas, tokenizer, model limits, and the RNG for ids and seeds."""
 
     def __init__(self, config: SpecpoolConfig, drafts: list[DraftClient], targets: list[TargetClient],
-                 model_info: dict, tokenizer, rng: random.Random | None = None):
+                 model_info: dict, tokenizer, rng: random.Random | None = None, scale_up=None):
         self.config = config
+        self._scale_up = scale_up        # (pool name, count) -> factories of new clients; blocking (Ray)
         self.drafts, self.targets = drafts, targets
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(model_info["eos_token_ids"])
@@ -111,14 +112,18 @@ class Router:
                 for worker in workers:
                     worker.outstanding -= 1
 
-    def reload(self, data: dict) -> None:
-        """Apply a new config's speculation section between rounds; refuse changes elsewhere."""
+    async def reload(self, data: dict) -> None:
+        """Apply a new config without a restart: the speculation section between rounds, and more
+        draft/target replicas (started, then added to the pools). Anything else is refused."""
         new = config_from_dict(data)
-        for section in ("router", "ray", "draft", "target", "tls"):
-            if getattr(new, section) != getattr(self.config, section):
-                changed = [f.name for f in dataclasses.fields(getattr(new, section))
-                           if getattr(getattr(new, section), f.name) != getattr(getattr(self.config, section), f.name)]
-                raise RestartRequired(f"{section}.{changed[0]}: changing this needs a restart")
+        check_reloadable(self.config, new)
+        for name, clients in (("draft", self.drafts), ("target", self.targets)):
+            extra = getattr(new, name).replicas - getattr(self.config, name).replicas
+            if extra > 0:
+                if self._scale_up is None:
+                    raise RestartRequired(f"{name}.replicas: this router cannot start replicas")
+                factories = await asyncio.to_thread(self._scale_up, name, extra)
+                clients.extend(make() for make in factories)
         self.k_selector.update_config(new.speculation)
         self.config = new
 
@@ -126,6 +131,19 @@ class Router:
         return {"pool": self.k_selector.pool.snapshot(), "active_requests": len(self.k_selector.active),
                 "replicas": {"draft": [c.outstanding for c in self.drafts],
                              "target": [c.outstanding for c in self.targets]}}
+
+
+def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig) -> None:
+    """Raise RestartRequired naming the first key a reload cannot change (replicas may only grow)."""
+    for section in ("router", "ray", "draft", "target", "tls"):
+        before, after = getattr(old, section), getattr(new, section)
+        if section in ("draft", "target"):
+            if after.replicas < before.replicas:
+                raise RestartRequired(f"{section}.replicas: scaling down needs a restart")
+            after = dataclasses.replace(after, replicas=before.replicas)
+        changed = [f.name for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(after, f.name)]
+        if changed:
+            raise RestartRequired(f"{section}.{changed[0]}: changing this needs a restart")
 
 
 class Overloaded(Exception):
@@ -216,7 +234,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def Reload(self, request, context):
         router = await self._router(context)
         try:
-            router.reload(yaml.safe_load(request.config_yaml) or {})
+            await router.reload(yaml.safe_load(request.config_yaml) or {})
         except RestartRequired as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except (ConfigError, ValueError, yaml.YAMLError) as exc:
