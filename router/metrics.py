@@ -33,6 +33,8 @@ class Metrics:
         self.e2e = Histogram("specpool_e2e_request_latency_seconds", "End-to-end request latency",
                              buckets=LATENCY_BUCKETS, registry=r)
         self.requests = Counter("specpool_requests", "Finished requests by final gRPC status", ["code"], registry=r)
+        self.worker_sessions = Gauge("specpool_worker_active_sessions", "Sessions the router has open on a worker",
+                                     ["pool", "address"], registry=r)
 
     def observe_round(self, k: int, accepted: int) -> None:
         self.target_passes.inc()

@@ -96,8 +96,7 @@ class Router:
             draft = least_loaded(self.drafts) if self.drafts else None
             target = least_loaded(self.targets)
             workers = [w for w in (draft, target) if w]
-            for worker in workers:
-                worker.outstanding += 1
+            self._count_sessions(workers, +1)
             self.k_selector.attach(state)
             try:
                 async with contextlib.aclosing(generate(state, draft, target, self.k_selector,
@@ -109,8 +108,13 @@ class Router:
                         yield tokens
             finally:
                 self.k_selector.detach(state)
-                for worker in workers:
-                    worker.outstanding -= 1
+                self._count_sessions(workers, -1)
+
+    def _count_sessions(self, workers: list, delta: int) -> None:
+        for worker in workers:
+            worker.outstanding += delta
+            pool = "draft" if worker in self.drafts else "target"
+            self.metrics.worker_sessions.labels(pool, worker.address).set(worker.outstanding)
 
     async def reload(self, data: dict) -> None:
         """Apply a new config without a restart: the speculation section between rounds, and more

@@ -114,6 +114,11 @@ def test_overload_is_refused_at_once(small, reference_generate):
     assert wait_no_sessions(small) == [0, 0]
 
 
+def router_session_gauges(service) -> list[float]:
+    registry = service.service.router.metrics.registry
+    return [s.value for m in registry.collect() if m.name == "specpool_worker_active_sessions" for s in m.samples]
+
+
 def test_cancel_mid_stream_frees_sessions(small):
     stream = small.stub.GenerateStream(greedy(max_new=900))
     next(stream)
@@ -123,3 +128,5 @@ def test_cancel_mid_stream_frees_sessions(small):
             pass
     assert info.value.code() == grpc.StatusCode.CANCELLED
     assert wait_no_sessions(small) == [0, 0]
+    gauges = router_session_gauges(small)
+    assert len(gauges) == 2 and gauges == [0.0, 0.0]
