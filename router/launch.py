@@ -39,9 +39,9 @@ def connect(config: SpecpoolConfig) -> None:
     """Join RAY_ADDRESS / ray.address, or start a local instance with the configured resources."""
     if ray.is_initialized():
         return
-    address = config.ray.address or os.environ.get("RAY_ADDRESS") or None
+    address = config.ray.address or os.environ.get("RAY_ADDRESS") or "local"   # "local": never join by accident
     kwargs = {"namespace": config.ray.namespace, "log_to_driver": True}
-    if address is None:
+    if address == "local":
         kwargs.update(include_dashboard=False, resources=config.ray.resources or None,
                       num_cpus=config.ray.num_cpus or None, _node_ip_address=config.ray.node_ip or None)
     ray.init(address=address, **kwargs)

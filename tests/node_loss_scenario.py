@@ -1,0 +1,46 @@
+"""The node-loss scenario, run in a fresh process by tests/test_node_loss.py (a Ray cluster from
+ray.cluster_utils does not mix with other Ray instances started earlier in the same process).
+
+    python -m tests.node_loss_scenario DRAFT_DIR TARGET_DIR   # prints one JSON line
+"""
+import json
+import sys
+import time
+
+from protos.specpool.v1 import generation_pb2
+from tests.conftest import RunningService, service_config
+
+POOL_NODE = {"num_cpus": 4, "resources": {"draft_pool": 1, "target_pool": 1}}
+PROMPT = [2, 7, 1, 8]
+
+
+def main(draft: str, target: str) -> dict:
+    import ray
+    from ray.cluster_utils import Cluster
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    ray.init(address=cluster.address, namespace="specpool-node-loss", log_to_driver=False)
+    doomed = cluster.add_node(**POOL_NODE)
+    cluster.wait_for_nodes()
+    service = RunningService(service_config((draft, target), router={"target_recovery_s": 180.0}))
+    try:
+        request = generation_pb2.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=150)
+        request.speculation.k = 2
+        chunks, arrivals = [], []
+        for chunk in service.stub.GenerateStream(request, timeout=300):
+            chunks.append(chunk)
+            arrivals.append(time.monotonic())
+            if len(chunks) == 5:
+                cluster.add_node(**POOL_NODE)              # the replacement
+                cluster.remove_node(doomed)
+                arrivals[-1] = time.monotonic()
+        return {"tokens": [t for c in chunks for t in c.token_ids],
+                "stall_s": max(b - a for a, b in zip(arrivals[4:], arrivals[5:])),
+                "nodes": len(cluster.list_all_nodes())}
+    finally:
+        service.stop()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], sys.argv[2])), flush=True)
