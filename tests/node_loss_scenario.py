@@ -21,12 +21,12 @@ def main(draft: str, target: str) -> dict:
     ray.init(address=cluster.address, namespace="specpool-node-loss", log_to_driver=False)
     doomed = cluster.add_node(**POOL_NODE)
     cluster.wait_for_nodes()
-    service = RunningService(service_config((draft, target), router={"target_recovery_s": 180.0}))
+    service = RunningService(service_config((draft, target), router={"target_recovery_s": 500.0, "worker_timeout_s": 120.0}))
     try:
         request = generation_pb2.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=150)
         request.speculation.k = 2
         chunks, arrivals = [], []
-        for chunk in service.stub.GenerateStream(request, timeout=300):
+        for chunk in service.stub.GenerateStream(request, timeout=600):
             chunks.append(chunk)
             arrivals.append(time.monotonic())
             if len(chunks) == 5:

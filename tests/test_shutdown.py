@@ -71,7 +71,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path, byte_pair, reference_genera
             refused = None
         except grpc.RpcError as exc:
             refused = exc.code()
-        assert refused == grpc.StatusCode.UNAVAILABLE
+        assert refused in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)   # refused, not served
         reader.join(120)
         assert [t for c in chunks for t in c.token_ids] == reference_generate([3, 1, 4, 1, 5], 400)
         assert chunks[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
