@@ -40,7 +40,7 @@ SKIP_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
 class TrainConfig:
     seed: int = 1337
     tokenizer: str = "bpe"            # "bpe" (trained here) or "bytes" (model_pair.build_tokenizer)
-    vocab_size: int = 512             # BPE only: bytes + merges + EOS
+    vocab_size: int = 768             # BPE only: bytes + merges + EOS
     heldout_every: int = 20           # file i is held out when i % heldout_every == heldout_every // 2
     context: int = 256                # training sequence length
     batch_size: int = 8
@@ -61,10 +61,10 @@ class TrainConfig:
     distill_weight: float = 0.8       # draft loss = (1-w) * CE + w * KL(target || draft)
     rollouts: int = 512               # target greedy continuations of training windows ...
     rollout_batch: int = 64
-    distill_steps: int = 300          # ... on which the draft is then distilled (KL to the target)
+    distill_steps: int = 400          # ... on which the draft is then distilled (see distill_draft)
     distill_batch: int = 16
-    distill_lr: float = 2e-3
-    distill_hard: float = 1.0         # distillation loss = KL + distill_hard * CE(target's argmax)
+    distill_lr: float = 4e-3
+    distill_hard: float = 0.5         # distillation loss = KL + distill_hard * CE(target's argmax)
     log_every: int = 50
     eval_windows: int = 48            # held-out windows of `context` tokens for the loss figures
     prompts: int = 20                 # held-out code windows (see heldout_prompts) for acceptance
@@ -187,6 +187,15 @@ def set_lr(opt, base: float, factor: float) -> None:
         group["lr"] = base * factor
 
 
+def kl_to_target(d_logits, t_logits):
+    """KL(target || draft) per position, averaged."""
+    import torch.nn.functional as F
+
+    t_logp = F.log_softmax(t_logits.flatten(0, 1), dim=-1)
+    d_logp = F.log_softmax(d_logits.flatten(0, 1), dim=-1)
+    return F.kl_div(d_logp, t_logp, log_target=True, reduction="batchmean")
+
+
 def train_step(target, draft, opts, x, y, cfg: TrainConfig) -> tuple[float, float]:
     """One step for both: target on CE; draft on (1-w) CE + w KL(target || draft)."""
     import torch.nn.functional as F
@@ -216,7 +225,8 @@ def train(target, draft, stream, cfg: TrainConfig) -> float:
     start, t_sum, d_sum = time.time(), 0.0, 0.0
     for step in range(cfg.steps):
         factor = lr_factor(step, cfg)
-        set_lr(opts[0], cfg.target_lr, factor), set_lr(opts[1], cfg.draft_lr, factor)
+        set_lr(opts[0], cfg.target_lr, factor)
+        set_lr(opts[1], cfg.draft_lr, factor)
         t_loss, d_loss = train_step(target, draft, opts, *get_batch(stream, cfg, gen), cfg)
         t_sum, d_sum = t_sum + t_loss, d_sum + d_loss
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
@@ -227,15 +237,6 @@ def train(target, draft, stream, cfg: TrainConfig) -> float:
     target.eval()
     draft.eval()
     return time.time() - start
-
-
-def kl_to_target(d_logits, t_logits):
-    """KL(target || draft) per position, averaged."""
-    import torch.nn.functional as F
-
-    t_logp = F.log_softmax(t_logits.flatten(0, 1), dim=-1)
-    d_logp = F.log_softmax(d_logits.flatten(0, 1), dim=-1)
-    return F.kl_div(d_logp, t_logp, log_target=True, reduction="batchmean")
 
 
 def target_rollouts(target, stream, cfg: TrainConfig, gen):
@@ -288,8 +289,9 @@ def distill_draft(draft, target, rollouts, cfg: TrainConfig, gen) -> float:
         opt.zero_grad(set_to_none=True)
         total += loss.item()
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.distill_steps:
+            mean = total / ((step % cfg.log_every) + 1)
             print(f"distill {step + 1:4d}/{cfg.distill_steps}  KL + {cfg.distill_hard:g} x argmax CE "
-                  f"{total / ((step % cfg.log_every) + 1):.3f}  elapsed {time.time() - start:6.1f}s", flush=True)
+                  f"{mean:.3f}  elapsed {time.time() - start:6.1f}s", flush=True)
             total = 0.0
     draft.eval()
     return time.time() - start
@@ -366,10 +368,12 @@ def acceptance(draft, target, tokenizer, prompts: list[str], k: int = 4, max_new
     rounds, proposed, accepted = totals
     return {"k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens, "rounds": rounds,
             "proposed": proposed, "accepted": accepted, "alpha": accepted / max(1, proposed),
-            "mean_accepted": accepted / max(1, rounds), "tokens_per_round": (accepted + rounds) / max(1, rounds)}
+            "mean_accepted": accepted / max(1, rounds),
+            "tokens_per_round": (accepted + rounds) / max(1, rounds)}
 
 
-def measure_acceptance(draft_dir, target_dir, prompts: list[str], k: int = 4, max_new_tokens: int = 128) -> dict:
+def measure_acceptance(draft_dir, target_dir, prompts: list[str], k: int = 4,
+                       max_new_tokens: int = 128) -> dict:
     """Greedy acceptance of the draft folder against the target folder over `prompts` (strings).
 
     Each round the draft proposes `k` tokens greedily, the target's greedy choice is checked
@@ -395,7 +399,8 @@ def code_start(text: str) -> int:
 
 
 def heldout_prompts(tokenizer, texts: list[str], cfg: TrainConfig) -> list[str]:
-    """`prompt_tokens` tokens from the first def/class line of the first `prompts` long-enough held-out files."""
+    """`prompt_tokens` tokens from the first def/class line of the first `prompts` held-out files
+    that are long enough (prompt + gen_tokens)."""
     prompts = []
     for text in texts:
         ids = tokenizer(text[code_start(text):], add_special_tokens=False)["input_ids"]
@@ -425,7 +430,8 @@ def load_data(cfg: TrainConfig):
                       f"skipped dirs {sorted(SKIP_DIRS)} and test_*.py",
             "train_files": len(train_texts), "heldout_files": len(held_texts),
             "train_bytes": sum(len(t.encode()) for t in train_texts), "train_tokens": len(train_stream),
-            "heldout_tokens": len(held_stream), "heldout_example": [str(f.relative_to(root)) for f in held_files[:5]]}
+            "heldout_tokens": len(held_stream),
+            "heldout_example": [str(f.relative_to(root)) for f in held_files[:5]]}
     return tokenizer, train_stream, held_stream, held_texts, data
 
 
@@ -445,8 +451,9 @@ def build_pair_models(cfg: TrainConfig, tokenizer):
 
 
 def log_acceptance(tag: str, acc: dict, seconds: float) -> None:
-    print(f"greedy acceptance {tag} (k={acc['k']}, {acc['prompts']} held-out prompts): alpha {acc['alpha']:.3f}"
-          f"  mean accepted/round {acc['mean_accepted']:.2f}  ({seconds:.1f}s)", flush=True)
+    print(f"greedy acceptance {tag} (k={acc['k']}, {acc['prompts']} held-out prompts): "
+          f"alpha {acc['alpha']:.3f}  mean accepted/round {acc['mean_accepted']:.2f}  ({seconds:.1f}s)",
+          flush=True)
 
 
 def sample(target, tokenizer, prompt: str, n: int) -> str:
@@ -459,7 +466,7 @@ def sample(target, tokenizer, prompt: str, n: int) -> str:
 
 
 def train_all(target, draft, tokenizer, train_stream, held_stream, prompts, cfg: TrainConfig) -> dict:
-    """Joint training, then sequence-level distillation of the draft; returns timings and figures."""
+    """Joint training, then the draft's distillation on target rollouts; returns timings and figures."""
     import torch
 
     fig = {"train_seconds": train(target, draft, train_stream, cfg)}
@@ -471,7 +478,8 @@ def train_all(target, draft, tokenizer, train_stream, held_stream, prompts, cfg:
     t0, gen = time.time(), torch.Generator().manual_seed(cfg.seed + 1)
     rollouts = target_rollouts(target, train_stream, cfg, gen)
     fig["rollout_seconds"] = time.time() - t0
-    print(f"rollouts: {tuple(rollouts.shape)} target greedy tokens in {fig['rollout_seconds']:.1f}s", flush=True)
+    print(f"rollouts: {tuple(rollouts.shape)} target greedy tokens in {fig['rollout_seconds']:.1f}s",
+          flush=True)
     fig["distill_seconds"] = distill_draft(draft, target, rollouts, cfg, gen)
     fig["heldout_loss_nats_per_token"]["draft"] = heldout_loss(draft, held_stream, cfg)
     return fig
@@ -506,7 +514,8 @@ def parse_args(argv=None) -> tuple[str, TrainConfig]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="output folder (gets draft/, target/, pair.json)")
     for f in dataclasses.fields(TrainConfig):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default), default=f.default)
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=type(f.default),
+                            default=f.default)
     args = vars(parser.parse_args(argv))
     return args.pop("out"), TrainConfig(**args)
 
