@@ -50,7 +50,8 @@ class DraftWorker:
         self._engine = await asyncio.to_thread(_build_engine, self._config)
         host = host or ray.util.get_node_ip_address()
         self._server, address = await start_server(
-            worker_pb2_grpc.add_DraftWorkerServicer_to_server, DraftServicer(self._engine), host,
+            worker_pb2_grpc.add_DraftWorkerServicer_to_server, DraftServicer(
+                self._engine, self._config["max_batch_size"], self._config["batch_wait_ms"] / 1000), host,
             credentials=worker_server_credentials(TlsConfig(**self._tls)))
         self._info = {"address": address, "pid": os.getpid()}
         return self._info
@@ -63,3 +64,7 @@ class DraftWorker:
 
     def sessions_started(self) -> int:
         return self._engine.sessions.started if self._engine else 0
+
+    def batch_stats(self) -> dict:
+        """Cumulative forward passes (one per drafting step of a batch), rows and the largest batch."""
+        return self._engine.stats.as_dict() if self._engine else {}

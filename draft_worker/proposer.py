@@ -3,15 +3,19 @@
 Greedy mode proposes the draft's argmax (q is one-hot, only token IDs travel). Sampled mode
 samples each draft from q = logits_to_probs(lm_head(h)) with the request's sampling transform and
 returns the final hidden states h, from which the target recomputes exactly the same q.
+
+Calls that arrive together are batched: step j of every request's K steps runs as one forward
+(a request with a smaller K leaves the batch after its last step).
 """
 from __future__ import annotations
 
 import torch
 
 from protos.specpool.v1 import worker_pb2
-from target_worker.modeling import extend_hidden, load_model
+from target_worker.batching import BatchStats
+from target_worker.modeling import RaggedBatch, batchable, load_model
 from target_worker.sampling import STREAM_DRAFT, generator, logits_to_probs, sample
-from target_worker.sessions import SessionStore, open_session
+from target_worker.sessions import SessionStore, open_sessions
 
 
 class DraftEngine:
@@ -21,26 +25,63 @@ class DraftEngine:
         self.model = load_model(model_path, dtype, device)
         self.head = self.model.get_output_embeddings()
         self.sessions = SessionStore(max_sessions)
+        self.batched = batchable(self.model)
+        self.stats = BatchStats()
+
+    def propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
+        """One request alone (a batch of one)."""
+        result = self.propose_batch([request])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     @torch.inference_mode()
-    def propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
-        session = open_session(self.sessions, request)
-        sampled = request.mode == worker_pb2.DRAFT_MODE_SAMPLED and not session.sampling.greedy
-        start = session.length + len(request.new_token_ids)     # absolute position of the first draft
-        tokens, hiddens, inputs = [], [], list(request.new_token_ids)
-        for j in range(request.k):
-            hidden = extend_hidden(self.model, session, inputs)   # [hidden]
-            logits = self.head(hidden[None])                       # [1, vocab]
-            if sampled:
-                probs = logits_to_probs(logits, session.sampling)[0]
-                token = sample(probs, generator(session.sampling.seed, start + j, STREAM_DRAFT))
-                hiddens.append(hidden)
-            else:
-                token = int(logits[0].argmax())
-            tokens.append(token)
-            inputs = [token]
-        hidden_bytes = torch.stack(hiddens).contiguous().view(torch.uint8).numpy().tobytes() if hiddens else b""
-        return worker_pb2.ProposeResponse(draft_token_ids=tokens, draft_hidden_states=hidden_bytes)
+    def propose_batch(self, requests: list) -> list:
+        """Propose drafts for several requests (distinct sessions); per request its ProposeResponse or the
+        SessionLost / ValueError it raised. Session starts (whole-context prefills) run alone."""
+        results: list = [None] * len(requests)
+        rows = [(i, s) for i, s in open_sessions(self.sessions, requests, results) if requests[i].k > 0]
+        prefills = [[row] for row in rows if requests[row[0]].position == 0]
+        decode = [row for row in rows if requests[row[0]].position != 0]
+        groups = prefills + ([decode] if self.batched or len(decode) <= 1 else [[row] for row in decode])
+        for group in filter(None, groups):
+            self._propose_rows(group, requests, results)
+        for i, request in enumerate(requests):
+            if results[i] is None:                 # k = 0: nothing to propose
+                results[i] = worker_pb2.ProposeResponse()
+        return results
+
+    def _propose_rows(self, rows: list, requests: list, results: list) -> None:
+        """K steps over rows [(index, session)]: step j is one forward over the rows with K > j."""
+        batch = RaggedBatch(self.model, [session for _, session in rows])
+        ks = [requests[i].k for i, _ in rows]
+        inputs = [list(requests[i].new_token_ids) for i, _ in rows]
+        starts = [session.length + len(tokens) for (_, session), tokens in zip(rows, inputs)]
+        tokens, hiddens = [[] for _ in rows], [[] for _ in rows]
+        for j in range(max(ks)):
+            hidden = batch.forward(inputs, decoder_only=True)          # [B, n_new, hidden]
+            last = torch.stack([hidden[r, len(t) - 1] if t else hidden[r, 0] for r, t in enumerate(inputs)])
+            logits = self.head(last)                                    # [B, vocab]
+            for r, (_, session) in enumerate(rows):
+                if j < ks[r]:
+                    tokens[r].append(self._draft_token(requests[rows[r][0]], session, logits[r], starts[r] + j,
+                                                       hiddens[r], last[r]))
+            inputs = [[tokens[r][-1]] if j + 1 < ks[r] else [] for r in range(len(rows))]
+            self.stats.record(sum(1 for k in ks if k > j))
+        batch.unpack()
+        for r, (i, _) in enumerate(rows):
+            hidden_bytes = torch.stack(hiddens[r]).contiguous().view(torch.uint8).numpy().tobytes() if hiddens[r] else b""
+            results[i] = worker_pb2.ProposeResponse(draft_token_ids=tokens[r], draft_hidden_states=hidden_bytes,
+                                                    batch_size=len(rows))
+
+    @staticmethod
+    def _draft_token(request, session, logits: torch.Tensor, position: int, hiddens: list, hidden: torch.Tensor) -> int:
+        """The draft token at `position`: argmax (greedy mode), or a sample from q keeping its hidden state."""
+        if request.mode != worker_pb2.DRAFT_MODE_SAMPLED or session.sampling.greedy:
+            return int(logits.argmax())
+        probs = logits_to_probs(logits[None], session.sampling)[0]
+        hiddens.append(hidden)
+        return sample(probs, generator(session.sampling.seed, position, STREAM_DRAFT))
 
     def release(self, session_id: int) -> bool:
         return self.sessions.release(session_id)

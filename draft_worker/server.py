@@ -1,17 +1,21 @@
-"""gRPC servicer of a draft worker (specpool.v1.DraftWorker)."""
+"""gRPC servicer of a draft worker (specpool.v1.DraftWorker). Propose calls that arrive together
+run their drafting steps as one batch (see target_worker/batching.py)."""
 from __future__ import annotations
 
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
-from target_worker.grpc_server import EngineRunner
+from target_worker.batching import Batcher
+from target_worker.grpc_server import EngineRunner, answer
 
 
 class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
-    def __init__(self, engine):
+    def __init__(self, engine, max_batch: int = 1, max_wait_s: float = 0.0):
         self._engine = engine
         self._runner = EngineRunner()
+        self._batcher = Batcher(lambda requests: self._runner.run(engine.propose_batch, requests),
+                                max_batch, max_wait_s)
 
     async def Propose(self, request, context):
-        return await self._runner.call(context, self._engine.propose, request)
+        return await answer(context, self._batcher.submit(request))
 
     async def Release(self, request, context):
         await self._runner.call(context, self._engine.release, request.session_id)

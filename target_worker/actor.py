@@ -74,7 +74,8 @@ class TargetRank:
             return info
         self._server, address = await start_server(
             worker_pb2_grpc.add_TargetWorkerServicer_to_server,
-            TargetServicer(self._engine, self._world_size), host or ray.util.get_node_ip_address(),
+            TargetServicer(self._engine, self._world_size, self._config["max_batch_size"],
+                           self._config["batch_wait_ms"] / 1000), host or ray.util.get_node_ip_address(),
             credentials=worker_server_credentials(TlsConfig(**self._tls)))
         return {**info, "address": address}
 
@@ -86,3 +87,7 @@ class TargetRank:
 
     def sessions_started(self) -> int:
         return self._engine.sessions.started if self._engine else 0
+
+    def batch_stats(self) -> dict:
+        """Cumulative forward passes, rows verified and the largest batch (this rank)."""
+        return self._engine.stats.as_dict() if self._engine else {}

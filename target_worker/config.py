@@ -22,6 +22,9 @@ class PoolConfig:
     resources: dict = field(default_factory=dict)   # Ray custom resources that pick this pool's nodes
     num_threads: int = 0            # torch intra-op threads per actor (0: torch's default)
     max_sessions: int = 256         # KV caches held per worker (LRU beyond that)
+    max_batch_size: int = 16        # calls run as one batched forward (1: no batching)
+    batch_wait_ms: float = 0.0      # after a call arrives at an idle worker, wait this long for more to batch
+                                    # with it (calls arriving while a batch runs always join the next one)
 
     def validate(self, section: str) -> None:
         checks = [
@@ -33,6 +36,8 @@ class PoolConfig:
             (self.num_cpus >= 0, "num_cpus", "must be >= 0"),
             (self.num_threads >= 0, "num_threads", "must be >= 0"),
             (self.max_sessions >= 1, "max_sessions", "must be >= 1"),
+            (self.max_batch_size >= 1, "max_batch_size", "must be >= 1"),
+            (0 <= self.batch_wait_ms <= 1000, "batch_wait_ms", "must be in [0, 1000]"),
             (all(isinstance(v, (int, float)) for v in self.resources.values()), "resources",
              "must map resource names to numbers"),
         ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Awaitable, Callable
 
 import grpc
 
@@ -18,12 +18,26 @@ SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 
 
 def timed(fn: Callable, *args):
-    """Call fn; stamp the time it took on its answer (compute_us), for the router's cost model."""
+    """Call fn; stamp the time it took on its answer, or on each answer of a batch (compute_us), for the
+    router's cost model."""
     started = time.perf_counter()
     result = fn(*args)
-    if hasattr(result, "compute_us"):
-        result.compute_us = int((time.perf_counter() - started) * 1e6)
+    elapsed_us = int((time.perf_counter() - started) * 1e6)
+    for answer in result if isinstance(result, list) else [result]:
+        if hasattr(answer, "compute_us"):
+            answer.compute_us = elapsed_us
     return result
+
+
+async def answer(context: grpc.aio.ServicerContext, call: Awaitable):
+    """Await an engine call, turning its errors into gRPC statuses: a lost session is NOT_FOUND (the
+    router re-prefills), a bad argument INVALID_ARGUMENT."""
+    try:
+        return await call
+    except SessionLost as exc:
+        await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+    except ValueError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
 class EngineRunner:
@@ -32,14 +46,11 @@ class EngineRunner:
     def __init__(self):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
+    async def run(self, fn: Callable, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, timed, fn, *args)
+
     async def call(self, context: grpc.aio.ServicerContext, fn: Callable, *args):
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, timed, fn, *args)
-        except SessionLost as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return await answer(context, self.run(fn, *args))
 
 
 async def start_server(add_servicer: Callable, servicer, host: str, port: int = 0,

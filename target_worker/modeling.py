@@ -83,3 +83,90 @@ def extend(model, session: Session, token_ids: list[int], keep: int) -> torch.Te
 def extend_hidden(model, session: Session, token_ids: list[int]) -> torch.Tensor:
     """Append token_ids; return the final (post-norm) hidden state of the last position [hidden]."""
     return model.get_decoder()(**_inputs(model, session, token_ids)).last_hidden_state[0, -1]
+
+
+def batchable(model) -> bool:
+    """Whether sessions of this model can be padded into one batch: every cache layer is a plain
+    growing layer (sliding-window or recurrent layers keep state that padding would corrupt)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+
+class RaggedBatch:
+    """Several sessions' KV caches padded into one batch cache, so one forward serves them all.
+
+    Columns of the batch cache, row i (P = the most tokens any row holds):
+        [ left padding | the L_i tokens session i holds | forward 1: its n_i new tokens | right padding to
+          the longest of forward 1 | forward 2 ... ]
+    The 2-D attention mask hides every padding column and position_ids continue each row's own positions,
+    so a row computes what it would alone (up to floating-point summation order). unpack() hands each
+    session back a cache of its real columns only.
+    """
+
+    def __init__(self, model, sessions: list[Session]):
+        from transformers import DynamicCache
+
+        self.model, self.sessions = model, sessions
+        self.lengths = [s.length for s in sessions]
+        past = max(self.lengths)
+        self.cache = DynamicCache(config=model.config)
+        self.mask = torch.zeros(len(sessions), past, dtype=torch.long, device=model.device)
+        self.columns = [torch.arange(past - n, past, device=model.device) for n in self.lengths]
+        for i, n in enumerate(self.lengths):
+            self.mask[i, past - n:] = 1
+        held = [s.cache for s in sessions if s.length]
+        for index in range(len(held[0].layers) if held else 0):
+            self.cache.update(self._padded(index, "keys", past), self._padded(index, "values", past), index)
+
+    def _padded(self, index: int, kind: str, past: int) -> torch.Tensor:   # [B, heads, past, head_dim]
+        like = next(getattr(s.cache.layers[index], kind) for s in self.sessions if s.length)
+        out = like.new_zeros((len(self.sessions), like.shape[1], past, like.shape[3]))
+        for i, session in enumerate(self.sessions):
+            if session.length:
+                out[i, :, past - session.length:] = getattr(session.cache.layers[index], kind)[0]
+        return out
+
+    def forward(self, token_lists: list[list[int]], decoder_only: bool = False, keep: int = 0):
+        """Append token_lists[i] to row i (an empty list: nothing for that row) in one forward."""
+        width, n_new = self.mask.shape[1], max(len(t) for t in token_lists)
+        device = self.model.device
+        ids = torch.zeros(len(token_lists), n_new, dtype=torch.long, device=device)
+        step_mask = torch.zeros_like(ids)
+        for i, tokens in enumerate(token_lists):
+            ids[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            step_mask[i, :len(tokens)] = 1
+            self.columns[i] = torch.cat([self.columns[i], torch.arange(width, width + len(tokens), device=device)])
+        self.mask = torch.cat([self.mask, step_mask], dim=1)
+        positions = torch.tensor(self.lengths, device=device)[:, None] + torch.arange(n_new, device=device)
+        self.lengths = [n + len(t) for n, t in zip(self.lengths, token_lists)]
+        inputs = dict(input_ids=ids, attention_mask=self.mask, position_ids=positions,
+                      past_key_values=self.cache, use_cache=True)
+        if decoder_only:
+            return self.model.get_decoder()(**inputs).last_hidden_state          # [B, n_new, hidden]
+        return self.model(**inputs, logits_to_keep=keep).logits                  # [B, keep or n_new, vocab]
+
+    def unpack(self) -> None:
+        """Give each session a cache of its own real columns (held tokens plus everything appended)."""
+        from transformers import DynamicCache
+
+        for i, session in enumerate(self.sessions):
+            cache = DynamicCache(config=self.model.config)
+            for index, layer in enumerate(self.cache.layers):
+                cache.update(layer.keys[i:i + 1, :, self.columns[i]], layer.values[i:i + 1, :, self.columns[i]], index)
+            session.cache, session.length = cache, self.lengths[i]
+
+
+@torch.inference_mode()
+def extend_batch(model, sessions: list[Session], token_lists: list[list[int]], keeps: list[int]) -> list[torch.Tensor]:
+    """extend() for several sessions in one forward: logits of row i's last keeps[i] positions [keeps[i], vocab]."""
+    if len(sessions) == 1:
+        return [extend(model, sessions[0], token_lists[0], keeps[0])]
+    batch = RaggedBatch(model, sessions)
+    n_new = max(len(t) for t in token_lists)
+    keep = n_new - min(len(t) - k for t, k in zip(token_lists, keeps))   # the columns any row needs
+    logits = batch.forward(token_lists, keep=keep)
+    batch.unpack()
+    offset = n_new - keep
+    return [logits[i, len(t) - k - offset:len(t) - offset] for i, (t, k) in enumerate(zip(token_lists, keeps))]

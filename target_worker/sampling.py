@@ -116,3 +116,22 @@ def rejection_sample(draft_token_ids: torch.Tensor,  # [K] int
     total = residual.sum()
     recovered_probs = residual / total if total > 0 else target_probs[num_accepted]
     return num_accepted, sample(recovered_probs, gen)
+
+
+def match_sample(draft_token_ids: torch.Tensor,  # [K] int, proposed by a deterministic draft (q one-hot)
+                 target_probs: torch.Tensor,     # [K + 1, vocab] p, last row for the bonus token
+                 seed: int,
+                 start_position: int) -> tuple[int, int]:
+    """Verification of a deterministic draft, coupled to plain decoding: at each position draw the
+    target's token y_j ~ p_j with the very draw plain decoding would make there, and accept draft x_j
+    iff y_j == x_j. So x_j is accepted with probability p_j(x_j) and a rejection leaves y_j distributed as
+    p_j with x_j removed, renormalised: exactly min(1, p/q) and norm(max(0, p - q)) for a one-hot q.
+    Returns (num_accepted, next_token) like rejection_sample. Every token is the draw plain decoding makes
+    at its position, so a seeded request's output does not depend on K, on the draft or on batching.
+    """
+    k = draft_token_ids.shape[0]
+    for j in range(k + 1):
+        token = sample(target_probs[j], generator(seed, start_position + j, STREAM_TARGET))
+        if j == k or token != int(draft_token_ids[j]):
+            return j, token
+    raise AssertionError("unreachable")

@@ -78,3 +78,15 @@ def open_session(store: SessionStore, request) -> Session:
     """Open the session a Propose/Verify request names (sampling travels only with position 0)."""
     sampling = sampling_from_proto(request.sampling) if request.HasField("sampling") else None
     return store.open(request.session_id, request.position, sampling)
+
+
+def open_sessions(store: SessionStore, requests: list, results: list) -> list[tuple[int, Session]]:
+    """Open the sessions of a batch of requests (distinct session ids): [(index, session)] for those
+    that opened; a request that cannot gets its SessionLost / ValueError in results[index]."""
+    rows = []
+    for index, request in enumerate(requests):
+        try:
+            rows.append((index, open_session(store, request)))
+        except (SessionLost, ValueError) as exc:
+            results[index] = exc
+    return rows

@@ -1,7 +1,7 @@
 """The target's tensor-parallel group: one process per rank, sharded by transformers' own TP plan.
 
-Rank 0 serves gRPC. Before it runs a call on its engine it broadcasts the serialized request
-(protobuf bytes, never pickle) over a gloo control group, and ranks 1..N-1 run the same call on
+Rank 0 serves gRPC. Before it runs a call on its engine (a whole batch of verify calls, or a release)
+it broadcasts the serialized request (protobuf bytes, never pickle) over a gloo control group, and ranks 1..N-1 run the same call on
 their shard in the same order, so the model's collectives line up and every rank's KV caches
 stay identical. Only rank 0's result goes back to the router.
 """
@@ -16,8 +16,8 @@ import torch.distributed as dist
 from protos.specpool.v1 import worker_pb2
 from target_worker.sessions import SessionLost
 
-VERIFY, RELEASE = 1, 2
-_REQUEST_TYPES = {VERIFY: worker_pb2.VerifyRequest, RELEASE: worker_pb2.ReleaseRequest}
+VERIFY_BATCH, RELEASE = 1, 2
+_REQUEST_TYPES = {VERIFY_BATCH: worker_pb2.VerifyBatch, RELEASE: worker_pb2.ReleaseRequest}
 _control_group = None
 
 
@@ -46,8 +46,8 @@ def _receive() -> tuple[int, bytes]:
 
 
 def _run(engine, kind: int, request):
-    if kind == VERIFY:
-        return engine.verify(request)
+    if kind == VERIFY_BATCH:
+        return engine.verify_batch(list(request.requests))
     engine.release(request.session_id)
     return worker_pb2.ReleaseResponse()
 

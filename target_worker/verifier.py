@@ -2,16 +2,17 @@
 
 In sampled-draft mode the target recomputes q from the draft's hidden states with its own copy of
 the draft's LM head and the same logits_to_probs transform the draft used. In greedy-draft mode q
-is one-hot on the proposed tokens.
+is one-hot on the proposed tokens, and verification is coupled to plain decoding (match_sample).
 """
 from __future__ import annotations
 
 import torch
 
 from protos.specpool.v1 import worker_pb2
-from target_worker.modeling import check_same_vocabulary, extend, load_lm_head, load_model
-from target_worker.sampling import Sampling, logits_to_probs, one_hot_draft_probs, rejection_sample
-from target_worker.sessions import SessionStore, open_session
+from target_worker.batching import BatchStats
+from target_worker.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
+from target_worker.sampling import Sampling, logits_to_probs, match_sample, rejection_sample
+from target_worker.sessions import SessionStore, open_sessions
 
 
 def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, sampling: Sampling) -> torch.Tensor:
@@ -32,22 +33,61 @@ class TargetEngine:
         self.model = load_model(model_path, dtype, device, tp_plan)
         self.draft_head = load_lm_head(draft_model_path, draft_dtype, device if not tp_plan else self.model.device)
         self.sessions = SessionStore(max_sessions)
+        self.batched = batchable(self.model)
+        self.stats = BatchStats()
         check_same_vocabulary(draft_model_path, model_path, self.draft_head.weight.shape[0],
                               self.model.config.vocab_size)
 
-    @torch.inference_mode()
     def verify(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
-        session = open_session(self.sessions, request)
+        """One request alone (a batch of one)."""
+        result = self.verify_batch([request])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    @torch.inference_mode()
+    def verify_batch(self, requests: list) -> list:
+        """Verify several requests' drafts in one target forward, rejection-sampling each row on its own.
+
+        Returns, per request, its VerifyResponse or the SessionLost / ValueError it raised (that row
+        only). Rows that start a session (a prefill of the whole context) each run alone, so a long
+        prompt never pads the decode rows of the batch.
+        """
+        results: list = [None] * len(requests)
+        rows = open_sessions(self.sessions, requests, results)
+        groups = [[row] for row in rows if requests[row[0]].position == 0]
+        decode = [row for row in rows if requests[row[0]].position != 0]
+        groups += [decode] if self.batched or len(decode) <= 1 else [[row] for row in decode]
+        for group in filter(None, groups):
+            self._verify_rows(group, requests, results)
+        return results
+
+    def _verify_rows(self, rows: list, requests: list, results: list) -> None:
+        """One forward over rows [(index, session)], then the rejection sampler per row."""
+        tokens = [list(requests[i].new_token_ids) + list(requests[i].draft_token_ids) for i, _ in rows]
+        keeps = [len(requests[i].draft_token_ids) + 1 for i, _ in rows]
+        starts = [session.length + len(requests[i].new_token_ids) for i, session in rows]
+        logits = extend_batch(self.model, [session for _, session in rows], tokens, keeps)
+        batch_tokens = sum(len(t) for t in tokens)
+        self.stats.record(len(rows))
+        for (i, session), row_logits, start in zip(rows, logits, starts):
+            try:
+                results[i] = self._sample_row(requests[i], session, row_logits, start)
+            except ValueError as exc:
+                results[i] = exc
+                continue
+            results[i].batch_size, results[i].batch_tokens = len(rows), batch_tokens
+
+    def _sample_row(self, request, session, logits: torch.Tensor, start: int) -> worker_pb2.VerifyResponse:
+        """Rejection-sample one row: logits [K + 1, vocab] of the target at the K drafts and after them."""
         drafts = list(request.draft_token_ids)
-        k = len(drafts)
-        start = session.length + len(request.new_token_ids)     # absolute position of the first draft
-        logits = extend(self.model, session, list(request.new_token_ids) + drafts, keep=k + 1)
         target_probs = logits_to_probs(logits, session.sampling)                  # [K + 1, vocab]
         draft_ids = torch.tensor(drafts, dtype=torch.long, device=target_probs.device)
-        if request.draft_hidden_states:
-            draft_probs = draft_probs_from_hidden(self.draft_head, request.draft_hidden_states, k, session.sampling)
-        else:
-            draft_probs = one_hot_draft_probs(draft_ids, target_probs.shape[-1])
+        if not request.draft_hidden_states:     # a deterministic draft: q is one-hot on each draft
+            num_accepted, next_token = match_sample(draft_ids, target_probs, session.sampling.seed, start)
+            return worker_pb2.VerifyResponse(num_accepted=num_accepted, next_token_id=next_token)
+        draft_probs = draft_probs_from_hidden(self.draft_head, request.draft_hidden_states, len(drafts),
+                                              session.sampling)
         num_accepted, next_token = rejection_sample(draft_ids, draft_probs.to(target_probs.device), target_probs,
                                                     session.sampling.seed, start)
         return worker_pb2.VerifyResponse(num_accepted=num_accepted, next_token_id=next_token)

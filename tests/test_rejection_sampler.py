@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from target_worker.sampling import (Sampling, logits_to_probs, one_hot_draft_probs, rejection_sample, sample,
-                                    generator)
+from target_worker.sampling import (STREAM_TARGET, Sampling, logits_to_probs, match_sample, one_hot_draft_probs,
+                                    rejection_sample, sample, generator)
 from tests.distribution import chi_square_p_value
 
 VOCAB = 6
@@ -94,7 +94,13 @@ def test_greedy_early_mismatch_returns_target_token():
     assert rejection_sample(drafts, one_hot_draft_probs(drafts, VOCAB), target, 0, 10) == (0, 1)
 
 
-def test_greedy_draft_with_sampled_target_removes_the_rejected_token():
+def coupled(drafts, q_rows, p_rows, seed, start):
+    """match_sample behind rejection_sample's signature (it needs no q: the draft is deterministic)."""
+    return match_sample(drafts, p_rows, seed, start)
+
+
+@pytest.mark.parametrize("sampler", [rejection_sample, coupled], ids=["rejection", "match"])
+def test_greedy_draft_with_sampled_target_removes_the_rejected_token(sampler):
     """q one-hot on x: accept with probability p(x), else sample from p with x removed."""
     p = random_rows(7, 2)
     x = int(p[0].argmax())
@@ -102,7 +108,7 @@ def test_greedy_draft_with_sampled_target_removes_the_rejected_token():
     q = one_hot_draft_probs(drafts, VOCAB)
     accepted, recovered = 0, torch.zeros(VOCAB)
     for seed in range(6000):
-        n, token = rejection_sample(drafts, q, p, seed, 0)
+        n, token = sampler(drafts, q, p, seed, 0)
         accepted += n
         if n == 0:
             recovered[token] += 1
@@ -124,3 +130,29 @@ def test_logits_to_probs_top_k_top_p_and_greedy():
     assert (nucleus[0] > 0).tolist() == [True, True, False, False, False, False]
     hot = logits_to_probs(logits, Sampling(temperature=0.5))
     assert torch.allclose(hot[0], torch.softmax(logits[0] / 0.5, -1))
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+def test_match_sampling_output_equals_plain_decoding_draws(k):
+    """With a deterministic draft, every token is the draw plain decoding makes at its position, whatever
+    the drafts and K: so a seeded request's output is independent of K, the draft and batching."""
+    length = 8
+    p = random_rows(8, length)
+    q = one_hot_draft_probs(torch.tensor([int(row.argmax()) for row in random_rows(9, length)]), VOCAB)
+    for seed in range(200):
+        plain = [sample(p[pos], generator(seed, pos, STREAM_TARGET)) for pos in range(length)]
+        tokens, _ = speculative_sequence(p, q, k, seed, length, sampler=coupled)
+        assert tokens == plain, (seed, k)
+
+
+def test_match_sampling_approximates_target_distribution():
+    length, samples = 3, 8000
+    p = random_rows(1, length)
+    q = one_hot_draft_probs(p.argmax(-1), VOCAB)          # a good greedy draft: accepts often
+    counts = torch.zeros(length, VOCAB)
+    for seed in range(samples):
+        tokens, _ = speculative_sequence(p, q, 2, seed, length, sampler=coupled)
+        for pos, token in enumerate(tokens):
+            counts[pos, token] += 1
+    for pos in range(length):
+        assert chi_square_p_value(counts[pos], p[pos]) > 1e-4, (pos, counts[pos] / samples, p[pos])

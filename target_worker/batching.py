@@ -1,0 +1,102 @@
+"""Gathering a worker's calls into batches: the target verifies many requests' drafts in one forward,
+the draft runs its K sequential steps for many requests at once.
+
+A Batcher takes calls from the gRPC handlers. When the engine thread is free it waits up to `max_wait_s`
+after the first waiting call for more to arrive (or until `max_batch` are waiting), then runs them as one
+engine call; calls that arrive while a batch runs queue for the next one, so a busy worker batches
+without waiting at all. A session appears at most once per batch (its rounds are sequential anyway); a call
+cancelled while it waits never runs. `max_batch` 1 turns batching off. No torch here.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+
+@dataclass
+class BatchStats:
+    """Cumulative counts of one worker's forward passes, for benchmarks and tests."""
+    forward_passes: int = 0
+    rows: int = 0
+    max_batch: int = 0
+
+    def record(self, rows: int) -> None:
+        self.forward_passes += 1
+        self.rows += rows
+        self.max_batch = max(self.max_batch, rows)
+
+    def as_dict(self) -> dict:
+        return {"forward_passes": self.forward_passes, "rows": self.rows, "max_batch": self.max_batch}
+
+
+class Batcher:
+    """Runs `run_batch(requests) -> [response or exception per request]` over the calls submitted to it."""
+
+    def __init__(self, run_batch: Callable[[list], Awaitable[list]], max_batch: int = 1, max_wait_s: float = 0.0):
+        if max_batch < 1 or max_wait_s < 0:
+            raise ValueError(f"need max_batch >= 1 and max_wait_s >= 0 (got {max_batch}, {max_wait_s})")
+        self._run_batch, self._max_batch, self._max_wait_s = run_batch, max_batch, max_wait_s
+        self._pending: list[tuple[object, asyncio.Future]] = []
+        self._arrived: asyncio.Event | None = None
+        self._full: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+
+    async def submit(self, request):
+        """The response to `request` once its batch has run (or the exception its row raised)."""
+        loop = asyncio.get_running_loop()
+        if self._task is None:
+            self._arrived, self._full = asyncio.Event(), asyncio.Event()
+            self._task = loop.create_task(self._serve())
+        future = loop.create_future()
+        self._pending.append((request, future))
+        self._arrived.set()
+        if len(self._pending) >= self._max_batch:
+            self._full.set()
+        return await future
+
+    async def _serve(self) -> None:
+        while True:
+            await self._arrived.wait()
+            if self._max_wait_s > 0 and len(self._pending) < self._max_batch:
+                try:
+                    await asyncio.wait_for(self._full.wait(), self._max_wait_s)
+                except asyncio.TimeoutError:
+                    pass
+            batch = self._take()
+            if batch:
+                await self._run(batch)
+
+    def _take(self) -> list[tuple[object, asyncio.Future]]:
+        """Up to max_batch waiting calls, oldest first, one per session; the rest wait for the next batch."""
+        batch, rest, sessions = [], [], set()
+        for request, future in self._pending:
+            if future.done():                     # cancelled while waiting: never runs
+                continue
+            if len(batch) < self._max_batch and request.session_id not in sessions:
+                batch.append((request, future))
+                sessions.add(request.session_id)
+            else:
+                rest.append((request, future))
+        self._pending = rest
+        if not rest:
+            self._arrived.clear()
+        if len(rest) < self._max_batch:
+            self._full.clear()
+        return batch
+
+    async def _run(self, batch: list[tuple[object, asyncio.Future]]) -> None:
+        queue_depth = len(self._pending)
+        try:
+            results = await self._run_batch([request for request, _ in batch])
+        except Exception as exc:                  # noqa: BLE001 - the whole batch failed: every caller hears it
+            results = [exc] * len(batch)
+        for (_, future), result in zip(batch, results):
+            if future.done():                     # its caller went away mid-batch
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                if hasattr(result, "queue_depth"):
+                    result.queue_depth = queue_depth
+                future.set_result(result)
