@@ -5,8 +5,14 @@ Model. Each round the draft proposes K tokens and the target verifies them in on
 the accepted prefix plus one target token, so
 
     E[K] = sum_{i=0..K} prod_{j<i} a_j                                (E[0] = 1: plain target decoding)
-    T(K) = [K > 0] * (K * t_draft + rtt_draft) + t_verify(K) + rtt_target,   t_verify(K) = a + b*K
+    T(K) = [K > 0] * (K * t_draft + rtt_draft) + t_verify(K) + rtt_target,   t_verify(K) = a + b * load * (K + 1)
     goodput(K) = E[K] / T(K)                                          (tokens per second)
+
+Load. The target verifies the rounds of many requests in one batched forward, so its pass costs a + b * (tokens
+in the batch): each row brings its K drafts plus one committed token. `load` is the rows per forward the target
+reports (plus the verify calls it had waiting, which join the next forward), as if every row used the same K. At
+load 1 this is the single-stream model; as the batch grows the b * load * (K + 1) term dominates, E[K] / (K + 1)
+falls with K, and the argmax moves towards K = 0: when the target is compute-bound, speculation stops paying.
 
 Acceptance statistics. The drafting rounds (K > 0) among the last `window` rounds are kept as (attempted,
 accepted), with per-position counts over them: a round with K drafts and n accepted counts "accepted"
@@ -20,9 +26,10 @@ Phase changes: when a_0 over the last `change_recent` drafting rounds differs fr
 likelihood-ratio test at `change_z` (in standard-error units), the older rounds are forgotten at once.
 
 Cost statistics (all timings are passed in; nothing here reads a clock), exponentially weighted with an effective
-length of `cost_window` rounds: t_draft = sum(draft seconds) / sum(drafted tokens); t_verify(K) = a + b*K by
-ridge-regularised weighted least squares over (K, verify seconds), so the slope tends to 0 (a constant) while
-only one K has been seen, and is clamped >= 0; rtt_draft and rtt_target are weighted means.
+length of `cost_window` rounds: t_draft = sum(draft seconds) / sum(drafted tokens); a and b by ridge-regularised
+weighted least squares of verify seconds on the tokens of the target's forward (K + 1 when a request runs alone),
+so the slope tends to 0 (a constant) while only one size has been seen, and is clamped >= 0; rtt_draft,
+rtt_target are weighted means, and so is the load, over the shorter `load_window`.
 
 Policies. `fixed` always returns `k`. `threshold` moves K by one step every `adjust_every` rounds: up when the
 acceptance rate since its last step is above `raise_above`, down when below `lower_below`. `goodput` starts at
@@ -40,9 +47,9 @@ from collections import deque
 from dataclasses import dataclass
 
 POLICIES = ("fixed", "threshold", "goodput")
-_RIDGE = 0.01          # added to the variance of K in the t_verify fit: slope -> 0 while only one K was seen
+_RIDGE = 0.01          # added to the variance of forward tokens in the t_verify fit: slope -> 0 while one size was seen
 _MIN_TIME = 1e-12      # floor of T(K), so a model with no timings yet never divides by zero
-_COST_KEYS = ("w", "x", "y", "xx", "xy", "rtt_target", "dw", "draft_s", "draft_k", "rtt_draft")
+_COST_KEYS = ("w", "x", "y", "xx", "xy", "rtt_target", "load", "load_w", "dw", "draft_s", "draft_k", "rtt_draft")
 
 
 @dataclass
@@ -59,6 +66,7 @@ class ControllerConfig:
     change_z: float = 4.5            # forget older rounds when a_0 over the recent part differs by this many
                                      # standard errors from the rest of the window (0: no change test)
     cost_window: int = 256           # effective length in rounds of the exponentially weighted timing estimates
+    load_window: int = 8             # ... and of the load estimate (rows per target forward), which moves faster
     # threshold policy
     raise_above: float = 0.8         # K += 1 when the acceptance rate since the last step is above this
     lower_below: float = 0.4         # K -= 1 when it is below this
@@ -85,6 +93,7 @@ class ControllerConfig:
             ("change_recent", self.change_recent >= 1, "must be >= 1"),
             ("change_z", self.change_z >= 0, "must be >= 0"),
             ("cost_window", self.cost_window >= 1, "must be >= 1"),
+            ("load_window", self.load_window >= 1, "must be >= 1"),
             ("raise_above", 0.0 <= self.raise_above <= 1.0, "must be in [0, 1]"),
             ("lower_below", 0.0 <= self.lower_below <= self.raise_above,
              f"must be in [0, raise_above={self.raise_above}]"),
@@ -109,9 +118,9 @@ def expected_tokens(rates: list[float], k: int) -> float:
 
 
 def round_time(k: int, costs: dict) -> float:
-    """T(K) = [K>0] * (K * t_draft + rtt_draft) + t_verify(K) + rtt_target, from a costs() dict."""
+    """T(K) = [K>0] * (K * t_draft + rtt_draft) + a + b * load * (K + 1) + rtt_target, from a costs() dict."""
     draft = k * costs["t_draft"] + costs["rtt_draft"] if k > 0 else 0.0
-    verify = max(costs["t_verify_a"] + costs["t_verify_b"] * k, 0.0)
+    verify = max(costs["t_verify_a"] + costs["t_verify_b"] * costs.get("load", 1.0) * (k + 1), 0.0)
     return max(draft + verify + costs["rtt_target"], _MIN_TIME)
 
 
@@ -127,7 +136,7 @@ def _log_likelihood(successes: int, n: int, p: float) -> float:
 
 
 def _fit_line(sums: dict) -> tuple[float, float]:
-    """Weighted ridge least squares of verify seconds on K: (intercept a, slope b >= 0)."""
+    """Weighted ridge least squares of verify seconds on forward tokens: (intercept a, slope b >= 0)."""
     w = sums["w"]
     if w <= 0:
         return 0.0, 0.0
@@ -188,19 +197,23 @@ class KController:
         return self._k
 
     def observe(self, k: int, num_accepted: int, draft_seconds: float = 0.0, verify_seconds: float = 0.0,
-                rtt_seconds: float = 0.0, draft_rtt_seconds: float | None = None) -> None:
-        """Record one round: K drafted, how many were accepted, and its timings in seconds.
+                rtt_seconds: float = 0.0, draft_rtt_seconds: float | None = None, batch_size: int = 1,
+                batch_tokens: int = 0, queue_depth: int = 0) -> None:
+        """Record one round: K drafted, how many were accepted, its timings in seconds and the target's load.
 
         draft_seconds / verify_seconds: compute time of the draft's K tokens and of the target's verify pass;
         rtt_seconds: the rest of the target call (router <-> target round trip); draft_rtt_seconds: the same for
-        the draft call (None: same as rtt_seconds). Positions >= k_max are not tracked.
+        the draft call (None: same as rtt_seconds). batch_size / batch_tokens: rows and tokens of the target
+        forward that verified this round (0 tokens: this round alone, K + 1); queue_depth: verify calls waiting
+        at the target meanwhile. Positions >= k_max are not tracked.
         """
         if k < 0 or not 0 <= num_accepted <= k:
             raise ValueError(f"observe: need 0 <= num_accepted <= k (got k={k}, num_accepted={num_accepted})")
         self._rounds += 1
         self._record_acceptance(k, num_accepted)
         self._record_costs(k, draft_seconds, verify_seconds, rtt_seconds,
-                           rtt_seconds if draft_rtt_seconds is None else draft_rtt_seconds)
+                           rtt_seconds if draft_rtt_seconds is None else draft_rtt_seconds,
+                           batch_tokens or k + 1, max(batch_size, 1) + queue_depth)
 
     def acceptance(self) -> list[float]:
         """Estimated a_j for j in 0..k_max-1, each shrunk towards the rate pooled over all positions."""
@@ -211,13 +224,15 @@ class KController:
                 for n, s in zip(self._attempts, self._accepts)]
 
     def costs(self) -> dict:
-        """Current cost estimates in seconds: t_draft per token, t_verify(K) = a + b*K, both round trips."""
+        """Current cost estimates in seconds: t_draft per token, t_verify = a + b * (forward tokens), both round
+        trips, and the load (rows per target forward)."""
         c = self._cost
         a, b = _fit_line(c)
         return {"t_draft": c["draft_s"] / c["draft_k"] if c["draft_k"] > 0 else 0.0,
                 "t_verify_a": a, "t_verify_b": b,
                 "rtt_draft": c["rtt_draft"] / c["dw"] if c["dw"] > 0 else 0.0,
-                "rtt_target": c["rtt_target"] / c["w"] if c["w"] > 0 else 0.0}
+                "rtt_target": c["rtt_target"] / c["w"] if c["w"] > 0 else 0.0,
+                "load": c["load"] / c["load_w"] if c["load_w"] > 0 else 1.0}
 
     def goodput_curve(self) -> dict[int, float]:
         """Modeled goodput E[K] / T(K) (tokens per second) for each K in [k_min, k_max]."""
@@ -314,9 +329,13 @@ class KController:
             self._attempts[j] += sign
             self._accepts[j] += sign * (j < accepted)
 
-    def _record_costs(self, k: int, draft_s: float, verify_s: float, rtt_s: float, draft_rtt_s: float) -> None:
+    def _record_costs(self, k: int, draft_s: float, verify_s: float, rtt_s: float, draft_rtt_s: float,
+                      tokens: int, load: float) -> None:
         decay = 1.0 - 1.0 / self.config.cost_window
-        _decay_add(self._cost, decay, w=1.0, x=k, y=verify_s, xx=k * k, xy=k * verify_s, rtt_target=rtt_s)
+        _decay_add(self._cost, decay, w=1.0, x=tokens, y=verify_s, xx=tokens * tokens, xy=tokens * verify_s,
+                   rtt_target=rtt_s)
+        load_decay = 1.0 - 1.0 / self.config.load_window
+        _decay_add(self._cost, load_decay, load=load, load_w=1.0)
         if k > 0:
             _decay_add(self._cost, decay, dw=1.0, draft_s=draft_s, draft_k=k, rtt_draft=draft_rtt_s)
 

@@ -26,6 +26,8 @@ class Metrics:
                                         "Draft tokens accepted, by draft position", ["position"], registry=r)
         self.target_passes = Counter("specpool_target_passes", "Target verification passes", registry=r)
         self.k = Gauge("specpool_spec_decode_k", "K the pool's controller currently chooses", registry=r)
+        self.batch_size = Histogram("specpool_target_batch_size", "Rows in the target forward that verified a round",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
         self.ttft = Histogram("specpool_time_to_first_token_seconds", "Time to first token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("specpool_inter_token_latency_seconds", "Time between output tokens",
@@ -36,8 +38,9 @@ class Metrics:
         self.worker_sessions = Gauge("specpool_worker_active_sessions", "Sessions the router has open on a worker",
                                      ["pool", "address"], registry=r)
 
-    def observe_round(self, k: int, accepted: int) -> None:
+    def observe_round(self, k: int, accepted: int, batch_size: int = 1) -> None:
         self.target_passes.inc()
+        self.batch_size.observe(batch_size)
         if k == 0:
             return
         self.drafts.inc()

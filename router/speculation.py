@@ -58,6 +58,9 @@ class Round:
     draft_rtt_seconds: float = 0.0   # the rest of the draft call
     verify_seconds: float = 0.0      # the target worker's compute
     rtt_seconds: float = 0.0         # the rest of the verify call
+    batch_size: int = 1              # rows in the target forward that verified this round
+    batch_tokens: int = 0            # tokens in that forward
+    queue_depth: int = 0             # verify calls waiting at the target meanwhile
 
 
 class KPolicy(Protocol):
@@ -112,6 +115,8 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
                                         state.sampling, state.timeout(target.timeout))
     round_.verify_seconds, round_.rtt_seconds = split_time(started, verdict)
     round_.k, round_.accepted = len(drafts), verdict.num_accepted
+    round_.batch_size, round_.batch_tokens, round_.queue_depth = \
+        verdict.batch_size, verdict.batch_tokens, verdict.queue_depth
     if drafts:   # the draft cached the committed tokens and its first K-1 drafts
         state.draft_synced = committed_before + min(round_.accepted, len(drafts) - 1)
     state.target_synced = committed_before + round_.accepted

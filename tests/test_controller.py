@@ -319,10 +319,58 @@ def test_cost_model_fits_timings():
     for k in (1, 6) * 50:
         controller.observe(k, 0, k * 0.12, 1.0 + 0.05 * k, 0.2, 0.3)
     costs = controller.costs()
-    assert costs["t_draft"] == pytest.approx(0.12)
-    assert costs["t_verify_a"] == pytest.approx(1.0, abs=0.01) and costs["t_verify_b"] == pytest.approx(0.05, abs=0.002)
+    assert costs["t_draft"] == pytest.approx(0.12) and costs["load"] == 1.0
+    assert costs["t_verify_b"] == pytest.approx(0.05, abs=0.002)        # seconds per token of the forward
     assert (costs["rtt_target"], costs["rtt_draft"]) == (pytest.approx(0.2), pytest.approx(0.3))
-    assert round_time(0, costs) == pytest.approx(costs["t_verify_a"] + 0.2)
+    assert round_time(0, costs) == pytest.approx(1.0 + 0.2, abs=0.01)
+    assert round_time(4, costs) == pytest.approx(4 * 0.12 + 0.3 + 1.0 + 0.05 * 4 + 0.2, abs=0.01)
+
+
+# -- load: batched verification on a compute-bound target ---------------------------------------------------------
+
+LOAD_ALPHA = 0.7
+
+
+def loaded_verify_seconds(load: int, k: int) -> float:
+    """A target whose forward costs 0.1 s + 0.04 s per token in the batch (every row at the same K)."""
+    return 0.1 + 0.04 * load * (k + 1)
+
+
+def loaded_goodput(load: int, k: int) -> float:
+    draft = 0.02 * k + 0.01 if k else 0.0
+    return mean_tokens(LOAD_ALPHA, k) / (draft + loaded_verify_seconds(load, k) + 0.01)
+
+
+def run_loaded(controller: KController, load: int, rounds: int, rng: random.Random) -> float:
+    """Rounds at a fixed load; returns the throughput (tokens per second) of the controller's choices."""
+    tokens = elapsed = 0.0
+    for _ in range(rounds):
+        k = controller.choose_k()
+        accepted = 0
+        while accepted < k and rng.random() < LOAD_ALPHA:
+            accepted += 1
+        draft, verify = 0.02 * k, loaded_verify_seconds(load, k)
+        controller.observe(k, accepted, draft, verify, 0.01, 0.01, batch_size=load, batch_tokens=load * (k + 1))
+        tokens += accepted + 1
+        elapsed += draft + (0.01 if k else 0.0) + verify + 0.01
+    return tokens / elapsed
+
+
+def test_load_shrinks_k_to_zero_when_the_target_is_compute_bound():
+    """At load 1 the cost model's best K is 2; with 16 rows per forward it is 0 (plain decoding), and the
+    controller follows the load down and back up, never far below plain decoding."""
+    best = {load: max(range(K_MAX + 1), key=lambda k: loaded_goodput(load, k)) for load in (1, 16)}
+    assert best == {1: 2, 16: 0}
+    controller, rng = KController(ControllerConfig(k=4, k_max=K_MAX), random.Random(0)), random.Random(1)
+    run_loaded(controller, 1, 300, rng)
+    assert controller.k == best[1]
+    run_loaded(controller, 16, 50, rng)                  # load rises: K follows within 50 rounds
+    assert controller.k == best[16]
+    heavy = run_loaded(controller, 16, 400, rng)
+    assert heavy >= 0.95 * loaded_goodput(16, 0)         # never well below plain decoding under load
+    run_loaded(controller, 1, 100, rng)                  # load falls: speculation comes back
+    assert controller.k >= 1
+    assert run_loaded(controller, 1, 400, rng) >= 0.95 * loaded_goodput(1, best[1])
 
 
 def test_expected_tokens_formula():
