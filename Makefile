@@ -3,7 +3,7 @@
 #   make test   # install, run the test suite (what .ci/run calls)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PROMPT ?= The quick brown fox
+PROMPT ?= def __init__(self
 
 .PHONY: install demo serve test stubs bench sysdeps
 

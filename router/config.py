@@ -134,7 +134,18 @@ def load_config(path: str | os.PathLike) -> SpecpoolConfig:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from exc
-    return config_from_dict(data)
+    return config_from_dict(with_model_paths_from(data, path.parent))
+
+
+def with_model_paths_from(data, folder: Path):
+    """A relative model path that names a folder next to the YAML file is read from there (so a config
+    works from any directory); anything else (hub IDs, builtin: pairs, absolute paths) is left alone."""
+    for section in ("draft", "target"):
+        pool = data.get(section) if isinstance(data, dict) else None
+        model = pool.get("model") if isinstance(pool, dict) else None
+        if isinstance(model, str) and model and not Path(model).is_absolute() and (folder / model).is_dir():
+            pool["model"] = str((folder / model).resolve())
+    return data
 
 
 def config_to_yaml(config) -> str:
