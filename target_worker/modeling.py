@@ -148,14 +148,22 @@ class RaggedBatch:
         return self.model(**inputs, logits_to_keep=keep).logits                  # [B, keep or n_new, vocab]
 
     def unpack(self) -> None:
-        """Give each session a cache of its own real columns (held tokens plus everything appended)."""
+        """Give each session a cache of its own real columns (held tokens plus everything appended): a view
+        of the batch cache where they are contiguous (the usual case), else a gathered copy."""
         from transformers import DynamicCache
 
         for i, session in enumerate(self.sessions):
-            cache = DynamicCache(config=self.model.config)
-            for index, layer in enumerate(self.cache.layers):
-                cache.update(layer.keys[i:i + 1, :, self.columns[i]], layer.values[i:i + 1, :, self.columns[i]], index)
-            session.cache, session.length = cache, self.lengths[i]
+            columns = self.columns[i]
+            contiguous = len(columns) and int(columns[-1]) - int(columns[0]) + 1 == len(columns)
+            take = slice(int(columns[0]), int(columns[-1]) + 1) if contiguous else columns
+            if session.cache is None or not session.cache.layers[0].is_initialized:
+                session.cache = DynamicCache(config=self.model.config)
+                for index, layer in enumerate(self.cache.layers):
+                    session.cache.update(layer.keys[i:i + 1, :, take], layer.values[i:i + 1, :, take], index)
+            else:
+                for own, layer in zip(session.cache.layers, self.cache.layers):
+                    own.keys, own.values = layer.keys[i:i + 1, :, take], layer.values[i:i + 1, :, take]
+            session.length = self.lengths[i]
 
 
 @torch.inference_mode()
