@@ -33,7 +33,8 @@ import json
 import statistics
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +43,7 @@ import torch
 import yaml
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc
-from router.config import config_from_dict
+from router.config import config_from_dict, with_model_paths_from
 
 PREDICTABLE = ["def __init__(self, *args, **kwargs):\n        super().__init__(",
                "import os\nimport sys\n\n\ndef main():\n    parser = argparse.",
@@ -165,7 +166,7 @@ def wire_sampled(service, cfg: BenchConfig, k: int) -> float:
     sampled = {**config, "speculation": {**(config.get("speculation") or {}), "draft_sampling": "sampled"}}
     service.admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(sampled)))
     try:
-        runs = [stream_one(service.stub, p, cfg.max_new_tokens, k, temperature=1.0) for p in cfg.prompts]
+        runs = [service.client(stream_one, p, cfg.max_new_tokens, k, 1.0) for p in cfg.prompts]
     finally:
         service.admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(config)))
     return sum(r["wire"] for r in runs) / sum(r["rounds"] for r in runs)
@@ -204,7 +205,7 @@ def sweep_level(service, cfg: BenchConfig, n: int, k: int | None) -> dict:
     samples = []
     for _ in range(cfg.repeats):
         before = batch_stats(service.service.pools)
-        tokens, seconds = run_streams(service.stub, cfg, n, k)
+        tokens, seconds = service.client(run_streams, cfg, n, k)
         after = batch_stats(service.service.pools)
         sample = {"tokens_per_s": tokens / seconds}
         for pool in after:
@@ -272,8 +273,20 @@ def goal_lines(ratios: dict) -> list[str]:
 
 
 # ---- the run ----------------------------------------------------------------------------------
+_STUBS: dict = {}
+
+
+def client_call(address: str, fn, *args):
+    """fn(stub, *args) in the client process, over one channel per address."""
+    if address not in _STUBS:
+        _STUBS[address] = generation_pb2_grpc.GenerationStub(grpc.insecure_channel(address))
+    return fn(_STUBS[address], *args)
+
+
 class InProcessService:
-    """specpool serve on a background event loop, as the tests run it, from a config dict."""
+    """specpool serve on a background event loop, as the tests run it, from a config dict. The timed
+    requests come from a separate client process (client()), as real clients do, so that client threads
+    never compete with the router for this process's GIL."""
 
     def __init__(self, data: dict):
         from router.cli import Service
@@ -284,9 +297,15 @@ class InProcessService:
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.port}")
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
         self.admin = admin_pb2_grpc.AdminStub(self.channel)
-        stream_one(self.stub, PREDICTABLE[0], 8, None)     # warm-up, so that no row pays for first calls
+        self.clients = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self.client(stream_one, PREDICTABLE[0], 8, None)   # warm-up, so that no row pays for first calls
+
+    def client(self, fn, *args):
+        """fn(stub, *args) run in the client process against this service."""
+        return self.clients.submit(client_call, f"127.0.0.1:{self.service.port}", fn, *args).result()
 
     def stop(self) -> None:
+        self.clients.shutdown()
         self.channel.close()
         asyncio.run_coroutine_threadsafe(self.service.stop(1.0), self.loop).result()
 
@@ -295,7 +314,7 @@ class InProcessService:
 def running(cfg: BenchConfig, batching: bool):
     """A fresh specpool from --config on any free port (batching off: max_batch_size 1 for the draft
     and the target), stopped (its actors killed) on exit; Ray stays up for the next one."""
-    data = yaml.safe_load(Path(cfg.config).read_text()) or {}
+    data = with_model_paths_from(yaml.safe_load(Path(cfg.config).read_text()) or {}, Path(cfg.config).parent)
     data["router"] = {**(data.get("router") or {}), "port": 0}
     if not batching:
         data.update({pool: {**(data.get(pool) or {}), "max_batch_size": 1} for pool in ("draft", "target")})
@@ -335,7 +354,7 @@ def specpool_rows(service, cfg: BenchConfig, c: float, base: float, vocab: int) 
     rows = {}
     for k in (0, *cfg.ks, None):
         name = f"specpool K={k}" if k is not None else "specpool adaptive"
-        row = specpool_row(service.stub, cfg, k)
+        row = service.client(specpool_row, cfg, k)
         kk = k if k is not None else row["mean_k"]
         row.update(k=kk, speedup=row["tokens_per_s"] / base,
                    analytic=analytic_speedup(row["alpha"], round(kk), c) if kk else 1.0)
@@ -362,7 +381,7 @@ def single_stream(service, cfg: BenchConfig) -> tuple[dict, dict]:
     base = rows["transformers generate()"]["tokens_per_s"]
     rows.update(specpool_rows(service, cfg, c, base, service.service.pools.target_info["vocab_size"]))
     single = {"c": c, "rows": rows, "sampled_k": 4, "wire_sampled": wire_sampled(service, cfg, 4)}
-    return single, adaptive_trace(service.stub, cfg)
+    return single, service.client(adaptive_trace, cfg)
 
 
 def run(cfg: BenchConfig) -> tuple[dict, dict | None]:

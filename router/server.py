@@ -81,9 +81,11 @@ class Router:
             sampling.seed = self._rng.getrandbits(63)
         spec = request.speculation
         fixed_k = 0 if spec.disable else (spec.k if spec.HasField("k") else None)
-        if fixed_k is None and sampling.temperature > 0 and request.sampling.HasField("seed"):
-            fixed_k = self.config.speculation.k   # same seed, same output: K must not depend on load
         mode = "greedy" if sampling.temperature == 0 else self.config.speculation.draft_sampling
+        if fixed_k is None and mode == "sampled" and request.sampling.HasField("seed"):
+            # Same seed, same output: a sampled draft's random draws depend on K, so K must not depend on
+            # load. (A greedy draft's verification is coupled to plain decoding: any K gives the same output.)
+            fixed_k = self.config.speculation.k
         return RequestState(session_id=self._rng.getrandbits(63), tokens=list(prompt_ids),
                             prompt_len=len(prompt_ids), max_new_tokens=request.max_new_tokens, sampling=sampling,
                             fixed_k=fixed_k, draft_mode=DRAFT_MODES[mode], max_context=self.limits.max_context,

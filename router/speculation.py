@@ -152,18 +152,23 @@ def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
 
 async def resilient_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
                           recovery_s: float) -> Round:
-    """A round that survives a target failure: wait (bounded) for the target group to be restarted,
-    then run the round again; the restarted target has no cache, so it is re-prefilled."""
+    """A round that survives a target failure: wait for the target group to be restarted, then run the
+    round again; the restarted target has no cache, so it is re-prefilled. The round gives up (re-raising
+    the failure) `recovery_s` after its first failure, or at the client's deadline if that comes sooner."""
+    give_up = None
     while True:
         try:
             return await speculative_round(state, draft, target, k)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() not in WORKER_DOWN or state.timeout(recovery_s) <= 0:
+            now = time.monotonic()
+            give_up = give_up if give_up is not None else now + recovery_s
+            left = min(state.timeout(recovery_s), give_up - now)
+            if exc.code() not in WORKER_DOWN or left <= 0:
                 raise
             target.mark_failed()
             state.target_synced = 0
             try:
-                await target.wait_recovered(state.timeout(recovery_s))
+                await target.wait_recovered(left)
             except asyncio.TimeoutError:
                 raise exc from None
 

@@ -155,11 +155,13 @@ def test_batcher_waits_for_a_batch_when_idle():
 
 # ---- end to end ------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=["greedy", "sampled"], ids=["greedy-draft", "sampled-draft"])
+@pytest.fixture(scope="module", params=[("greedy", 1), ("sampled", 1), ("greedy", 2)],
+                ids=["greedy-draft", "sampled-draft", "greedy-draft-tp2"])
 def service(request, start_service, byte_pair):
+    mode, tp = request.param
     batching = {"max_batch_size": 16, "batch_wait_ms": 3.0}
-    return start_service(service_config(byte_pair, target=batching, draft=dict(batching),
-                                        speculation={"draft_sampling": request.param}))
+    return start_service(service_config(byte_pair, target={**batching, "tensor_parallel_size": tp},
+                                        draft=dict(batching), speculation={"draft_sampling": mode}))
 
 
 def make_request(i: int, max_new: int = 24, temperature: float = 0.0, fixed_k: bool = True):
@@ -197,6 +199,19 @@ def test_seeded_requests_identical_to_themselves_alone(service):
     alone = [list(service.stub.Generate(r).token_ids) for r in requests]
     assert concurrently(service.stub, requests) == alone
     assert len({tuple(t) for t in alone}) == len(alone)
+
+
+def test_greedy_draft_seeded_output_does_not_depend_on_k(service):
+    """Greedy-draft verification is coupled to plain decoding: K = 0 (no draft at all) and any other K give
+    the same tokens for the same seed."""
+    if service.service.config.speculation.draft_sampling != "greedy":
+        pytest.skip("sampled-draft mode: the random draws depend on K")
+    outputs = set()
+    for k in (0, 1, 3, 6):
+        request = make_request(1, temperature=0.9, fixed_k=False)
+        request.speculation.k = k
+        outputs.add(tuple(service.stub.Generate(request).token_ids))
+    assert len(outputs) == 1
 
 
 def test_finished_or_cancelled_rows_leave_the_others_unaffected(service, reference_generate):
