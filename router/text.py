@@ -16,18 +16,22 @@ def load_tokenizer(model: str) -> Tokenizer:
 
 
 class IncrementalDetokenizer:
-    """Turns a growing token list into text deltas. A delta that would end inside a multi-byte
-    character (decoded as U+FFFD) is held back until the character completes."""
+    """Turns a growing token list into text deltas, decoding only the tokens since the previous delta
+    (plus the ones before them, for context), so a long stream costs O(length), not O(length^2). A delta
+    that would end inside a multi-byte character (decoded as U+FFFD) is held back until it completes."""
 
     def __init__(self, tokenizer: Tokenizer):
         self._tokenizer = tokenizer
         self._tokens: list[int] = []
-        self._emitted = 0
+        self._prefix = 0          # tokens before this are done with
+        self._read = 0            # tokens before this have been emitted as text
 
     def push(self, token_ids: list[int], final: bool = False) -> str:
         self._tokens.extend(token_ids)
-        text = self._tokenizer.decode(self._tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not final:
+        decode = self._tokenizer.decode
+        emitted = decode(self._tokens[self._prefix:self._read], skip_special_tokens=True)
+        text = decode(self._tokens[self._prefix:], skip_special_tokens=True)
+        if len(text) <= len(emitted) or (text.endswith("\ufffd") and not final):
             return ""
-        delta, self._emitted = text[self._emitted:], len(text)
-        return delta
+        self._prefix, self._read = self._read, len(self._tokens)
+        return text[len(emitted):]

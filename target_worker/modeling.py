@@ -63,26 +63,16 @@ def model_info(model) -> dict:
             "hidden_size": int(config.hidden_size)}
 
 
-def _inputs(model, session: Session, token_ids: list[int]) -> dict:
+@torch.inference_mode()
+def extend(model, session: Session, token_ids: list[int], keep: int) -> torch.Tensor:
+    """Append token_ids to the session's cache; return logits of the last `keep` positions [keep, vocab]."""
     from transformers import DynamicCache
 
     if session.cache is None:
         session.cache = DynamicCache(config=model.config)
     session.length += len(token_ids)
-    return {"input_ids": torch.tensor([token_ids], device=model.device),
-            "past_key_values": session.cache, "use_cache": True}
-
-
-@torch.inference_mode()
-def extend(model, session: Session, token_ids: list[int], keep: int) -> torch.Tensor:
-    """Append token_ids to the session's cache; return logits of the last `keep` positions [keep, vocab]."""
-    return model(**_inputs(model, session, token_ids), logits_to_keep=keep).logits[0, -keep:]
-
-
-@torch.inference_mode()
-def extend_hidden(model, session: Session, token_ids: list[int]) -> torch.Tensor:
-    """Append token_ids; return the final (post-norm) hidden state of the last position [hidden]."""
-    return model.get_decoder()(**_inputs(model, session, token_ids)).last_hidden_state[0, -1]
+    return model(input_ids=torch.tensor([token_ids], device=model.device), past_key_values=session.cache,
+                 use_cache=True, logits_to_keep=keep).logits[0, -keep:]
 
 
 def batchable(model) -> bool:
