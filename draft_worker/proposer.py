@@ -81,7 +81,7 @@ class DraftEngine:
             return int(logits.argmax())
         probs = logits_to_probs(logits[None], session.sampling)[0]
         hiddens.append(hidden)
-        return sample(probs, generator(session.sampling.seed, position, STREAM_DRAFT))
+        return sample(probs, generator(session.sampling.seed, position, STREAM_DRAFT, probs.device))
 
     def release(self, session_id: int) -> bool:
         return self.sessions.release(session_id)

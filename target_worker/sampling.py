@@ -71,8 +71,9 @@ def logits_to_probs(logits: torch.Tensor,  # [n, vocab]
 
 def sample(probs: torch.Tensor,  # [vocab]
            gen: torch.Generator) -> int:
-    """One token from a probability row; a one-hot row returns its token without a draw."""
-    probs = probs.float().cpu()
+    """One token from a probability row; a one-hot row returns its token without a draw. The draw runs
+    on the generator's device (callers make it on the row's device, so a GPU row is never copied)."""
+    probs = probs.float().to(gen.device)
     top = int(probs.argmax())
     if probs[top] >= 1.0 and int((probs > 0).sum()) == 1:
         return top
@@ -109,7 +110,7 @@ def rejection_sample(draft_token_ids: torch.Tensor,  # [K] int
     rejected = (~accepted).nonzero()
     num_accepted = int(rejected[0]) if rejected.numel() else k
     position = start_position + num_accepted
-    gen = generator(seed, position, STREAM_TARGET)
+    gen = generator(seed, position, STREAM_TARGET, target_probs.device)
     if num_accepted == k:
         return k, sample(target_probs[k], gen)
     residual = (target_probs[num_accepted] - draft_probs[num_accepted]).clamp_min(0.0)
@@ -131,7 +132,7 @@ def match_sample(draft_token_ids: torch.Tensor,  # [K] int, proposed by a determ
     """
     k = draft_token_ids.shape[0]
     for j in range(k + 1):
-        token = sample(target_probs[j], generator(seed, start_position + j, STREAM_TARGET))
+        token = sample(target_probs[j], generator(seed, start_position + j, STREAM_TARGET, target_probs.device))
         if j == k or token != int(draft_token_ids[j]):
             return j, token
     raise AssertionError("unreachable")

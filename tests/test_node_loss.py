@@ -1,6 +1,11 @@
 """Node loss: the node holding both pools is removed mid-request (ray.cluster_utils.Cluster); the
 actors and the target's placement group come back on a replacement node, the request finishes
-with identical greedy tokens, and the recovery time (the stream's longest stall) is measured."""
+with identical greedy tokens, and the recovery time (the stream's longest stall) is measured.
+
+Ray runs its workers at niceness 15: a busy un-niced process on the same cores (a training job, a CPU
+burner) starves the restarted actors, and recovery then takes minutes (seen once in CI-like runs and
+reproduced with two burners; py-spy showed the router waiting in ray.get for the restarted actors'
+start(), not spinning). The bound is router.target_recovery_s."""
 import json
 import os
 import subprocess
@@ -14,9 +19,6 @@ from tests.node_loss_scenario import PROMPT
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.skipif(os.environ.get("SPECPOOL_NODE_LOSS") != "1",
-                    reason="flaky on a loaded 2-core machine (once hung spinning after the removal); "
-                           "run with SPECPOOL_NODE_LOSS=1")
 def test_node_removed_mid_request(byte_pair, reference_generate):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     run = subprocess.run([sys.executable, "-m", "tests.node_loss_scenario", *byte_pair], cwd=ROOT, env=env,
