@@ -62,10 +62,11 @@ class DraftEngine:
             hidden = batch.forward(inputs, decoder_only=True)          # [B, n_new, hidden]
             last = torch.stack([hidden[r, len(t) - 1] if t else hidden[r, 0] for r, t in enumerate(inputs)])
             logits = self.head(last)                                    # [B, vocab]
+            argmax = logits.argmax(-1).tolist()
             for r, (_, session) in enumerate(rows):
                 if j < ks[r]:
                     tokens[r].append(self._draft_token(requests[rows[r][0]], session, logits[r], starts[r] + j,
-                                                       hiddens[r], last[r]))
+                                                       hiddens[r], last[r], argmax[r]))
             inputs = [[tokens[r][-1]] if j + 1 < ks[r] else [] for r in range(len(rows))]
             self.stats.record(sum(1 for k in ks if k > j))
         batch.unpack()
@@ -75,10 +76,11 @@ class DraftEngine:
                                                     batch_size=len(rows))
 
     @staticmethod
-    def _draft_token(request, session, logits: torch.Tensor, position: int, hiddens: list, hidden: torch.Tensor) -> int:
+    def _draft_token(request, session, logits: torch.Tensor, position: int, hiddens: list, hidden: torch.Tensor,
+                     argmax: int) -> int:
         """The draft token at `position`: argmax (greedy mode), or a sample from q keeping its hidden state."""
         if request.mode != worker_pb2.DRAFT_MODE_SAMPLED or session.sampling.greedy:
-            return int(logits.argmax())
+            return argmax
         probs = logits_to_probs(logits[None], session.sampling)[0]
         hiddens.append(hidden)
         return sample(probs, generator(session.sampling.seed, position, STREAM_DRAFT, probs.device))

@@ -92,7 +92,7 @@ class RaggedBatch:
           the longest of forward 1 | forward 2 ... ]
     The 2-D attention mask hides every padding column and position_ids continue each row's own positions,
     so a row computes what it would alone (up to floating-point summation order). unpack() hands each
-    session back a cache of its real columns only.
+    session back a cache of its real columns only. A batch of one session simply runs on its own cache.
     """
 
     def __init__(self, model, sessions: list[Session]):
@@ -100,6 +100,11 @@ class RaggedBatch:
 
         self.model, self.sessions = model, sessions
         self.lengths = [s.length for s in sessions]
+        if len(sessions) == 1:             # no padding, mask or copies
+            if sessions[0].cache is None:
+                sessions[0].cache = DynamicCache(config=model.config)
+            self.cache, self.mask = sessions[0].cache, None
+            return
         past = max(self.lengths)
         self.cache = DynamicCache(config=model.config)
         self.mask = torch.zeros(len(sessions), past, dtype=torch.long, device=model.device)
@@ -120,6 +125,16 @@ class RaggedBatch:
 
     def forward(self, token_lists: list[list[int]], decoder_only: bool = False, keep: int = 0):
         """Append token_lists[i] to row i (an empty list: nothing for that row) in one forward."""
+        inputs = self._padded_inputs(token_lists) if self.mask is not None else \
+            {"input_ids": torch.tensor(token_lists, dtype=torch.long, device=self.model.device)}
+        self.lengths = [n + len(t) for n, t in zip(self.lengths, token_lists)]
+        inputs.update(past_key_values=self.cache, use_cache=True)
+        if decoder_only:
+            return self.model.get_decoder()(**inputs).last_hidden_state          # [B, n_new, hidden]
+        return self.model(**inputs, logits_to_keep=keep).logits                  # [B, keep or n_new, vocab]
+
+    def _padded_inputs(self, token_lists: list[list[int]]) -> dict:
+        """Right-padded input ids, the grown attention mask and each row's own position ids."""
         width, n_new = self.mask.shape[1], max(len(t) for t in token_lists)
         device = self.model.device
         ids = torch.zeros(len(token_lists), n_new, dtype=torch.long, device=device)
@@ -130,18 +145,16 @@ class RaggedBatch:
             self.columns[i] = torch.cat([self.columns[i], torch.arange(width, width + len(tokens), device=device)])
         self.mask = torch.cat([self.mask, step_mask], dim=1)
         positions = torch.tensor(self.lengths, device=device)[:, None] + torch.arange(n_new, device=device)
-        self.lengths = [n + len(t) for n, t in zip(self.lengths, token_lists)]
-        inputs = dict(input_ids=ids, attention_mask=self.mask, position_ids=positions,
-                      past_key_values=self.cache, use_cache=True)
-        if decoder_only:
-            return self.model.get_decoder()(**inputs).last_hidden_state          # [B, n_new, hidden]
-        return self.model(**inputs, logits_to_keep=keep).logits                  # [B, keep or n_new, vocab]
+        return {"input_ids": ids, "attention_mask": self.mask, "position_ids": positions}
 
     def unpack(self) -> None:
         """Give each session a cache of its own real columns (held tokens plus everything appended): a view
         of the batch cache where they are contiguous (the usual case), else a gathered copy."""
         from transformers import DynamicCache
 
+        if self.mask is None:
+            self.sessions[0].length = self.lengths[0]
+            return
         for i, session in enumerate(self.sessions):
             columns = self.columns[i]
             contiguous = len(columns) and int(columns[-1]) - int(columns[0]) + 1 == len(columns)

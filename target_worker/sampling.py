@@ -119,6 +119,15 @@ def rejection_sample(draft_token_ids: torch.Tensor,  # [K] int
     return num_accepted, sample(recovered_probs, gen)
 
 
+def greedy_match(draft_token_ids: list[int], target_argmax: list[int]) -> tuple[int, int]:
+    """match_sample for a greedy target (p one-hot on its argmax, no draw): accept the drafts while they
+    equal the target's argmax; next_token is the argmax after the accepted ones. target_argmax has K + 1."""
+    num_accepted = 0
+    while num_accepted < len(draft_token_ids) and draft_token_ids[num_accepted] == target_argmax[num_accepted]:
+        num_accepted += 1
+    return num_accepted, target_argmax[num_accepted]
+
+
 def match_sample(draft_token_ids: torch.Tensor,  # [K] int, proposed by a deterministic draft (q one-hot)
                  target_probs: torch.Tensor,     # [K + 1, vocab] p, last row for the bonus token
                  seed: int,

@@ -11,7 +11,7 @@ import torch
 from protos.specpool.v1 import worker_pb2
 from target_worker.batching import BatchStats
 from target_worker.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
-from target_worker.sampling import Sampling, logits_to_probs, match_sample, rejection_sample
+from target_worker.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample
 from target_worker.sessions import SessionStore, open_sessions
 
 
@@ -81,6 +81,9 @@ class TargetEngine:
     def _sample_row(self, request, session, logits: torch.Tensor, start: int) -> worker_pb2.VerifyResponse:
         """Rejection-sample one row: logits [K + 1, vocab] of the target at the K drafts and after them."""
         drafts = list(request.draft_token_ids)
+        if session.sampling.greedy:             # p one-hot: compare the drafts with the argmax, no draw
+            num_accepted, next_token = greedy_match(drafts, logits.argmax(-1).tolist())
+            return worker_pb2.VerifyResponse(num_accepted=num_accepted, next_token_id=next_token)
         target_probs = logits_to_probs(logits, session.sampling)                  # [K + 1, vocab]
         draft_ids = torch.tensor(drafts, dtype=torch.long, device=target_probs.device)
         if not request.draft_hidden_states:     # a deterministic draft: q is one-hot on each draft

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from target_worker.sampling import (STREAM_TARGET, Sampling, logits_to_probs, match_sample, one_hot_draft_probs,
-                                    rejection_sample, sample, generator)
+from target_worker.sampling import (STREAM_TARGET, Sampling, generator, greedy_match, logits_to_probs, match_sample,
+                                    one_hot_draft_probs, rejection_sample, sample)
 from tests.distribution import chi_square_p_value
 
 VOCAB = 6
@@ -156,3 +156,13 @@ def test_match_sampling_approximates_target_distribution():
             counts[pos, token] += 1
     for pos in range(length):
         assert chi_square_p_value(counts[pos], p[pos]) > 1e-4, (pos, counts[pos] / samples, p[pos])
+
+
+def test_greedy_match_equals_match_sampling_of_a_greedy_target():
+    g = torch.Generator().manual_seed(3)
+    for _ in range(300):
+        k = int(torch.randint(0, 6, (), generator=g))
+        argmax = torch.randint(0, VOCAB, (k + 1,), generator=g)
+        drafts = torch.where(torch.rand(k, generator=g) < 0.7, argmax[:k], torch.randint(0, VOCAB, (k,), generator=g))
+        expected = match_sample(drafts, greedy_rows(argmax.tolist()), seed=1, start_position=0)
+        assert greedy_match(drafts.tolist(), argmax.tolist()) == expected
