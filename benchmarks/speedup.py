@@ -93,10 +93,32 @@ def load_hf(path: str):
     return AutoModelForCausalLM.from_pretrained(path).eval(), tokenizer
 
 
+class TokenClock:
+    """A generate() streamer that stamps each put() of new tokens (the first put() is the prompt), so
+    transformers rows get time to first token and inter-token latency like the specpool rows."""
+
+    def __init__(self):
+        self.started, self.arrivals = time.perf_counter(), []
+
+    def put(self, value) -> None:
+        self.arrivals.append((time.perf_counter(), value.numel()))
+
+    def end(self) -> None:
+        pass
+
+    def run(self) -> dict:
+        """{"ttft", "itl"} in stream_one's format."""
+        times = [t for t, _ in self.arrivals[1:]]
+        gaps = [(b - a) / n for (a, _), (b, n) in zip(self.arrivals[1:], self.arrivals[2:]) for _ in range(n)]
+        return {"ttft": times[0] - self.started if times else 0.0, "itl": gaps}
+
+
 @torch.inference_mode()
-def hf_run(target, tokenizer, batches, max_new: int, assistant=None, k: int = 0) -> tuple[float, int]:
+def hf_run(target, tokenizer, batches, max_new: int, assistant=None, k: int = 0,
+           clocks: list | None = None) -> tuple[float, int]:
     """(seconds, new tokens) of generate() over batches of prompts (left-padded), greedy; assisted
-    (batches of one prompt only) when `assistant` is given."""
+    (batches of one prompt only) when `assistant` is given. With `clocks` (batches of one prompt), a
+    TokenClock per generate() is appended to it."""
     kwargs = {}
     if assistant is not None:
         assistant.generation_config.num_assistant_tokens = k
@@ -106,6 +128,9 @@ def hf_run(target, tokenizer, batches, max_new: int, assistant=None, k: int = 0)
     started, tokens = time.perf_counter(), 0
     for batch in batches:
         inputs = tokenizer(batch, return_tensors="pt", padding=True)
+        if clocks is not None:
+            clocks.append(TokenClock())
+            kwargs["streamer"] = clocks[-1]
         out = target.generate(**inputs, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, **kwargs)
         tokens += out[:, inputs.input_ids.shape[1]:].numel()
     return time.perf_counter() - started, tokens
@@ -146,14 +171,19 @@ def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: floa
             "k_per_round": list(stats.k_per_round), "accepted_per_round": [len(c.token_ids) - 1 for c in chunks]}
 
 
+def latencies(runs: list[dict]) -> dict:
+    """Median time to first token and inter-token latency p50 / p99 (ms) over runs with "ttft" and "itl"."""
+    itl = [g for r in runs for g in r["itl"]]
+    return {"ttft_ms": 1e3 * statistics.median(r["ttft"] for r in runs),
+            "itl_p50_ms": 1e3 * percentile(itl, 0.5), "itl_p99_ms": 1e3 * percentile(itl, 0.99)}
+
+
 def specpool_row(stub, cfg: BenchConfig, k: int | None) -> dict:
     runs = [[stream_one(stub, p, cfg.max_new_tokens, k) for p in cfg.prompts] for _ in range(cfg.repeats)]
     flat = [r for run in runs for r in run]
     rates = [sum(r["tokens"] for r in run) / sum(r["seconds"] for r in run) for run in runs]
     draft, accepted, rounds = (sum(r[key] for r in flat) for key in ("draft", "accepted", "rounds"))
-    itl = [g for r in flat for g in r["itl"]]
-    return {"tokens_per_s": statistics.median(rates), "ttft_ms": 1e3 * statistics.median(r["ttft"] for r in flat),
-            "itl_p50_ms": 1e3 * percentile(itl, 0.5), "itl_p99_ms": 1e3 * percentile(itl, 0.99),
+    return {"tokens_per_s": statistics.median(rates), **latencies(flat),
             "alpha": accepted / draft if draft else 0.0,
             "mean_accepted_len": sum(r["tokens"] for r in flat) / rounds,
             "wire_bytes_per_round": sum(r["wire"] for r in flat) / rounds,
@@ -341,11 +371,12 @@ def hf_rows(service, cfg: BenchConfig) -> tuple[dict, float]:
     rows = {}
     for name, assistant, k in [("transformers generate()", None, 0)] + [
             (f"transformers assisted K={k}", draft, k) for k in cfg.ks]:
-        rates = []
+        rates, clocks = [], []
         for _ in range(cfg.repeats):
-            seconds, tokens = hf_run(target, tokenizer, [[p] for p in cfg.prompts], cfg.max_new_tokens, assistant, k)
+            seconds, tokens = hf_run(target, tokenizer, [[p] for p in cfg.prompts], cfg.max_new_tokens, assistant, k,
+                                     clocks)
             rates.append(tokens / seconds)
-        rows[name] = {"tokens_per_s": statistics.median(rates), "k": k}
+        rows[name] = {"tokens_per_s": statistics.median(rates), "k": k, **latencies([c.run() for c in clocks])}
         log(f"{name}: {rows[name]['tokens_per_s']:.1f} tokens/s")
     return rows, c
 
@@ -410,11 +441,12 @@ def single_markdown(single: dict) -> str:
               "| wire B/round (greedy) | full q B/round |\n|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for name, r in single["rows"].items():
+        head = (f"| {name} | {r['tokens_per_s']:.1f} | {r['ttft_ms']:.1f} | {r['itl_p50_ms']:.1f} / "
+                f"{r['itl_p99_ms']:.1f} |")
         if "alpha" not in r:
-            lines.append(f"| {name} | {r['tokens_per_s']:.1f} | | | | | | | | |")
+            lines.append(head + " | | | | | |")
             continue
-        lines.append(f"| {name} | {r['tokens_per_s']:.1f} | {r['ttft_ms']:.1f} | {r['itl_p50_ms']:.1f} / "
-                     f"{r['itl_p99_ms']:.1f} | {r['alpha']:.2f} | {r['mean_accepted_len']:.2f} | "
+        lines.append(head + f" {r['alpha']:.2f} | {r['mean_accepted_len']:.2f} | "
                      f"{r['analytic']:.2f} | {r['efficiency']:.2f} | {r['wire_bytes_per_round']:.0f} | "
                      f"{r['full_probs_bytes_per_round']} |")
     return (header + "\n".join(lines) + f"\n\nc = t_draft / t_target = {single['c']:.3f}; sampled-draft wire "
