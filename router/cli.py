@@ -88,6 +88,8 @@ class Service:
             await self.health.enter_graceful_shutdown()
         if self.server:
             await self.server.stop(grace)
+        if self.router:
+            await self.router.close()
         if self.pools:
             await asyncio.to_thread(self.pools.shutdown)
 

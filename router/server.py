@@ -133,6 +133,10 @@ class Router:
         self.k_selector.update_config(new.speculation)
         self.config = new
 
+    async def close(self) -> None:
+        """Close every worker client, cancelling recoveries still in progress."""
+        await asyncio.gather(*(client.close() for client in self.drafts + self.targets), return_exceptions=True)
+
     def status(self) -> dict:
         return {"pool": self.k_selector.pool.snapshot(), "active_requests": len(self.k_selector.active),
                 "replicas": {"draft": [c.outstanding for c in self.drafts],

@@ -7,6 +7,7 @@ whole committed context (re-prefill).
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Awaitable, Callable
 
 import grpc
@@ -33,6 +34,30 @@ async def synced_call(rpc: Callable[..., Awaitable], make_request: Callable, tok
             if exc.code() != grpc.StatusCode.NOT_FOUND or position == 0:
                 raise
             position = 0
+
+
+async def in_daemon_thread(fn: Callable[[], str]) -> str:
+    """fn() on a daemon thread. A recovery can sit in ray.get for minutes (a node is coming back); if the
+    router shuts down meanwhile, that thread must not hold the process open, as asyncio.to_thread's
+    executor threads do (they are joined at interpreter exit, and ray.get spins once Ray is shut down)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result, error) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:          # the event loop is gone: nobody is waiting any more
+            pass
+    threading.Thread(target=run, name="specpool-recover", daemon=True).start()
+    return await future
 
 
 class WorkerClient:
@@ -70,7 +95,7 @@ class WorkerClient:
         try:
             while True:
                 try:
-                    address = await asyncio.to_thread(self._recover_fn)
+                    address = await in_daemon_thread(self._recover_fn)
                     break
                 except Exception as exc:  # noqa: BLE001 - keep trying until the worker is back
                     print(f"[specpool] worker {self.address} still down: {exc!r}", flush=True)
@@ -90,6 +115,9 @@ class WorkerClient:
         await self.stub.Release(worker_pb2.ReleaseRequest(session_id=session_id), timeout=self.timeout)
 
     async def close(self) -> None:
+        """Stop any recovery in progress and close the channel (the router is shutting down)."""
+        if self._recovering is not None:
+            self._recovering.cancel()
         await self.channel.close()
 
 

@@ -2,10 +2,9 @@
 actors and the target's placement group come back on a replacement node, the request finishes
 with identical greedy tokens, and the recovery time (the stream's longest stall) is measured.
 
-Ray runs its workers at niceness 15: a busy un-niced process on the same cores (a training job, a CPU
-burner) starves the restarted actors, and recovery then takes minutes (seen once in CI-like runs and
-reproduced with two burners; py-spy showed the router waiting in ray.get for the restarted actors'
-start(), not spinning). The bound is router.target_recovery_s."""
+The scenario process once stayed alive after printing its result, spinning: the router's background
+draft recovery was still in ray.get when Ray shut down, on an executor thread that interpreter exit joins.
+Recoveries now run on daemon threads and close() cancels them (tests/test_recovery_bound.py)."""
 import json
 import os
 import subprocess

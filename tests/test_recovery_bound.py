@@ -1,13 +1,20 @@
-"""A target that keeps failing: the round retries through recovery, then gives up target_recovery_s
-after its first failure (no request loops forever, whatever the cause: a crash loop, a TLS mistake)."""
+"""Bounded recovery. A target that keeps failing: the round retries through recovery, then gives up
+target_recovery_s after its first failure (no request loops forever, whatever the cause: a crash loop, a
+TLS mistake). A recovery still blocked when the router stops does not keep the process alive."""
 import asyncio
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from router.speculation import RequestState, resilient_round
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class AlwaysDownTarget:
@@ -43,3 +50,23 @@ def test_round_gives_up_recovery_s_after_its_first_failure():
     elapsed = time.monotonic() - started
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert 0.3 <= elapsed < 2.0 and target.calls > 2 and target.recoveries == target.calls - 1
+
+
+def test_a_blocked_recovery_does_not_hold_the_process_open():
+    """A recovery stuck in ray.get (a node still coming back) when the router shuts down: the process
+    still exits (the recovery runs on a daemon thread and is cancelled by close())."""
+    script = textwrap.dedent("""
+        import asyncio, time
+        from router.worker_client import DraftClient
+
+        async def main():
+            client = DraftClient("127.0.0.1:9", recover=lambda: time.sleep(3600) or "unreachable")
+            client.mark_failed()
+            await asyncio.sleep(0.2)
+            await client.close()
+
+        asyncio.run(main())
+        print("exited", flush=True)
+    """)
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "exited" in run.stdout, run.stderr[-2000:]
