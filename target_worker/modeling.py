@@ -107,10 +107,8 @@ class RaggedBatch:
             return
         past = max(self.lengths)
         self.cache = DynamicCache(config=model.config)
-        self.mask = torch.zeros(len(sessions), past, dtype=torch.long, device=model.device)
-        self.columns = [torch.arange(past - n, past, device=model.device) for n in self.lengths]
-        for i, n in enumerate(self.lengths):
-            self.mask[i, past - n:] = 1
+        self.mask = _right_aligned_mask(self.lengths, past, model.device)
+        self.segments = [[(past - n, n)] if n else [] for n in self.lengths]   # per row: (first column, count)
         held = [s.cache for s in sessions if s.length]
         for index in range(len(held[0].layers) if held else 0):
             self.cache.update(self._padded(index, "keys", past), self._padded(index, "values", past), index)
@@ -137,12 +135,12 @@ class RaggedBatch:
         """Right-padded input ids, the grown attention mask and each row's own position ids."""
         width, n_new = self.mask.shape[1], max(len(t) for t in token_lists)
         device = self.model.device
-        ids = torch.zeros(len(token_lists), n_new, dtype=torch.long, device=device)
-        step_mask = torch.zeros_like(ids)
-        for i, tokens in enumerate(token_lists):
-            ids[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            step_mask[i, :len(tokens)] = 1
-            self.columns[i] = torch.cat([self.columns[i], torch.arange(width, width + len(tokens), device=device)])
+        ids = torch.tensor([t + [0] * (n_new - len(t)) for t in token_lists], dtype=torch.long, device=device)
+        counts = [len(t) for t in token_lists]
+        step_mask = (torch.arange(n_new, device=device) < torch.tensor(counts, device=device)[:, None]).long()
+        for segments, count in zip(self.segments, counts):
+            if count:
+                segments.append((width, count))
         self.mask = torch.cat([self.mask, step_mask], dim=1)
         positions = torch.tensor(self.lengths, device=device)[:, None] + torch.arange(n_new, device=device)
         return {"input_ids": ids, "attention_mask": self.mask, "position_ids": positions}
@@ -156,9 +154,7 @@ class RaggedBatch:
             self.sessions[0].length = self.lengths[0]
             return
         for i, session in enumerate(self.sessions):
-            columns = self.columns[i]
-            contiguous = len(columns) and int(columns[-1]) - int(columns[0]) + 1 == len(columns)
-            take = slice(int(columns[0]), int(columns[-1]) + 1) if contiguous else columns
+            take = _columns(self.segments[i], self.model.device)
             if session.cache is None or not session.cache.layers[0].is_initialized:
                 session.cache = DynamicCache(config=self.model.config)
                 for index, layer in enumerate(self.cache.layers):
@@ -167,6 +163,22 @@ class RaggedBatch:
                 for own, layer in zip(session.cache.layers, self.cache.layers):
                     own.keys, own.values = layer.keys[i:i + 1, :, take], layer.values[i:i + 1, :, take]
             session.length = self.lengths[i]
+
+
+def _right_aligned_mask(lengths: list[int], width: int, device) -> torch.Tensor:   # [B, width]
+    """1 on the last lengths[i] columns of row i, 0 on the left padding."""
+    return (torch.arange(width, device=device) >= width - torch.tensor(lengths, device=device)[:, None]).long()
+
+
+def _columns(segments: list[tuple[int, int]], device):
+    """A row's real columns from its (first column, count) segments: a slice where they are contiguous
+    (so the session gets a view), else an index tensor (a gathered copy)."""
+    if not segments:
+        return slice(0, 0)
+    if all(start == prev + count for (prev, count), (start, _) in zip(segments, segments[1:])):
+        first, last = segments[0][0], segments[-1][0] + segments[-1][1]
+        return slice(first, last)
+    return torch.cat([torch.arange(start, start + count, device=device) for start, count in segments])
 
 
 @torch.inference_mode()
