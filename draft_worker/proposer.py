@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
-from target_worker.batching import BatchStats
+from target_worker.batching import BatchStats, forward_groups, only_answer
 from target_worker.modeling import RaggedBatch, batchable, load_model
 from target_worker.sampling import STREAM_DRAFT, generator, logits_to_probs, sample
 from target_worker.sessions import SessionStore, open_sessions
@@ -30,21 +30,15 @@ class DraftEngine:
 
     def propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
         """One request alone (a batch of one)."""
-        result = self.propose_batch([request])[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return only_answer(self.propose_batch([request]))
 
     @torch.inference_mode()
     def propose_batch(self, requests: list) -> list:
         """Propose drafts for several requests (distinct sessions); per request its ProposeResponse or the
-        SessionLost / ValueError it raised. Session starts (whole-context prefills) run alone."""
+        SessionLost / ValueError it raised. Rows are grouped into forwards by forward_groups."""
         results: list = [None] * len(requests)
         rows = [(i, s) for i, s in open_sessions(self.sessions, requests, results) if requests[i].k > 0]
-        prefills = [[row] for row in rows if requests[row[0]].position == 0]
-        decode = [row for row in rows if requests[row[0]].position != 0]
-        groups = prefills + ([decode] if self.batched or len(decode) <= 1 else [[row] for row in decode])
-        for group in filter(None, groups):
+        for group in forward_groups(rows, requests, self.batched):
             self._propose_rows(group, requests, results)
         for i, request in enumerate(requests):
             if results[i] is None:                 # k = 0: nothing to propose

@@ -30,6 +30,22 @@ class BatchStats:
         return {"forward_passes": self.forward_passes, "rows": self.rows, "max_batch": self.max_batch}
 
 
+def forward_groups(rows: list, requests: list, batched: bool) -> list[list]:
+    """How an engine runs a batch's opened rows [(index, session)]: each session start (a prefill of the
+    whole context) alone, so a long prompt never pads the decode rows, and the decode rows together (one
+    by one for a model whose cache cannot be padded)."""
+    prefills = [[row] for row in rows if requests[row[0]].position == 0]
+    decode = [row for row in rows if requests[row[0]].position != 0]
+    return prefills + ([decode] if batched and decode else [[row] for row in decode])
+
+
+def only_answer(results: list):
+    """The answer of a batch of one, raising the error its row got."""
+    if isinstance(results[0], Exception):
+        raise results[0]
+    return results[0]
+
+
 class Batcher:
     """Runs `run_batch(requests) -> [response or exception per request]` over the calls submitted to it."""
 

@@ -63,18 +63,6 @@ def model_info(model) -> dict:
             "hidden_size": int(config.hidden_size)}
 
 
-@torch.inference_mode()
-def extend(model, session: Session, token_ids: list[int], keep: int) -> torch.Tensor:
-    """Append token_ids to the session's cache; return logits of the last `keep` positions [keep, vocab]."""
-    from transformers import DynamicCache
-
-    if session.cache is None:
-        session.cache = DynamicCache(config=model.config)
-    session.length += len(token_ids)
-    return model(input_ids=torch.tensor([token_ids], device=model.device), past_key_values=session.cache,
-                 use_cache=True, logits_to_keep=keep).logits[0, -keep:]
-
-
 def batchable(model) -> bool:
     """Whether sessions of this model can be padded into one batch: every cache layer is a plain
     growing layer (sliding-window or recurrent layers keep state that padding would corrupt)."""
@@ -183,9 +171,8 @@ def _columns(segments: list[tuple[int, int]], device):
 
 @torch.inference_mode()
 def extend_batch(model, sessions: list[Session], token_lists: list[list[int]], keeps: list[int]) -> list[torch.Tensor]:
-    """extend() for several sessions in one forward: logits of row i's last keeps[i] positions [keeps[i], vocab]."""
-    if len(sessions) == 1:
-        return [extend(model, sessions[0], token_lists[0], keeps[0])]
+    """Append token_lists[i] to sessions[i]'s cache, all in one forward; returns the logits of row i's last
+    keeps[i] positions [keeps[i], vocab]."""
     batch = RaggedBatch(model, sessions)
     n_new = max(len(t) for t in token_lists)
     keep = n_new - min(len(t) - k for t, k in zip(token_lists, keeps))   # the columns any row needs

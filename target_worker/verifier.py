@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
-from target_worker.batching import BatchStats
+from target_worker.batching import BatchStats, forward_groups, only_answer
 from target_worker.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
 from target_worker.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample
 from target_worker.sessions import SessionStore, open_sessions
@@ -40,25 +40,18 @@ class TargetEngine:
 
     def verify(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         """One request alone (a batch of one)."""
-        result = self.verify_batch([request])[0]
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return only_answer(self.verify_batch([request]))
 
     @torch.inference_mode()
     def verify_batch(self, requests: list) -> list:
         """Verify several requests' drafts in one target forward, rejection-sampling each row on its own.
 
         Returns, per request, its VerifyResponse or the SessionLost / ValueError it raised (that row
-        only). Rows that start a session (a prefill of the whole context) each run alone, so a long
-        prompt never pads the decode rows of the batch.
+        only). Rows are grouped into forwards by forward_groups.
         """
         results: list = [None] * len(requests)
         rows = open_sessions(self.sessions, requests, results)
-        groups = [[row] for row in rows if requests[row[0]].position == 0]
-        decode = [row for row in rows if requests[row[0]].position != 0]
-        groups += [decode] if self.batched or len(decode) <= 1 else [[row] for row in decode]
-        for group in filter(None, groups):
+        for group in forward_groups(rows, requests, self.batched):
             self._verify_rows(group, requests, results)
         return results
 
