@@ -43,7 +43,7 @@ import torch
 import yaml
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc
-from router.config import config_from_dict, with_model_paths_from
+from settings.schema import config_from_dict, with_model_paths_from
 
 PREDICTABLE = ["def __init__(self, *args, **kwargs):\n        super().__init__(",
                "import os\nimport sys\n\n\ndef main():\n    parser = argparse.",
@@ -319,7 +319,7 @@ class InProcessService:
     never compete with the router for this process's GIL."""
 
     def __init__(self, data: dict):
-        from router.cli import Service
+        from router.service import Service
         self.data = data
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
@@ -363,7 +363,7 @@ def batching_config(service) -> dict:
 
 
 def hf_rows(service, cfg: BenchConfig) -> tuple[dict, float]:
-    from target_worker.model_pair import resolve_model
+    from engine.model_pair import resolve_model
     target, tokenizer = load_hf(service.service.pools.target_info["model_path"])
     draft, _ = load_hf(resolve_model(service.service.config.draft.model))
     c = forward_seconds(draft) / forward_seconds(target)

@@ -8,12 +8,14 @@ import asyncio
 import os
 import time
 
+from engine.actor import EngineActor
+
 
 def _build_engine(config: dict):
     import torch
 
     from draft_worker.proposer import DraftEngine
-    from target_worker.model_pair import resolve_model
+    from engine.model_pair import resolve_model
 
     if config["num_threads"]:
         torch.set_num_threads(config["num_threads"])
@@ -25,7 +27,7 @@ def _build_engine(config: dict):
     return engine
 
 
-class DraftWorker:
+class DraftWorker(EngineActor):
     """One draft replica. `start()` loads the model and returns {"address", "pid"}."""
 
     def __init__(self, config: dict, tls: dict | None = None):
@@ -43,9 +45,9 @@ class DraftWorker:
 
         from draft_worker.server import DraftServicer
         from protos.specpool.v1 import worker_pb2_grpc
-        from target_worker.config import TlsConfig
-        from target_worker.grpc_server import start_server
-        from target_worker.tls import worker_server_credentials
+        from settings.schema import TlsConfig
+        from engine.worker_server import start_server
+        from settings.tls import worker_server_credentials
 
         self._engine = await asyncio.to_thread(_build_engine, self._config)
         host = host or ray.util.get_node_ip_address()
@@ -55,16 +57,3 @@ class DraftWorker:
             credentials=worker_server_credentials(TlsConfig(**self._tls)))
         self._info = {"address": address, "pid": os.getpid()}
         return self._info
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def active_sessions(self) -> int:
-        return len(self._engine.sessions) if self._engine else 0
-
-    def sessions_started(self) -> int:
-        return self._engine.sessions.started if self._engine else 0
-
-    def batch_stats(self) -> dict:
-        """Cumulative forward passes (one per drafting step of a batch), rows and the largest batch."""
-        return self._engine.stats.as_dict() if self._engine else {}

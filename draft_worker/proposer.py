@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
-from target_worker.batching import BatchStats, forward_groups, only_answer
-from target_worker.modeling import RaggedBatch, batchable, load_model
-from target_worker.sampling import STREAM_DRAFT, generator, logits_to_probs, sample
-from target_worker.sessions import SessionStore, open_sessions
+from engine.batching import BatchStats, forward_groups, only_answer
+from engine.modeling import RaggedBatch, batchable, load_model
+from engine.sampling import STREAM_DRAFT, generator, logits_to_probs, sample
+from engine.sessions import SessionStore, open_sessions
 
 
 class DraftEngine:

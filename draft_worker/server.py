@@ -1,10 +1,10 @@
 """gRPC servicer of a draft worker (specpool.v1.DraftWorker). Propose calls that arrive together
-run their drafting steps as one batch (see target_worker/batching.py)."""
+run their drafting steps as one batch (see engine/batching.py)."""
 from __future__ import annotations
 
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
-from target_worker.batching import Batcher
-from target_worker.grpc_server import EngineRunner, answer
+from engine.batching import Batcher
+from engine.worker_server import EngineRunner, answer
 
 
 class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):

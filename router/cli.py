@@ -14,94 +14,18 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")   # Ray forks while gRPC threads run; keep that quiet
 
 import grpc  # noqa: E402
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc  # noqa: E402
-from router.config import ConfigError, SpecpoolConfig, load_config  # noqa: E402
+from router.service import Service, reload_from_file  # noqa: E402
+from settings.schema import ConfigError, SpecpoolConfig, load_config  # noqa: E402
 
 FINISH_NAMES = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FINISH_REASON_STOP: "stop",
                 generation_pb2.FINISH_REASON_EOS: "eos"}
-
-
-def build_router(config: SpecpoolConfig, pools):
-    from functools import partial
-
-    from router.launch import launch_more, recover_draft, recover_target
-    from router.server import Router
-    from router.text import load_tokenizer
-    from router.worker_client import DraftClient, TargetClient
-
-    timeout, ready, host = config.router.worker_timeout_s, config.router.ready_timeout_s, config.ray.node_ip or None
-    drafts = [DraftClient(address, timeout, partial(recover_draft, actor, host, ready), config.tls)
-              for address, actor in zip(pools.draft_addresses, pools.draft_actors)]
-    targets = [TargetClient(address, timeout, partial(recover_target, ranks, host, ready), config.tls)
-               for address, ranks in zip(pools.target_addresses, pools.target_actors)]
-
-    def scale_up(pool: str, count: int) -> list:
-        """Start `count` more replicas of a pool through Ray (blocking); factories of their clients,
-        to be called on the event loop."""
-        if pool == "draft":
-            actors = launch_more(config, pools, "draft", count, ready)
-            return [partial(DraftClient, pools.draft_addresses[-count + i], timeout,
-                            partial(recover_draft, a, host, ready), config.tls) for i, a in enumerate(actors)]
-        groups = launch_more(config, pools, "target", count, ready)
-        return [partial(TargetClient, pools.target_addresses[-count + i], timeout,
-                        partial(recover_target, g, host, ready), config.tls) for i, g in enumerate(groups)]
-    return Router(config, drafts, targets, pools.target_info, load_tokenizer(pools.target_info["model_path"]),
-                  scale_up=scale_up)
-
-
-class Service:
-    """A running specpool: public server up at once (NOT_SERVING), pools launched, then SERVING."""
-
-    def __init__(self, config: SpecpoolConfig):
-        self.config = config
-        self.server = self.port = self.pools = self.router = self.metrics_port = self.health = None
-
-    async def start(self) -> "Service":
-        from router import launch
-        from router.server import mark_ready, start_public_server
-        from target_worker.tls import server_credentials
-
-        credentials = server_credentials(self.config.tls, self.config.tls.client_auth)
-        self.server, self.port, servicer, self.health = await start_public_server(
-            self.config.router.host, self.config.router.port, credentials)
-        print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until pools are ready)",
-              flush=True)
-        await asyncio.to_thread(launch.connect, self.config)
-        self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s)
-        self.router = build_router(self.config, self.pools)
-        if self.config.router.metrics_port >= 0:
-            self.metrics_port = self.router.metrics.serve(self.config.router.host, self.config.router.metrics_port)
-            print(f"[specpool] metrics on http://{self.config.router.host}:{self.metrics_port}/metrics", flush=True)
-        await mark_ready(servicer, self.health, self.router)
-        print(f"[specpool] SERVING: {len(self.pools.draft_addresses)} draft, {len(self.pools.target_addresses)} "
-              f"target replica(s) (TP={self.config.target.tensor_parallel_size})", flush=True)
-        return self
-
-    async def stop(self, grace: float = 5.0) -> None:
-        """Health NOT_SERVING, refuse new requests, give in-flight ones `grace` seconds, stop the pools."""
-        if self.health:
-            await self.health.enter_graceful_shutdown()
-        if self.server:
-            await self.server.stop(grace)
-        if self.router:
-            await self.router.close()
-        if self.pools:
-            await asyncio.to_thread(self.pools.shutdown)
-
-
-async def reload_from_file(service: Service, path: str) -> None:
-    """SIGHUP: re-read the config file and apply it (or keep the running config)."""
-    import yaml
-    try:
-        await service.router.reload(yaml.safe_load(open(path).read()) or {})
-        print(f"[specpool] reloaded {path}: {service.router.config.speculation}", flush=True)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        print(f"[specpool] reload of {path} refused, running config kept: {exc}", flush=True)
 
 
 async def _serve(config: SpecpoolConfig, path: str) -> None:
@@ -194,7 +118,8 @@ def run_admin(args) -> int:
         stub = admin_pb2_grpc.AdminStub(channel)
         try:
             if args.command == "reload":
-                response = stub.Reload(admin_pb2.ReloadRequest(config_yaml=open(args.config).read()))
+                response = stub.Reload(admin_pb2.ReloadRequest(
+                    config_yaml=open(args.config).read(), config_dir=str(Path(args.config).resolve().parent)))
                 print("reloaded; speculation now:\n" + response.speculation_yaml)
             else:
                 response = stub.GetStatus(admin_pb2.GetStatusRequest())

@@ -44,68 +44,12 @@ import itertools
 import math
 import random
 from collections import deque
-from dataclasses import dataclass
 
-POLICIES = ("fixed", "threshold", "goodput")
+from settings.schema import ControllerConfig
+
 _RIDGE = 0.01          # added to the variance of forward tokens in the t_verify fit: slope -> 0 while one size was seen
 _MIN_TIME = 1e-12      # floor of T(K), so a model with no timings yet never divides by zero
 _COST_KEYS = ("w", "x", "y", "xx", "xy", "rtt_target", "load", "load_w", "dw", "draft_s", "draft_k", "rtt_draft")
-
-
-@dataclass
-class ControllerConfig:
-    policy: str = "goodput"          # fixed | threshold | goodput
-    k: int = 4                       # the fixed K, and the starting K of the adaptive policies
-    k_min: int = 0                   # smallest K an adaptive policy chooses (0: plain target decoding)
-    k_max: int = 8                   # largest K an adaptive policy chooses; positions tracked: 0..k_max-1
-    window: int = 128                # rounds in the rolling acceptance statistics
-    min_samples: int = 32            # ... but keep at least this many rounds with K > 0 (sparse data, e.g. at K = 0)
-    prior_acceptance: float = 0.5    # acceptance assumed before any data (prior of the pooled rate)
-    prior_weight: float = 8.0        # pseudo-outcomes shrinking each a_j towards the pooled rate (and it to the prior)
-    change_recent: int = 16          # rounds (with K > 0) in the change test's recent part
-    change_z: float = 4.5            # forget older rounds when a_0 over the recent part differs by this many
-                                     # standard errors from the rest of the window (0: no change test)
-    cost_window: int = 256           # effective length in rounds of the exponentially weighted timing estimates
-    load_window: int = 8             # ... and of the load estimate (rows per target forward), which moves faster
-    # threshold policy
-    raise_above: float = 0.8         # K += 1 when the acceptance rate since the last step is above this
-    lower_below: float = 0.4         # K -= 1 when it is below this
-    adjust_every: int = 16           # rounds between two threshold steps
-    # goodput policy
-    warmup_rounds: int = 16          # rounds observed at K = k before the model decides (and before probing)
-    hysteresis: float = 0.01         # switch only if the best K's modeled goodput beats the current K's by this
-    # probing (threshold and goodput)
-    probe_every: int = 8             # mean rounds between probes; 0 disables probing
-    random_probe: float = 0.05       # chance that a probe tries a uniformly random other K instead of K+1
-
-    def validate(self, section: str = "speculation") -> None:
-        """Raise ValueError naming the first bad key, e.g. 'speculation.k_max: must be >= k_min=2 (got 1)'."""
-        if self.policy not in POLICIES:
-            raise ValueError(f"{section}.policy: must be one of {POLICIES} (got {self.policy!r})")
-        checks = (
-            ("k_min", self.k_min >= 0, "must be >= 0"),
-            ("k_max", self.k_max >= self.k_min, f"must be >= k_min={self.k_min}"),
-            ("k", self.k_min <= self.k <= self.k_max, f"must be in [k_min, k_max] = [{self.k_min}, {self.k_max}]"),
-            ("window", self.window >= 1, "must be >= 1"),
-            ("min_samples", self.min_samples >= 0, "must be >= 0"),
-            ("prior_acceptance", 0.0 <= self.prior_acceptance <= 1.0, "must be in [0, 1]"),
-            ("prior_weight", self.prior_weight >= 0, "must be >= 0"),
-            ("change_recent", self.change_recent >= 1, "must be >= 1"),
-            ("change_z", self.change_z >= 0, "must be >= 0"),
-            ("cost_window", self.cost_window >= 1, "must be >= 1"),
-            ("load_window", self.load_window >= 1, "must be >= 1"),
-            ("raise_above", 0.0 <= self.raise_above <= 1.0, "must be in [0, 1]"),
-            ("lower_below", 0.0 <= self.lower_below <= self.raise_above,
-             f"must be in [0, raise_above={self.raise_above}]"),
-            ("adjust_every", self.adjust_every >= 1, "must be >= 1"),
-            ("warmup_rounds", self.warmup_rounds >= 0, "must be >= 0"),
-            ("hysteresis", self.hysteresis >= 0, "must be >= 0"),
-            ("probe_every", self.probe_every >= 0, "must be >= 0"),
-            ("random_probe", 0.0 <= self.random_probe <= 1.0, "must be in [0, 1]"),
-        )
-        for key, ok, rule in checks:
-            if not ok:
-                raise ValueError(f"{section}.{key}: {rule} (got {getattr(self, key)!r})")
 
 
 def expected_tokens(rates: list[float], k: int) -> float:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 
-from router.controller import ControllerConfig, KController
+from router.controller import KController
+from settings.schema import ControllerConfig
 from router.metrics import Metrics
 from router.speculation import RequestState, Round
 

@@ -13,9 +13,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from draft_worker.actor import DraftWorker
-from router.config import SpecpoolConfig
+from settings.schema import SpecpoolConfig
 from target_worker.actor import TargetRank
-from target_worker.config import PoolConfig
+from settings.schema import PoolConfig
 
 
 @dataclass

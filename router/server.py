@@ -19,7 +19,7 @@ import yaml
 from grpc_reflection.v1alpha import reflection
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc
-from router.config import ConfigError, SpecpoolConfig, config_from_dict, config_to_yaml
+from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
 from router.k_selection import KSelector
 from router.metrics import Metrics
 from router.speculation import DRAFT_MODES, RequestState, generate
@@ -118,10 +118,11 @@ class Router:
             pool = "draft" if worker in self.drafts else "target"
             self.metrics.worker_sessions.labels(pool, worker.address).set(worker.outstanding)
 
-    async def reload(self, data: dict) -> None:
+    async def reload(self, data: dict, config_dir: str | None = None) -> None:
         """Apply a new config without a restart: the speculation section between rounds, and more
-        draft/target replicas (started, then added to the pools). Anything else is refused."""
-        new = config_from_dict(data)
+        draft/target replicas (started, then added to the pools). Anything else is refused. Relative model
+        paths are read from `config_dir`, as at start-up."""
+        new = parse_config(data, config_dir)
         check_reloadable(self.config, new)
         for name, clients in (("draft", self.drafts), ("target", self.targets)):
             extra = getattr(new, name).replicas - getattr(self.config, name).replicas
@@ -244,7 +245,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def Reload(self, request, context):
         router = await self._router(context)
         try:
-            await router.reload(yaml.safe_load(request.config_yaml) or {})
+            await router.reload(yaml.safe_load(request.config_yaml) or {}, request.config_dir or None)
         except RestartRequired as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except (ConfigError, ValueError, yaml.YAMLError) as exc:

@@ -13,8 +13,8 @@ from typing import Awaitable, Callable
 import grpc
 
 from protos.specpool.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
-from target_worker.config import TlsConfig
-from target_worker.tls import worker_channel
+from settings.schema import TlsConfig
+from settings.tls import worker_channel
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
                    ("grpc.max_send_message_length", 64 * 1024 * 1024)]

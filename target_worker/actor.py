@@ -10,6 +10,8 @@ import os
 import socket
 import time
 
+from engine.actor import EngineActor
+
 
 def _free_port(host: str) -> int:
     with socket.socket() as sock:
@@ -21,7 +23,7 @@ def _build_engine(config: dict, draft: dict, rank: int, world_size: int, master:
     import torch
 
     from target_worker import tensor_parallel
-    from target_worker.model_pair import resolve_model
+    from engine.model_pair import resolve_model
     from target_worker.verifier import TargetEngine
 
     if config["num_threads"]:
@@ -38,7 +40,7 @@ def _build_engine(config: dict, draft: dict, rank: int, world_size: int, master:
     return engine
 
 
-class TargetRank:
+class TargetRank(EngineActor):
     """Rank `rank` of one target replica. Call rendezvous() on rank 0, then start() on every rank."""
 
     def __init__(self, config: dict, draft: dict, rank: int, world_size: int, tls: dict | None = None):
@@ -58,11 +60,11 @@ class TargetRank:
 
         from protos.specpool.v1 import worker_pb2_grpc
         from target_worker import tensor_parallel
-        from target_worker.config import TlsConfig
-        from target_worker.grpc_server import start_server
-        from target_worker.tls import worker_server_credentials
-        from target_worker.model_pair import resolve_model
-        from target_worker.modeling import model_info
+        from settings.schema import TlsConfig
+        from engine.worker_server import start_server
+        from settings.tls import worker_server_credentials
+        from engine.model_pair import resolve_model
+        from engine.modeling import model_info
         from target_worker.server import TargetServicer
 
         self._engine = await asyncio.to_thread(
@@ -78,16 +80,3 @@ class TargetRank:
                            self._config["batch_wait_ms"] / 1000), host or ray.util.get_node_ip_address(),
             credentials=worker_server_credentials(TlsConfig(**self._tls)))
         return {**info, "address": address}
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def active_sessions(self) -> int:
-        return len(self._engine.sessions) if self._engine else 0
-
-    def sessions_started(self) -> int:
-        return self._engine.sessions.started if self._engine else 0
-
-    def batch_stats(self) -> dict:
-        """Cumulative forward passes, rows verified and the largest batch (this rank)."""
-        return self._engine.stats.as_dict() if self._engine else {}

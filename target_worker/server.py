@@ -6,8 +6,8 @@ TP rank), each row rejection-sampled on its own.
 from __future__ import annotations
 
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
-from target_worker.batching import Batcher
-from target_worker.grpc_server import EngineRunner, answer
+from engine.batching import Batcher
+from engine.worker_server import EngineRunner, answer
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
 
 

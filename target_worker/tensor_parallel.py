@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from protos.specpool.v1 import worker_pb2
-from target_worker.sessions import SessionLost
+from engine.sessions import SessionLost
 
 VERIFY_BATCH, RELEASE = 1, 2
 _REQUEST_TYPES = {VERIFY_BATCH: worker_pb2.VerifyBatch, RELEASE: worker_pb2.ReleaseRequest}

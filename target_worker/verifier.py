@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
-from target_worker.batching import BatchStats, forward_groups, only_answer
-from target_worker.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
-from target_worker.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample
-from target_worker.sessions import SessionStore, open_sessions
+from engine.batching import BatchStats, forward_groups, only_answer
+from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
+from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample
+from engine.sessions import SessionStore, open_sessions
 
 
 def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, sampling: Sampling) -> torch.Tensor:

@@ -13,7 +13,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from protos.specpool.v1 import generation_pb2_grpc  # noqa: E402
-from router.config import config_from_dict  # noqa: E402
+from settings.schema import config_from_dict  # noqa: E402
 
 ALPHABET = "abcdefgh"
 
@@ -21,7 +21,7 @@ ALPHABET = "abcdefgh"
 @pytest.fixture(scope="session")
 def byte_pair(tmp_path_factory):
     """A byte-level random-init pair (vocab 257)."""
-    from target_worker.model_pair import PairSpec, ensure_pair
+    from engine.model_pair import PairSpec, ensure_pair
     draft, target = ensure_pair(tmp_path_factory.mktemp("pairs") / "bytes", PairSpec(seed=3, target_hidden=128))
     return str(draft), str(target)
 
@@ -29,7 +29,7 @@ def byte_pair(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
     """A pair over a 9-token vocabulary with peaked, different distributions: cheap to test exactly."""
-    from target_worker.model_pair import PairSpec, ensure_pair
+    from engine.model_pair import PairSpec, ensure_pair
     spec = PairSpec(alphabet=ALPHABET, seed=5, init_std=0.3, target_hidden=64, target_layers=2)
     draft, target = ensure_pair(tmp_path_factory.mktemp("pairs") / "tiny", spec)
     return str(draft), str(target)
@@ -66,7 +66,7 @@ class RunningService:
     """A specpool Service on its own event loop thread, as `specpool serve` runs it."""
 
     def __init__(self, config: dict):
-        from router.cli import Service
+        from router.service import Service
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

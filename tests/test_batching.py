@@ -15,8 +15,8 @@ import pytest
 import ray
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from target_worker.batching import Batcher
-from target_worker.sessions import SessionLost
+from engine.batching import Batcher
+from engine.sessions import SessionLost
 from tests.conftest import service_config
 
 PROMPTS = [[72, 101, 108], [10, 200, 3, 77, 150, 42, 9, 1, 2, 3, 4, 5, 6], [33], [5, 6, 7, 8, 9, 10, 11],

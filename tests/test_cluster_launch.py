@@ -116,7 +116,7 @@ def replicas_per_node(node_resources: dict, demand: dict) -> int:
 
 
 def test_serve_cluster_pools_fit_node_types(cluster):
-    from router.config import load_config
+    from settings.schema import load_config
     serve = load_config(SERVE_CLUSTER_FILE)
     assert serve.ray.address == "auto"
     config = prepared(cluster)

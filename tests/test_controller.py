@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from router.controller import ControllerConfig, KController, expected_tokens, round_time
+from router.controller import KController, expected_tokens, round_time
+from settings.schema import ControllerConfig
 
 K_MAX = 8
 ROUNDS = 3000                  # rounds of a stationary trace

@@ -5,7 +5,7 @@ import torch
 
 from draft_worker.proposer import DraftEngine
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from target_worker.sampling import Sampling, logits_to_probs
+from engine.sampling import Sampling, logits_to_probs
 from target_worker.verifier import TargetEngine, draft_probs_from_hidden
 
 PROMPT = [0, 1, 2, 3, 4]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from router.config import ConfigError, config_from_dict, load_config
+from settings.schema import ConfigError, config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,8 +1,8 @@
-"""Properties of the rejection sampler (target_worker.sampling), in the paper's vocabulary."""
+"""Properties of the rejection sampler (engine.sampling), in the paper's vocabulary."""
 import pytest
 import torch
 
-from target_worker.sampling import (STREAM_TARGET, Sampling, generator, greedy_match, logits_to_probs, match_sample,
+from engine.sampling import (STREAM_TARGET, Sampling, generator, greedy_match, logits_to_probs, match_sample,
                                     one_hot_draft_probs, rejection_sample, sample)
 from tests.distribution import chi_square_p_value
 

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from protos.specpool.v1 import generation_pb2, generation_pb2_grpc
-from router.config import ConfigError, config_from_dict
+from settings.schema import ConfigError, config_from_dict
 from tests.conftest import service_config
 
 

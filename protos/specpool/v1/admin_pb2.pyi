@@ -5,10 +5,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ReloadRequest(_message.Message):
-    __slots__ = ("config_yaml",)
+    __slots__ = ("config_yaml", "config_dir")
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_DIR_FIELD_NUMBER: _ClassVar[int]
     config_yaml: str
-    def __init__(self, config_yaml: _Optional[str] = ...) -> None: ...
+    config_dir: str
+    def __init__(self, config_yaml: _Optional[str] = ..., config_dir: _Optional[str] = ...) -> None: ...
 
 class ReloadResponse(_message.Message):
     __slots__ = ("speculation_yaml",)

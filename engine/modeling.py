@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from target_worker.sessions import Session
+from engine.sessions import Session
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

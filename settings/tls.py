@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 
-from target_worker.config import TlsConfig
+from settings.schema import TlsConfig
 
 
 def _read(path: str) -> bytes | None:

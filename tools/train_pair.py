@@ -1,6 +1,6 @@
 """Train a small draft/target Llama pair offline on the Python standard library's own sources.
 
-    python -m target_worker.train_pair --out deploy/models/demo-pair
+    python -m tools.train_pair --out deploy/models/demo-pair
 
 Nothing is downloaded: the training text is the `.py` files of the running interpreter's standard
 library (sorted; test folders, test_*.py and site-packages skipped; every `heldout_every`-th file
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from target_worker.model_pair import EOS_TOKEN, PairSpec, _llama_config, build_tokenizer
+from engine.model_pair import EOS_TOKEN, PairSpec, build_tokenizer, new_llama
 
 SKIP_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
 
@@ -149,16 +149,10 @@ def get_batch(stream, cfg: TrainConfig, gen):
 # ----------------------------------------------------------------------------- models and training
 
 def build_model(cfg: TrainConfig, tokenizer, role: str):
-    import torch
-    from transformers import LlamaForCausalLM
-
     hidden, layers, heads = (getattr(cfg, f"{role}_{k}") for k in ("hidden", "layers", "heads"))
     spec = PairSpec(kv_heads=cfg.kv_heads, max_positions=cfg.max_positions)
-    torch.manual_seed(cfg.seed + (0 if role == "target" else 1))
-    eos = tokenizer.eos_token_id
-    model = LlamaForCausalLM(_llama_config(len(tokenizer), hidden, layers, heads, spec, eos))
-    model.generation_config.pad_token_id = eos
-    return model
+    return new_llama(len(tokenizer), hidden, layers, heads, spec, tokenizer.eos_token_id,
+                     seed=cfg.seed + (0 if role == "target" else 1))
 
 
 def n_params(model) -> int:

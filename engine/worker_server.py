@@ -9,7 +9,7 @@ from typing import Awaitable, Callable
 
 import grpc
 
-from target_worker.sessions import SessionLost
+from engine.sessions import SessionLost
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

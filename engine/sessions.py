@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from target_worker.sampling import Sampling
+from engine.sampling import Sampling
 
 
 class SessionLost(Exception):

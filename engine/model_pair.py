@@ -4,7 +4,7 @@ Nothing here downloads anything: the tokenizer is built in memory (byte-level, o
 character alphabet for tests) and the models are Llama-architecture, random-initialised.
 Real deployments point the config at real model folders or hub IDs instead.
 
-    python -m target_worker.model_pair --out ~/.cache/specpool/random-pair
+    python -m engine.model_pair --out ~/.cache/specpool/random-pair
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def build_tokenizer(alphabet: str | None):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN)
 
 
-def _llama_config(vocab_size: int, hidden: int, layers: int, heads: int, spec: PairSpec, eos: int):
+def llama_config(vocab_size: int, hidden: int, layers: int, heads: int, spec: PairSpec, eos: int):
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -72,11 +72,19 @@ def _llama_config(vocab_size: int, hidden: int, layers: int, heads: int, spec: P
     )
 
 
-def build_pair(out_dir: str | os.PathLike, spec: PairSpec = PairSpec()) -> tuple[Path, Path]:
-    """Write `out_dir/draft` and `out_dir/target` (model + tokenizer). Returns their paths."""
+def new_llama(vocab_size: int, hidden: int, layers: int, heads: int, spec: PairSpec, eos: int, seed: int):
+    """A random-initialised LlamaForCausalLM of that shape (the demo pair's training script starts from it)."""
     import torch
     from transformers import LlamaForCausalLM
 
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(llama_config(vocab_size, hidden, layers, heads, spec, eos))
+    model.generation_config.pad_token_id = eos
+    return model
+
+
+def build_pair(out_dir: str | os.PathLike, spec: PairSpec = PairSpec()) -> tuple[Path, Path]:
+    """Write `out_dir/draft` and `out_dir/target` (model + tokenizer). Returns their paths."""
     out = Path(out_dir)
     tokenizer = build_tokenizer(spec.alphabet)
     vocab_size = len(tokenizer)
@@ -85,9 +93,7 @@ def build_pair(out_dir: str | os.PathLike, spec: PairSpec = PairSpec()) -> tuple
               "target": (spec.target_hidden, spec.target_layers, spec.target_heads)}
     paths = []
     for i, (name, (hidden, layers, heads)) in enumerate(shapes.items()):
-        torch.manual_seed(spec.seed * 2 + i)
-        model = LlamaForCausalLM(_llama_config(vocab_size, hidden, layers, heads, spec, eos))
-        model.generation_config.pad_token_id = eos
+        model = new_llama(vocab_size, hidden, layers, heads, spec, eos, seed=spec.seed * 2 + i)
         path = out / name
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)

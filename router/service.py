@@ -1,0 +1,87 @@
+"""The composition root: a running specpool is its public server, its worker pools on Ray and the Router
+that joins them. The CLI, the tests and the benchmarks all start one through `Service`.
+
+    service = await Service(load_config("deploy/local.yaml")).start()   # ... await service.stop()
+"""
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+from pathlib import Path
+
+from settings.schema import SpecpoolConfig, read_yaml
+
+
+def build_router(config: SpecpoolConfig, pools):
+    from router.launch import launch_more, recover_draft, recover_target
+    from router.server import Router
+    from router.text import load_tokenizer
+    from router.worker_client import DraftClient, TargetClient
+
+    timeout, ready, host = config.router.worker_timeout_s, config.router.ready_timeout_s, config.ray.node_ip or None
+    drafts = [DraftClient(address, timeout, partial(recover_draft, actor, host, ready), config.tls)
+              for address, actor in zip(pools.draft_addresses, pools.draft_actors)]
+    targets = [TargetClient(address, timeout, partial(recover_target, ranks, host, ready), config.tls)
+               for address, ranks in zip(pools.target_addresses, pools.target_actors)]
+
+    def scale_up(pool: str, count: int) -> list:
+        """Start `count` more replicas of a pool through Ray (blocking); factories of their clients,
+        to be called on the event loop."""
+        if pool == "draft":
+            actors = launch_more(config, pools, "draft", count, ready)
+            return [partial(DraftClient, pools.draft_addresses[-count + i], timeout,
+                            partial(recover_draft, a, host, ready), config.tls) for i, a in enumerate(actors)]
+        groups = launch_more(config, pools, "target", count, ready)
+        return [partial(TargetClient, pools.target_addresses[-count + i], timeout,
+                        partial(recover_target, g, host, ready), config.tls) for i, g in enumerate(groups)]
+    return Router(config, drafts, targets, pools.target_info, load_tokenizer(pools.target_info["model_path"]),
+                  scale_up=scale_up)
+
+
+class Service:
+    """A running specpool: public server up at once (NOT_SERVING), pools launched, then SERVING."""
+
+    def __init__(self, config: SpecpoolConfig):
+        self.config = config
+        self.server = self.port = self.pools = self.router = self.metrics_port = self.health = None
+
+    async def start(self) -> "Service":
+        from router import launch
+        from router.server import mark_ready, start_public_server
+        from settings.tls import server_credentials
+
+        credentials = server_credentials(self.config.tls, self.config.tls.client_auth)
+        self.server, self.port, servicer, self.health = await start_public_server(
+            self.config.router.host, self.config.router.port, credentials)
+        print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until pools are ready)",
+              flush=True)
+        await asyncio.to_thread(launch.connect, self.config)
+        self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s)
+        self.router = build_router(self.config, self.pools)
+        if self.config.router.metrics_port >= 0:
+            self.metrics_port = self.router.metrics.serve(self.config.router.host, self.config.router.metrics_port)
+            print(f"[specpool] metrics on http://{self.config.router.host}:{self.metrics_port}/metrics", flush=True)
+        await mark_ready(servicer, self.health, self.router)
+        print(f"[specpool] SERVING: {len(self.pools.draft_addresses)} draft, {len(self.pools.target_addresses)} "
+              f"target replica(s) (TP={self.config.target.tensor_parallel_size})", flush=True)
+        return self
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Health NOT_SERVING, refuse new requests, give in-flight ones `grace` seconds, stop the pools."""
+        if self.health:
+            await self.health.enter_graceful_shutdown()
+        if self.server:
+            await self.server.stop(grace)
+        if self.router:
+            await self.router.close()
+        if self.pools:
+            await asyncio.to_thread(self.pools.shutdown)
+
+
+async def reload_from_file(service: Service, path: str) -> None:
+    """SIGHUP: re-read the config file and apply it (or keep the running config)."""
+    try:
+        await service.router.reload(read_yaml(path) or {}, str(Path(path).parent))
+        print(f"[specpool] reloaded {path}: {service.router.config.speculation}", flush=True)
+    except ValueError as exc:       # ConfigError (bad file or value) and RestartRequired
+        print(f"[specpool] reload of {path} refused, running config kept: {exc}", flush=True)

@@ -1,0 +1,297 @@
+"""specpool's YAML config schema: one dataclass per section, validated at load. The router and both
+worker pools read it (workers get their section as a dict of these fields).
+
+    specpool serve --config deploy/local.yaml
+
+An unknown key or a bad value raises ConfigError naming it (e.g. "draft.replicas: must be >= 1").
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+DRAFT_SAMPLING_MODES = ("greedy", "sampled")
+POLICIES = ("fixed", "threshold", "goodput")
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown or out of range; the message names the key."""
+
+
+@dataclass
+class PoolConfig:
+    model: str = ""                 # HF model folder, hub ID, or builtin:random-pair/{draft,target}
+    replicas: int = 1
+    dtype: str = "float32"
+    device: str = "cpu"             # "cpu" or "cuda"
+    num_gpus: float = 0.0           # GPUs per actor (per rank for the target)
+    num_cpus: float = 1.0           # logical CPUs Ray reserves per actor
+    resources: dict = field(default_factory=dict)   # Ray custom resources that pick this pool's nodes
+    num_threads: int = 0            # torch intra-op threads per actor (0: torch's default)
+    max_sessions: int = 256         # KV caches held per worker (LRU beyond that)
+    max_batch_size: int = 16        # calls run as one batched forward (1: no batching)
+    batch_wait_ms: float = 0.0      # after a call arrives at an idle worker, wait this long for more to batch
+                                    # with it (calls arriving while a batch runs always join the next one)
+
+    def validate(self, section: str) -> None:
+        checks = [
+            (bool(self.model), "model", "must name a model folder or hub ID"),
+            (self.replicas >= 1, "replicas", "must be >= 1"),
+            (self.dtype in DTYPE_NAMES, "dtype", f"must be one of {DTYPE_NAMES}"),
+            (self.device == "cpu" or self.device.startswith("cuda"), "device", "must be 'cpu' or 'cuda'"),
+            (self.num_gpus >= 0, "num_gpus", "must be >= 0"),
+            (self.num_cpus >= 0, "num_cpus", "must be >= 0"),
+            (self.num_threads >= 0, "num_threads", "must be >= 0"),
+            (self.max_sessions >= 1, "max_sessions", "must be >= 1"),
+            (self.max_batch_size >= 1, "max_batch_size", "must be >= 1"),
+            (0 <= self.batch_wait_ms <= 1000, "batch_wait_ms", "must be in [0, 1000]"),
+            (all(isinstance(v, (int, float)) for v in self.resources.values()), "resources",
+             "must map resource names to numbers"),
+        ]
+        for ok, key, message in checks:
+            if not ok:
+                raise ConfigError(f"{section}.{key}: {message} (got {getattr(self, key)!r})")
+
+
+@dataclass
+class TargetConfig(PoolConfig):
+    model: str = "builtin:random-pair/target"
+    tensor_parallel_size: int = 1   # ranks per target replica, packed on one node
+
+    def validate(self, section: str = "target") -> None:
+        super().validate(section)
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"{section}.tensor_parallel_size: must be >= 1 (got {self.tensor_parallel_size!r})")
+
+
+@dataclass
+class TlsConfig:
+    """The `tls:` section: TLS on the public port and (mutual) TLS on router <-> worker channels.
+    Paths must exist on every node that reads them (router and workers)."""
+    cert: str = ""                  # PEM certificate chain of this deployment ("": TLS off)
+    key: str = ""                   # its PEM private key
+    ca: str = ""                    # PEM CA bundle that signed the peers' certificates
+    client_auth: bool = False       # public port: require client certificates (mutual TLS)
+    internal: bool = True           # router <-> workers over mutual TLS (both present `cert`)
+    server_name: str = ""           # name to check in worker certificates ("": their address)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert)
+
+    def validate(self, section: str = "tls") -> None:
+        if bool(self.cert) != bool(self.key):
+            raise ConfigError(f"{section}.key: cert and key go together (cert={self.cert!r}, key={self.key!r})")
+        if self.enabled and not self.ca and (self.internal or self.client_auth):
+            raise ConfigError(f"{section}.ca: needed to verify peers when internal or client_auth is on")
+        for key in ("cert", "key", "ca"):
+            path = getattr(self, key)
+            if path and not os.path.isfile(os.path.expanduser(path)):
+                raise ConfigError(f"{section}.{key}: no such file {path!r}")
+
+
+@dataclass
+class DraftConfig(PoolConfig):
+    model: str = "builtin:random-pair/draft"
+
+    def validate(self, section: str = "draft") -> None:
+        super().validate(section)
+
+
+@dataclass
+class ControllerConfig:
+    policy: str = "goodput"          # fixed | threshold | goodput
+    k: int = 4                       # the fixed K, and the starting K of the adaptive policies
+    k_min: int = 0                   # smallest K an adaptive policy chooses (0: plain target decoding)
+    k_max: int = 8                   # largest K an adaptive policy chooses; positions tracked: 0..k_max-1
+    window: int = 128                # rounds in the rolling acceptance statistics
+    min_samples: int = 32            # ... but keep at least this many rounds with K > 0 (sparse data, e.g. at K = 0)
+    prior_acceptance: float = 0.5    # acceptance assumed before any data (prior of the pooled rate)
+    prior_weight: float = 8.0        # pseudo-outcomes shrinking each a_j towards the pooled rate (and it to the prior)
+    change_recent: int = 16          # rounds (with K > 0) in the change test's recent part
+    change_z: float = 4.5            # forget older rounds when a_0 over the recent part differs by this many
+                                     # standard errors from the rest of the window (0: no change test)
+    cost_window: int = 256           # effective length in rounds of the exponentially weighted timing estimates
+    load_window: int = 8             # ... and of the load estimate (rows per target forward), which moves faster
+    # threshold policy
+    raise_above: float = 0.8         # K += 1 when the acceptance rate since the last step is above this
+    lower_below: float = 0.4         # K -= 1 when it is below this
+    adjust_every: int = 16           # rounds between two threshold steps
+    # goodput policy
+    warmup_rounds: int = 16          # rounds observed at K = k before the model decides (and before probing)
+    hysteresis: float = 0.01         # switch only if the best K's modeled goodput beats the current K's by this
+    # probing (threshold and goodput)
+    probe_every: int = 8             # mean rounds between probes; 0 disables probing
+    random_probe: float = 0.05       # chance that a probe tries a uniformly random other K instead of K+1
+
+    def validate(self, section: str = "speculation") -> None:
+        """Raise ConfigError naming the first bad key, e.g. 'speculation.k_max: must be >= k_min=2 (got 1)'."""
+        if self.policy not in POLICIES:
+            raise ConfigError(f"{section}.policy: must be one of {POLICIES} (got {self.policy!r})")
+        checks = (
+            ("k_min", self.k_min >= 0, "must be >= 0"),
+            ("k_max", self.k_max >= self.k_min, f"must be >= k_min={self.k_min}"),
+            ("k", self.k_min <= self.k <= self.k_max, f"must be in [k_min, k_max] = [{self.k_min}, {self.k_max}]"),
+            ("window", self.window >= 1, "must be >= 1"),
+            ("min_samples", self.min_samples >= 0, "must be >= 0"),
+            ("prior_acceptance", 0.0 <= self.prior_acceptance <= 1.0, "must be in [0, 1]"),
+            ("prior_weight", self.prior_weight >= 0, "must be >= 0"),
+            ("change_recent", self.change_recent >= 1, "must be >= 1"),
+            ("change_z", self.change_z >= 0, "must be >= 0"),
+            ("cost_window", self.cost_window >= 1, "must be >= 1"),
+            ("load_window", self.load_window >= 1, "must be >= 1"),
+            ("raise_above", 0.0 <= self.raise_above <= 1.0, "must be in [0, 1]"),
+            ("lower_below", 0.0 <= self.lower_below <= self.raise_above,
+             f"must be in [0, raise_above={self.raise_above}]"),
+            ("adjust_every", self.adjust_every >= 1, "must be >= 1"),
+            ("warmup_rounds", self.warmup_rounds >= 0, "must be >= 0"),
+            ("hysteresis", self.hysteresis >= 0, "must be >= 0"),
+            ("probe_every", self.probe_every >= 0, "must be >= 0"),
+            ("random_probe", 0.0 <= self.random_probe <= 1.0, "must be in [0, 1]"),
+        )
+        for key, ok, rule in checks:
+            if not ok:
+                raise ConfigError(f"{section}.{key}: {rule} (got {getattr(self, key)!r})")
+
+
+@dataclass
+class RouterConfig:
+    host: str = "127.0.0.1"          # interface the public gRPC server binds
+    port: int = 50051
+    worker_timeout_s: float = 30.0   # per router -> worker call
+    ready_timeout_s: float = 600.0   # how long serve waits for every pool to load
+    metrics_port: int = -1           # Prometheus /metrics on router.host (-1: off, 0: any free port)
+    max_active_requests: int = 64    # requests generating at once; more wait in the admission queue
+    max_queued_requests: int = 256   # beyond this, RESOURCE_EXHAUSTED at once
+    max_prompt_tokens: int = 0       # size cap on prompts (0: the model's context)
+    max_new_tokens: int = 4096       # size cap on outputs (0: the model's context)
+    shutdown_grace_s: float = 30.0   # on SIGTERM: how long in-flight requests may take to finish
+    target_recovery_s: float = 60.0  # how long a request waits for a failed target to come back
+
+    def validate(self, section: str = "router") -> None:
+        for key in ("port", "metrics_port"):
+            if not -1 <= getattr(self, key) <= 65535 or (key == "port" and self.port < 0):
+                raise ConfigError(f"{section}.{key}: must be a port number (got {getattr(self, key)!r})")
+        for key in ("worker_timeout_s", "ready_timeout_s", "max_active_requests", "shutdown_grace_s",
+                    "target_recovery_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{section}.{key}: must be > 0 (got {getattr(self, key)!r})")
+        for key in ("max_queued_requests", "max_prompt_tokens", "max_new_tokens"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{section}.{key}: must be >= 0 (got {getattr(self, key)!r})")
+
+
+@dataclass
+class SpeculationConfig(ControllerConfig):
+    """The K controller's knobs (router/controller.py) plus how drafts are sampled."""
+    draft_sampling: str = "greedy"   # greedy: q one-hot, IDs only; sampled: draft samples, sends hidden states
+
+    def validate(self, section: str = "speculation") -> None:
+        super().validate(section)
+        if self.draft_sampling not in DRAFT_SAMPLING_MODES:
+            raise ConfigError(f"{section}.draft_sampling: must be one of {DRAFT_SAMPLING_MODES} "
+                              f"(got {self.draft_sampling!r})")
+
+
+@dataclass
+class RayConfig:
+    address: str = ""                # "" starts a local Ray instance; "auto" or host:port joins a cluster
+    namespace: str = "specpool"
+    node_ip: str = ""                # address workers bind and advertise ("": their Ray node's IP);
+                                     # 127.0.0.1 keeps a single-machine deployment on loopback
+    num_cpus: int = 0                # local instance only: logical CPUs (0: Ray's default)
+    resources: dict = field(default_factory=dict)   # local instance only: custom resources to declare
+
+    def validate(self, section: str = "ray") -> None:
+        if self.num_cpus < 0:
+            raise ConfigError(f"{section}.num_cpus: must be >= 0 (got {self.num_cpus!r})")
+
+
+@dataclass
+class SpecpoolConfig:
+    router: RouterConfig = field(default_factory=RouterConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+
+
+def _coerce(value, kind, key: str):
+    """Check one scalar against its dataclass field type; ints are accepted where floats are."""
+    origin = typing.get_origin(kind) or kind
+    if origin is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: must be a mapping (got {value!r})")
+        return dict(value)
+    if not isinstance(value, origin) or (origin is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: must be {origin.__name__} (got {value!r})")
+    return value
+
+
+def _build(cls, data: dict, prefix: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: must be a mapping (got {data!r})")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown key (known: {', '.join(sorted(names))})")
+    kwargs = {}
+    for name, value in data.items():
+        kind = hints[name]
+        if dataclasses.is_dataclass(kind):
+            kwargs[name] = _build(kind, value or {}, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, kind, prefix + name)
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict) -> SpecpoolConfig:
+    """Build and validate a config from its parsed YAML, with model paths taken as they are."""
+    config = _build(SpecpoolConfig, data or {}, "")
+    for section in dataclasses.fields(SpecpoolConfig):
+        getattr(config, section.name).validate(section.name)
+    return config
+
+
+def parse_config(data, base_dir: str | os.PathLike | None) -> SpecpoolConfig:
+    """The one way a YAML document becomes a config: `load_config`, `specpool reload` and SIGHUP all come
+    here, so a relative model path means the same folder (next to the YAML file, `base_dir`) everywhere."""
+    return config_from_dict(with_model_paths_from(data, Path(base_dir)) if base_dir is not None else data)
+
+
+def load_config(path: str | os.PathLike) -> SpecpoolConfig:
+    return parse_config(read_yaml(path), Path(path).parent)
+
+
+def read_yaml(path: str | os.PathLike):
+    """The parsed YAML document at `path`; an unreadable file or bad YAML is a ConfigError naming it."""
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from exc
+
+
+def with_model_paths_from(data, folder: Path):
+    """A relative model path that names a folder next to the YAML file is read from there (so a config
+    works from any directory); anything else (hub IDs, builtin: pairs, absolute paths) is left alone."""
+    for section in ("draft", "target"):
+        pool = data.get(section) if isinstance(data, dict) else None
+        model = pool.get("model") if isinstance(pool, dict) else None
+        if isinstance(model, str) and model and not Path(model).is_absolute() and (folder / model).is_dir():
+            pool["model"] = str((folder / model).resolve())
+    return data
+
+
+def config_to_yaml(config) -> str:
+    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)

@@ -1,0 +1,1 @@
+"""Build tools that are not part of any runtime (the demo pair's training script)."""
