@@ -44,28 +44,57 @@ import itertools
 import math
 import random
 from collections import deque
+from dataclasses import dataclass
 
 from settings.schema import ControllerConfig
 
 _RIDGE = 0.01          # added to the variance of forward tokens in the t_verify fit: slope -> 0 while one size was seen
 _MIN_TIME = 1e-12      # floor of T(K), so a model with no timings yet never divides by zero
-_COST_KEYS = ("w", "x", "y", "xx", "xy", "rtt_target", "load", "load_w", "dw", "draft_s", "draft_k", "rtt_draft")
+_COST_KEYS = ("w", "x", "y", "xx", "xy", "rtt_target", "load", "load_w", "dw", "draft_s", "draft_k", "rtt_draft",
+              "guess_tries", "guess_hits")
+
+
+@dataclass
+class RoundTimings:
+    """What one round cost (seconds) and the target's load, as the router measured them."""
+    draft_seconds: float = 0.0               # the draft worker's compute for this round's drafts
+    draft_tokens: int | None = None          # tokens that compute drafted (None: K; a pre-draft drafts K + 1)
+    draft_rtt_seconds: float | None = None   # the rest of the draft call (None: same as rtt_seconds)
+    verify_seconds: float = 0.0              # the target's compute for the verify pass
+    rtt_seconds: float = 0.0                 # the rest of the verify call (router <-> target round trip)
+    batch_size: int = 1                      # rows of the target forward that verified this round
+    batch_tokens: int = 0                    # tokens in that forward (0: this round alone, K + 1)
+    queue_depth: int = 0                     # verify calls waiting at the target meanwhile
+    guess_hit: bool | None = None            # overlap, all K accepted: was the pre-draft's guess of the
+                                             # target's next token right (None: no pre-draft was out)
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
     """E[K] = sum_{i=0..K} prod_{j<i} a_j; positions past the end of `rates` reuse its last rate."""
-    total, survive = 1.0, 1.0
+    return sum(all_accepted(rates, i) for i in range(k + 1))
+
+
+def all_accepted(rates: list[float], k: int) -> float:
+    """P(all K drafts accepted) = prod_{j<K} a_j; positions past the end of `rates` reuse its last rate."""
+    survive = 1.0
     for j in range(k):
         survive *= rates[min(j, len(rates) - 1)] if rates else 0.0
-        total += survive
-    return total
+    return survive
 
 
-def round_time(k: int, costs: dict) -> float:
-    """T(K) = [K>0] * (K * t_draft + rtt_draft) + a + b * load * (K + 1) + rtt_target, from a costs() dict."""
+def round_time(k: int, costs: dict, hit: float | None = None) -> float:
+    """T(K) from a costs() dict. Sequential (hit None): draft path + verify path, where the draft path is
+    [K>0] * (K * t_draft + rtt_draft) and the verify path a + b * load * (K + 1) + rtt_target.
+    Overlapped, with `hit` = h(K) the chance that a round's drafts were pre-drafted while the previous round
+    verified: every round waits for the longer of its verify and the pre-draft of K + 1 tokens running beside
+    it, and only a miss (1 - h) pays the draft path on the critical path."""
     draft = k * costs["t_draft"] + costs["rtt_draft"] if k > 0 else 0.0
-    verify = max(costs["t_verify_a"] + costs["t_verify_b"] * costs.get("load", 1.0) * (k + 1), 0.0)
-    return max(draft + verify + costs["rtt_target"], _MIN_TIME)
+    verify = max(costs["t_verify_a"] + costs["t_verify_b"] * costs.get("load", 1.0) * (k + 1), 0.0) \
+        + costs["rtt_target"]
+    if hit is None or k == 0:
+        return max(draft + verify, _MIN_TIME)
+    predraft = draft + costs["t_draft"]
+    return max(max(verify, predraft) + (1.0 - hit) * draft, _MIN_TIME)
 
 
 def _decay_add(sums: dict, decay: float, **values: float) -> None:
@@ -140,24 +169,14 @@ class KController:
             return probe
         return self._k
 
-    def observe(self, k: int, num_accepted: int, draft_seconds: float = 0.0, verify_seconds: float = 0.0,
-                rtt_seconds: float = 0.0, draft_rtt_seconds: float | None = None, batch_size: int = 1,
-                batch_tokens: int = 0, queue_depth: int = 0) -> None:
-        """Record one round: K drafted, how many were accepted, its timings in seconds and the target's load.
-
-        draft_seconds / verify_seconds: compute time of the draft's K tokens and of the target's verify pass;
-        rtt_seconds: the rest of the target call (router <-> target round trip); draft_rtt_seconds: the same for
-        the draft call (None: same as rtt_seconds). batch_size / batch_tokens: rows and tokens of the target
-        forward that verified this round (0 tokens: this round alone, K + 1); queue_depth: verify calls waiting
-        at the target meanwhile. Positions >= k_max are not tracked.
-        """
+    def observe(self, k: int, num_accepted: int, timings: RoundTimings | None = None) -> None:
+        """Record one round: K drafted, how many were accepted, and what it cost (RoundTimings).
+        Positions >= k_max are not tracked."""
         if k < 0 or not 0 <= num_accepted <= k:
             raise ValueError(f"observe: need 0 <= num_accepted <= k (got k={k}, num_accepted={num_accepted})")
         self._rounds += 1
         self._record_acceptance(k, num_accepted)
-        self._record_costs(k, draft_seconds, verify_seconds, rtt_seconds,
-                           rtt_seconds if draft_rtt_seconds is None else draft_rtt_seconds,
-                           batch_tokens or k + 1, max(batch_size, 1) + queue_depth)
+        self._record_costs(k, timings if timings is not None else RoundTimings())
 
     def acceptance(self) -> list[float]:
         """Estimated a_j for j in 0..k_max-1, each shrunk towards the rate pooled over all positions."""
@@ -178,10 +197,28 @@ class KController:
                 "rtt_target": c["rtt_target"] / c["w"] if c["w"] > 0 else 0.0,
                 "load": c["load"] / c["load_w"] if c["load_w"] > 0 else 1.0}
 
+    def guess_rate(self) -> float:
+        """P(the pre-draft's guess of the target's next token is right | all K drafts accepted): learned from
+        the overlapped rounds, shrunk with `prior_weight` towards the pooled acceptance (the guess is one more
+        draft position)."""
+        weight, c = self.config.prior_weight, self._cost
+        attempts, accepts = sum(self._attempts), sum(self._accepts)
+        pooled = (accepts + weight * self.config.prior_acceptance) / (attempts + weight) if attempts + weight else 0.5
+        tries = c["guess_tries"] + weight
+        return (c["guess_hits"] + weight * pooled) / tries if tries > 0 else pooled
+
+    def hit_rate(self, k: int, rates: list[float] | None = None) -> float:
+        """h(K): the chance that the next round's drafts are already pre-drafted when this round's verdict
+        comes back: all K drafts accepted and the guess of the next token right."""
+        rates = self.acceptance() if rates is None else rates
+        return all_accepted(rates, k) * self.guess_rate()
+
     def goodput_curve(self) -> dict[int, float]:
-        """Modeled goodput E[K] / T(K) (tokens per second) for each K in [k_min, k_max]."""
+        """Modeled goodput E[K] / T(K) (tokens per second) for each K in [k_min, k_max]; with overlap on,
+        T(K) counts the draft path only on a miss (1 - h(K))."""
         rates, costs = self.acceptance(), self.costs()
-        return {k: expected_tokens(rates, k) / round_time(k, costs)
+        overlap = self.config.overlap
+        return {k: expected_tokens(rates, k) / round_time(k, costs, self.hit_rate(k, rates) if overlap else None)
                 for k in range(self.config.k_min, self.config.k_max + 1)}
 
     def snapshot(self) -> dict:
@@ -190,6 +227,7 @@ class KController:
                 "acceptance": [round(a, 4) for a in self.acceptance()],
                 "samples": list(self._attempts),
                 "costs": self.costs(),
+                "overlap": {"guess_rate": self.guess_rate(), "hit_rate": self.hit_rate(self.k)},
                 "goodput": {str(k): g for k, g in self.goodput_curve().items()}}
 
     def update_config(self, config: ControllerConfig) -> None:
@@ -273,15 +311,19 @@ class KController:
             self._attempts[j] += sign
             self._accepts[j] += sign * (j < accepted)
 
-    def _record_costs(self, k: int, draft_s: float, verify_s: float, rtt_s: float, draft_rtt_s: float,
-                      tokens: int, load: float) -> None:
+    def _record_costs(self, k: int, t: RoundTimings) -> None:
         decay = 1.0 - 1.0 / self.config.cost_window
+        tokens, verify_s = t.batch_tokens or k + 1, t.verify_seconds
         _decay_add(self._cost, decay, w=1.0, x=tokens, y=verify_s, xx=tokens * tokens, xy=tokens * verify_s,
-                   rtt_target=rtt_s)
+                   rtt_target=t.rtt_seconds)
         load_decay = 1.0 - 1.0 / self.config.load_window
-        _decay_add(self._cost, load_decay, load=load, load_w=1.0)
-        if k > 0:
-            _decay_add(self._cost, decay, dw=1.0, draft_s=draft_s, draft_k=k, rtt_draft=draft_rtt_s)
+        _decay_add(self._cost, load_decay, load=max(t.batch_size, 1) + t.queue_depth, load_w=1.0)
+        drafted = k if t.draft_tokens is None else t.draft_tokens
+        if drafted > 0:
+            rtt_draft = t.rtt_seconds if t.draft_rtt_seconds is None else t.draft_rtt_seconds
+            _decay_add(self._cost, decay, dw=1.0, draft_s=t.draft_seconds, draft_k=drafted, rtt_draft=rtt_draft)
+        if t.guess_hit is not None:
+            _decay_add(self._cost, decay, guess_tries=1.0, guess_hits=float(t.guess_hit))
 
     def _resize_positions(self) -> None:
         """Size the per-position counts for k_max and recount them from the window of rounds."""

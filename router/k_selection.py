@@ -35,15 +35,16 @@ class KSelector:
             return own.choose_k()
         return self.pool.choose_k()
 
+    @property
+    def overlap(self) -> bool:
+        """Whether rounds pre-draft the next one while the target verifies (speculation.overlap)."""
+        return self.config.overlap
+
     def observe(self, state: RequestState, round_: Round) -> None:
-        timings = dict(draft_seconds=round_.draft_seconds, verify_seconds=round_.verify_seconds,
-                       rtt_seconds=round_.rtt_seconds, draft_rtt_seconds=round_.draft_rtt_seconds,
-                       batch_size=round_.batch_size, batch_tokens=round_.batch_tokens,
-                       queue_depth=round_.queue_depth)
-        self.pool.observe(round_.k, round_.accepted, **timings)
+        self.pool.observe(round_.k, round_.accepted, round_.timings)
         if state.controller is not None:
-            state.controller.observe(round_.k, round_.accepted, **timings)
-        self.metrics.observe_round(round_.k, round_.accepted, round_.batch_size)
+            state.controller.observe(round_.k, round_.accepted, round_.timings)
+        self.metrics.observe_round(round_)
         self.metrics.k.set(self.pool.k)
 
     def update_config(self, config: ControllerConfig) -> None:

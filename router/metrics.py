@@ -25,6 +25,11 @@ class Metrics:
         self.accepted_per_pos = Counter("specpool_spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted, by draft position", ["position"], registry=r)
         self.target_passes = Counter("specpool_target_passes", "Target verification passes", registry=r)
+        self.predrafts = Counter("specpool_spec_decode_num_predrafts",
+                                 "Pre-drafts of the next round sent while the target verified", registry=r)
+        self.predraft_hits = Counter("specpool_spec_decode_num_predraft_hits",
+                                     "Rounds whose drafts a pre-draft had ready (no draft call on the critical path)",
+                                     registry=r)
         self.k = Gauge("specpool_spec_decode_k", "K the pool's controller currently chooses", registry=r)
         self.batch_size = Histogram("specpool_target_batch_size", "Rows in the target forward that verified a round",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
@@ -38,15 +43,18 @@ class Metrics:
         self.worker_sessions = Gauge("specpool_worker_active_sessions", "Sessions the router has open on a worker",
                                      ["pool", "address"], registry=r)
 
-    def observe_round(self, k: int, accepted: int, batch_size: int = 1) -> None:
+    def observe_round(self, round_) -> None:
+        """One round (router.speculation.Round)."""
         self.target_passes.inc()
-        self.batch_size.observe(batch_size)
-        if k == 0:
+        self.batch_size.observe(round_.timings.batch_size)
+        self.predrafts.inc(round_.predraft_sent)
+        self.predraft_hits.inc(round_.predrafted)
+        if round_.k == 0:
             return
         self.drafts.inc()
-        self.draft_tokens.inc(k)
-        self.accepted_tokens.inc(accepted)
-        for position in range(accepted):
+        self.draft_tokens.inc(round_.k)
+        self.accepted_tokens.inc(round_.accepted)
+        for position in range(round_.accepted):
             self.accepted_per_pos.labels(str(position)).inc()
 
     def observe_tokens(self, gap_seconds: float, tokens: int, first: bool) -> None:

@@ -5,6 +5,12 @@ the target worker runs one forward over its new tokens plus the K drafts and rej
 them, answering how many it accepted and the next token. The router commits those tokens and is
 the source of truth for them: each worker's `synced` count says how many committed tokens its
 cache holds, so a round sends only what is new, and a worker that lost its cache is re-prefilled.
+
+Overlap (draft-ahead). While the target verifies round r, the draft keeps going past r's drafts: it
+guesses the target's next token and drafts round r+1 after it. If the verdict accepts all of r's drafts
+and the guess is the target's token, round r+1's drafts are ready and its verify goes out at once; any
+other verdict cancels the pre-draft and r+1 drafts as usual. Drafts are only proposals, so this changes
+which tokens are proposed, never the distribution of what is committed.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from typing import AsyncIterator, Protocol
 import grpc
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
+from router.controller import RoundTimings
 from router.worker_client import DraftClient, TargetClient
 
 
@@ -49,29 +56,57 @@ class RequestState:
 
 
 @dataclass
+class Proposal:
+    """What a draft call produced: its tokens (and their hidden states in sampled mode) and what it cost."""
+    tokens: list[int] = field(default_factory=list)
+    hidden: bytes = b""
+    seconds: float = 0.0             # the draft worker's compute
+    rtt_seconds: float = 0.0         # the rest of the call
+
+    def after_guess(self) -> "Proposal":
+        """A pre-draft is [guess of the target's next token, next round's drafts...]: the drafts alone."""
+        row = len(self.hidden) // len(self.tokens) if self.tokens else 0
+        return Proposal(self.tokens[1:], self.hidden[row:], self.seconds, self.rtt_seconds)
+
+
+NO_DRAFTS = Proposal()
+
+
+@dataclass
 class Round:
-    """What one round did and what it cost (seconds), for the K controller and the metrics."""
-    k: int
+    """What one round did: the drafts it verified, how many of them the target accepted, the tokens it
+    committed to (the accepted drafts and the target's next token), and its costs for the K controller."""
+    drafts: list[int]
     accepted: int
-    tokens: list[int]
-    draft_seconds: float = 0.0       # the draft worker's compute
-    draft_rtt_seconds: float = 0.0   # the rest of the draft call
-    verify_seconds: float = 0.0      # the target worker's compute
-    rtt_seconds: float = 0.0         # the rest of the verify call
-    batch_size: int = 1              # rows in the target forward that verified this round
-    batch_tokens: int = 0            # tokens in that forward
-    queue_depth: int = 0             # verify calls waiting at the target meanwhile
+    committed: list[int]
+    timings: RoundTimings
+    predrafted: bool = False         # the drafts came from the previous round's pre-draft
+    predraft_sent: bool = False      # this round pre-drafted the next one while the target verified
+
+    @property
+    def k(self) -> int:
+        return len(self.drafts)
+
+
+@dataclass
+class PreDraft:
+    """A draft call out while the target verifies: past this round's drafts, a guess of the target's next
+    token and then the next round's drafts. If the verdict accepts every draft and the guess, the next
+    round's drafts are ready when the verdict comes back."""
+    task: asyncio.Task               # -> Proposal of 1 + next K tokens, or None (the draft is unreachable)
 
 
 class KPolicy(Protocol):
+    overlap: bool
     def choose_k(self, state: "RequestState") -> int: ...
     def observe(self, state: "RequestState", round_: Round) -> None: ...
 
 
-def clamp_k(state: RequestState, k: int) -> int:
-    """No drafts past max_new_tokens (a round commits up to K + 1) or past the context window."""
-    remaining = state.max_new_tokens - state.generated
-    room = state.max_context - len(state.tokens) - 1 if state.max_context else k
+def clamp_k(state: RequestState, k: int, ahead: int = 0) -> int:
+    """No drafts past max_new_tokens (a round commits up to K + 1) or past the context window, counting
+    `ahead` tokens not committed yet (a pre-draft is sized before this round's verdict)."""
+    remaining = state.max_new_tokens - state.generated - ahead
+    room = state.max_context - len(state.tokens) - ahead - 1 if state.max_context else k
     return max(0, min(k, remaining - 1, room))
 
 
@@ -82,51 +117,106 @@ def split_time(started: float, response) -> tuple[float, float]:
     return compute, total - compute
 
 
-async def propose(state: RequestState, draft: DraftClient, k: int, round_: Round) -> bytes:
-    """Fill round_.tokens with K drafts; returns their hidden states (sampled mode). A draft worker that
-    is unreachable costs this round its drafts, not the request: the round runs as plain decoding."""
-    if not draft.healthy:
-        return b""
+async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int], synced: int,
+                     k: int) -> Proposal | None:
+    """K draft tokens after `tokens`, of which the draft holds `synced`. A draft worker that is unreachable
+    costs the round its drafts, not the request (None: the round runs as plain decoding)."""
     started = time.perf_counter()
     try:
-        response, wire = await draft.propose(state.session_id, state.tokens, state.draft_synced, k,
-                                             state.sampling, state.draft_mode, state.timeout(draft.timeout))
+        response, wire = await draft.propose(state.session_id, tokens, synced, k, state.sampling, state.draft_mode,
+                                             state.timeout(draft.timeout))
     except grpc.aio.AioRpcError as exc:
         if exc.code() not in WORKER_DOWN:
             raise
         draft.mark_failed()
         state.draft_synced = 0            # whatever comes back up has no cache for us
-        return b""
-    round_.draft_seconds, round_.draft_rtt_seconds = split_time(started, response)
+        return None
     state.stats.wire_bytes += wire
-    round_.tokens = list(response.draft_token_ids)
-    return response.draft_hidden_states
+    return Proposal(list(response.draft_token_ids), response.draft_hidden_states, *split_time(started, response))
 
 
-async def speculative_round(state: RequestState, draft: DraftClient | None, target: TargetClient,
-                            k: int) -> Round:
-    """Draft K, verify them in one target pass; the round's tokens are the 1..K+1 the target committed to."""
-    committed_before = len(state.tokens)
-    round_ = Round(k=0, accepted=0, tokens=[])
-    hidden = await propose(state, draft, k, round_) if k > 0 and draft else b""
-    drafts = round_.tokens
+async def propose(state: RequestState, draft: DraftClient | None, k: int) -> Proposal:
+    """This round's K drafts, drafted now (on the critical path)."""
+    if k == 0 or draft is None or not draft.healthy:
+        return NO_DRAFTS
+    return await draft_call(state, draft, state.tokens, state.draft_synced, k) or NO_DRAFTS
+
+
+def predraft(state: RequestState, draft: DraftClient | None, drafts: list[int], next_k: int) -> PreDraft | None:
+    """Send the pre-draft of the guess + `next_k` drafts past `drafts`, to run while the target verifies them.
+    The draft holds the committed tokens and drafts[:-1] (what proposing them cached)."""
+    if next_k == 0 or draft is None or not draft.healthy:
+        return None
+    held = len(state.tokens) + len(drafts) - 1 if drafts else state.draft_synced
+    state.stats.predrafts += 1
+    return PreDraft(asyncio.get_running_loop().create_task(
+        draft_call(state, draft, state.tokens + drafts, held, next_k + 1)))
+
+
+async def verify(state: RequestState, target: TargetClient, proposal: Proposal) -> tuple:
+    """One target pass over the new tokens + the drafts: (verdict, its RoundTimings)."""
     started = time.perf_counter()
-    verdict, wire = await target.verify(state.session_id, state.tokens, state.target_synced, drafts, hidden,
-                                        state.sampling, state.timeout(target.timeout))
-    round_.verify_seconds, round_.rtt_seconds = split_time(started, verdict)
-    round_.k, round_.accepted = len(drafts), verdict.num_accepted
-    round_.batch_size, round_.batch_tokens, round_.queue_depth = \
-        verdict.batch_size, verdict.batch_tokens, verdict.queue_depth
-    if drafts:   # the draft cached the committed tokens and its first K-1 drafts
-        state.draft_synced = committed_before + min(round_.accepted, len(drafts) - 1)
-    state.target_synced = committed_before + round_.accepted
-    record(state.stats, round_, wire)
-    round_.tokens = drafts[:round_.accepted] + [verdict.next_token_id]
-    return round_
+    verdict, wire = await target.verify(state.session_id, state.tokens, state.target_synced, proposal.tokens,
+                                        proposal.hidden, state.sampling, state.timeout(target.timeout))
+    state.stats.wire_bytes += wire
+    verify_s, rtt_s = split_time(started, verdict)
+    return verdict, RoundTimings(
+        draft_seconds=proposal.seconds, draft_rtt_seconds=proposal.rtt_seconds, verify_seconds=verify_s,
+        rtt_seconds=rtt_s, batch_size=verdict.batch_size, batch_tokens=verdict.batch_tokens,
+        queue_depth=verdict.queue_depth)
 
 
-def record(stats: generation_pb2.GenerationStats, round_: Round, wire: int) -> None:
-    stats.wire_bytes += wire
+async def settle(ahead: PreDraft | None, round_: Round) -> Proposal | None:
+    """The next round's drafts if the pre-draft guessed this verdict (all drafts accepted, next token
+    guessed), else None; a pre-draft that can no longer match is cancelled."""
+    if ahead is None:
+        return None
+    if round_.accepted < round_.k:
+        await cancel(ahead)
+        return None
+    proposal = await ahead.task
+    if proposal is None or not proposal.tokens:
+        return None
+    round_.timings.guess_hit = proposal.tokens[0] == round_.committed[-1]
+    return proposal.after_guess() if round_.timings.guess_hit else None
+
+
+async def cancel(ahead: PreDraft | None) -> None:
+    if ahead is not None:
+        ahead.task.cancel()
+        await asyncio.gather(ahead.task, return_exceptions=True)
+
+
+async def speculative_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
+                            ready: Proposal | None = None, next_k: int = 0) -> tuple[Round, Proposal | None]:
+    """Draft K (or take the `ready` drafts a pre-draft made), verify them in one target pass and, with
+    `next_k` > 0, pre-draft the next round meanwhile. Returns the round and the next round's drafts if the
+    pre-draft matched the verdict."""
+    before = len(state.tokens)
+    proposal = ready if ready is not None else await propose(state, draft, k)
+    ahead = predraft(state, draft, proposal.tokens, clamp_k(state, next_k, len(proposal.tokens) + 1))
+    try:
+        verdict, timings = await verify(state, target, proposal)
+    except BaseException:
+        await cancel(ahead)
+        raise
+    drafts, accepted = proposal.tokens, verdict.num_accepted
+    round_ = Round(drafts, accepted, drafts[:accepted] + [verdict.next_token_id], timings, ready is not None,
+                   ahead is not None)
+    if ready is not None:
+        timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
+    next_ready = await settle(ahead, round_)
+    state.target_synced = before + accepted
+    if next_ready is not None:                           # the draft holds the committed tokens + next drafts[:-1]
+        state.draft_synced = before + len(round_.committed)
+        state.stats.predraft_hits += 1
+    elif drafts and draft.healthy:                       # it holds at least the committed tokens + drafts[:-1]
+        state.draft_synced = before + min(accepted, len(drafts) - 1)
+    record(state.stats, round_)
+    return round_, next_ready
+
+
+def record(stats: generation_pb2.GenerationStats, round_: Round) -> None:
     stats.target_passes += 1
     stats.draft_tokens += round_.k
     stats.accepted_tokens += round_.accepted
@@ -151,14 +241,15 @@ def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
 
 
 async def resilient_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
-                          recovery_s: float) -> Round:
+                          recovery_s: float, ready: Proposal | None = None,
+                          next_k: int = 0) -> tuple[Round, Proposal | None]:
     """A round that survives a target failure: wait for the target group to be restarted, then run the
     round again; the restarted target has no cache, so it is re-prefilled. The round gives up (re-raising
     the failure) `recovery_s` after its first failure, or at the client's deadline if that comes sooner."""
     give_up = None
     while True:
         try:
-            return await speculative_round(state, draft, target, k)
+            return await speculative_round(state, draft, target, k, ready, next_k)
         except grpc.aio.AioRpcError as exc:
             now = time.monotonic()
             give_up = give_up if give_up is not None else now + recovery_s
@@ -173,16 +264,24 @@ async def resilient_round(state: RequestState, draft: DraftClient | None, target
                 raise exc from None
 
 
+def choose_k(state: RequestState, policy: KPolicy) -> int:
+    return state.fixed_k if state.fixed_k is not None else policy.choose_k(state)
+
+
 async def generate(state: RequestState, draft: DraftClient | None, target: TargetClient,
                    policy: KPolicy, recovery_s: float = 60.0) -> AsyncIterator[list[int]]:
-    """Run rounds until the request finishes, yielding each round's committed tokens.
+    """Run rounds until the request finishes, yielding each round's committed tokens. With overlap on,
+    each round pre-drafts the next one (its K chosen now) while the target verifies.
     Both workers' caches for this session are released however the request ends."""
+    ready, k = None, choose_k(state, policy)
     try:
         while not state.finish_reason:
-            k = clamp_k(state, state.fixed_k if state.fixed_k is not None else policy.choose_k(state))
-            round_ = await resilient_round(state, draft, target, k, recovery_s)
+            next_k = choose_k(state, policy) if policy.overlap else 0
+            round_, ready = await resilient_round(state, draft, target, len(ready.tokens) if ready else
+                                                  clamp_k(state, k), recovery_s, ready, next_k)
             policy.observe(state, round_)
-            yield commit(state, round_.tokens)
+            yield commit(state, round_.committed)
+            k = next_k if policy.overlap else choose_k(state, policy)
     finally:
         await release(state.session_id, [w for w in (draft, target) if w is not None])
 

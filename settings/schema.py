@@ -119,6 +119,10 @@ class ControllerConfig:
                                      # standard errors from the rest of the window (0: no change test)
     cost_window: int = 256           # effective length in rounds of the exponentially weighted timing estimates
     load_window: int = 8             # ... and of the load estimate (rows per target forward), which moves faster
+    # overlap (draft-ahead)
+    overlap: bool = True             # while the target verifies, the draft pre-drafts the next round for the
+                                     # verdict "all K accepted + its own guess of the next token"
+    overlap_tokens: int = 0          # most tokens one pre-draft may draft (guess + next K; 0: k_max + 1)
     # threshold policy
     raise_above: float = 0.8         # K += 1 when the acceptance rate since the last step is above this
     lower_below: float = 0.4         # K -= 1 when it is below this
@@ -146,6 +150,7 @@ class ControllerConfig:
             ("change_z", self.change_z >= 0, "must be >= 0"),
             ("cost_window", self.cost_window >= 1, "must be >= 1"),
             ("load_window", self.load_window >= 1, "must be >= 1"),
+            ("overlap_tokens", self.overlap_tokens == 0 or self.overlap_tokens >= 2, "must be 0 or >= 2"),
             ("raise_above", 0.0 <= self.raise_above <= 1.0, "must be in [0, 1]"),
             ("lower_below", 0.0 <= self.lower_below <= self.raise_above,
              f"must be in [0, raise_above={self.raise_above}]"),

@@ -13,8 +13,13 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from router.controller import KController, expected_tokens, round_time
+from router.controller import KController, RoundTimings, expected_tokens, round_time
 from settings.schema import ControllerConfig
+
+
+def sequential(**changes) -> ControllerConfig:
+    """The controller of a router that drafts and verifies strictly in turn (the traces below are timed so)."""
+    return ControllerConfig(overlap=False, **changes)
 
 K_MAX = 8
 ROUNDS = 3000                  # rounds of a stationary trace
@@ -90,7 +95,7 @@ def simulate(controller: KController, trace: tuple, cost: CostModel) -> Run:
         rtt, draft_rtt = cost.rtt * jit[2], (cost.rtt * jit[3] if k else 0.0)
         elapsed += draft + verify + rtt + draft_rtt
         tokens += accepted + 1
-        controller.observe(k, accepted, draft, verify, rtt, draft_rtt)
+        controller.observe(k, accepted, RoundTimings(draft, None, draft_rtt, verify, rtt))
     return Run(tokens / elapsed, ks, probes)
 
 
@@ -98,7 +103,7 @@ def simulate(controller: KController, trace: tuple, cost: CostModel) -> Run:
 def run_policy(alphas: tuple[float, ...], cost: CostModel, policy: str = "goodput", k: int = 4,
                seed: int = 0) -> Run:
     trace = make_trace(alphas, seed, cost.jitter)
-    config = ControllerConfig(policy=policy, k=k, k_max=K_MAX)
+    config = sequential(policy=policy, k=k, k_max=K_MAX)
     return simulate(KController(config, random.Random(seed)), trace, cost)
 
 
@@ -218,12 +223,12 @@ def drive(controller: KController, rounds: int, accepted_of) -> list[int]:
     for _ in range(rounds):
         k = controller.choose_k()
         ks.append(k)
-        controller.observe(k, accepted_of(k), 0.1 * k, 1.0 + 0.05 * k, 0.2)
+        controller.observe(k, accepted_of(k), RoundTimings(0.1 * k, verify_seconds=1.0 + 0.05 * k, rtt_seconds=0.2))
     return ks
 
 
 def test_threshold_policy_steps_k_by_one_within_bounds():
-    config = ControllerConfig(policy="threshold", k=2, k_min=1, k_max=4, adjust_every=4, probe_every=0)
+    config = sequential(policy="threshold", k=2, k_min=1, k_max=4, adjust_every=4, probe_every=0)
     controller = KController(config, random.Random(0))
     assert drive(controller, 16, lambda k: k) == [2] * 4 + [3] * 4 + [4] * 8          # rate 1.0 > 0.8: up, clamped
     assert drive(controller, 4, lambda k: min(k, 2)) == [4] * 4                     # rate 0.6: holds
@@ -231,13 +236,13 @@ def test_threshold_policy_steps_k_by_one_within_bounds():
 
 
 def test_threshold_policy_leaves_k0_through_probes():
-    config = ControllerConfig(policy="threshold", k=0, adjust_every=4, probe_every=4, warmup_rounds=0)
+    config = sequential(policy="threshold", k=0, adjust_every=4, probe_every=4, warmup_rounds=0)
     ks = drive(KController(config, random.Random(0)), 200, lambda k: k)
     assert max(ks) == config.k_max and ks[-1] == config.k_max
 
 
 def test_fixed_policy_never_moves():
-    controller = KController(ControllerConfig(policy="fixed", k=3), random.Random(0))
+    controller = KController(sequential(policy="fixed", k=3), random.Random(0))
     rng = random.Random(1)
     ks = drive(controller, 500, lambda k: rng.randint(0, k))
     assert set(ks) == {3} and controller.k == 3 and not controller.probing
@@ -267,7 +272,7 @@ def test_config_errors_name_the_field(changes, key):
 
 
 def test_update_config_keeps_statistics_and_clamps_k():
-    controller = KController(ControllerConfig(), random.Random(0))
+    controller = KController(sequential(), random.Random(0))
     simulate(controller, make_trace((0.9,) * 300, 0, 0.1), CostModel())
     before = controller.snapshot()
     assert before["k"] >= 5
@@ -291,9 +296,9 @@ def test_update_config_keeps_statistics_and_clamps_k():
 
 def test_seeded_rng_gives_identical_k_sequences():
     cost, trace = CostModel(), make_trace((0.6,) * 1000, 3, 0.1)
-    first = simulate(KController(ControllerConfig(), random.Random(11)), trace, cost)
-    second = simulate(KController(ControllerConfig(), random.Random(11)), trace, cost)
-    other = simulate(KController(ControllerConfig(), random.Random(12)), trace, cost)
+    first = simulate(KController(sequential(), random.Random(11)), trace, cost)
+    second = simulate(KController(sequential(), random.Random(11)), trace, cost)
+    other = simulate(KController(sequential(), random.Random(12)), trace, cost)
     assert first.ks == second.ks and first.probes == second.probes and first.throughput == second.throughput
     assert other.probes != first.probes                       # the RNG really drives the probe schedule
 
@@ -301,7 +306,7 @@ def test_seeded_rng_gives_identical_k_sequences():
 # -- statistics and the model ------------------------------------------------------------------------------------
 
 def test_round_outcome_counts_per_position():
-    controller = KController(ControllerConfig(k_max=6, prior_weight=0.0), random.Random(0))
+    controller = KController(sequential(k_max=6, prior_weight=0.0), random.Random(0))
     controller.observe(4, 2)        # positions 0, 1 accepted, 2 rejected, 3.. not attempted
     controller.observe(4, 4)        # 0..3 accepted
     controller.observe(0, 0)        # plain decoding: nothing attempted
@@ -312,13 +317,13 @@ def test_round_outcome_counts_per_position():
 
 
 def test_cost_model_fits_timings():
-    controller = KController(ControllerConfig(), random.Random(0))
+    controller = KController(sequential(), random.Random(0))
     for _ in range(50):
-        controller.observe(3, 1, 3 * 0.12, 1.0 + 0.05 * 3, 0.2, 0.3)
+        controller.observe(3, 1, RoundTimings(3 * 0.12, None, 0.3, 1.0 + 0.05 * 3, 0.2))
     single = controller.costs()                               # one K seen: flat line through its mean
     assert single["t_verify_b"] == pytest.approx(0.0, abs=1e-9) and single["t_verify_a"] == pytest.approx(1.15)
     for k in (1, 6) * 50:
-        controller.observe(k, 0, k * 0.12, 1.0 + 0.05 * k, 0.2, 0.3)
+        controller.observe(k, 0, RoundTimings(k * 0.12, None, 0.3, 1.0 + 0.05 * k, 0.2))
     costs = controller.costs()
     assert costs["t_draft"] == pytest.approx(0.12) and costs["load"] == 1.0
     assert costs["t_verify_b"] == pytest.approx(0.05, abs=0.002)        # seconds per token of the forward
@@ -351,7 +356,8 @@ def run_loaded(controller: KController, load: int, rounds: int, rng: random.Rand
         while accepted < k and rng.random() < LOAD_ALPHA:
             accepted += 1
         draft, verify = 0.02 * k, loaded_verify_seconds(load, k)
-        controller.observe(k, accepted, draft, verify, 0.01, 0.01, batch_size=load, batch_tokens=load * (k + 1))
+        controller.observe(k, accepted, RoundTimings(draft, None, 0.01, verify, 0.01, batch_size=load,
+                                                        batch_tokens=load * (k + 1)))
         tokens += accepted + 1
         elapsed += draft + (0.01 if k else 0.0) + verify + 0.01
     return tokens / elapsed
@@ -362,7 +368,7 @@ def test_load_shrinks_k_to_zero_when_the_target_is_compute_bound():
     controller follows the load down and back up, never far below plain decoding."""
     best = {load: max(range(K_MAX + 1), key=lambda k: loaded_goodput(load, k)) for load in (1, 16)}
     assert best == {1: 2, 16: 0}
-    controller, rng = KController(ControllerConfig(k=4, k_max=K_MAX), random.Random(0)), random.Random(1)
+    controller, rng = KController(sequential(k=4, k_max=K_MAX), random.Random(0)), random.Random(1)
     run_loaded(controller, 1, 300, rng)
     assert controller.k == best[1]
     run_loaded(controller, 16, 50, rng)                  # load rises: K follows within 50 rounds

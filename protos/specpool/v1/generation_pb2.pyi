@@ -57,18 +57,22 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("target_passes", "draft_tokens", "accepted_tokens", "k_per_round", "wire_bytes")
+    __slots__ = ("target_passes", "draft_tokens", "accepted_tokens", "k_per_round", "wire_bytes", "predrafts", "predraft_hits")
     TARGET_PASSES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     K_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREDRAFTS_FIELD_NUMBER: _ClassVar[int]
+    PREDRAFT_HITS_FIELD_NUMBER: _ClassVar[int]
     target_passes: int
     draft_tokens: int
     accepted_tokens: int
     k_per_round: _containers.RepeatedScalarFieldContainer[int]
     wire_bytes: int
-    def __init__(self, target_passes: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., k_per_round: _Optional[_Iterable[int]] = ..., wire_bytes: _Optional[int] = ...) -> None: ...
+    predrafts: int
+    predraft_hits: int
+    def __init__(self, target_passes: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., k_per_round: _Optional[_Iterable[int]] = ..., wire_bytes: _Optional[int] = ..., predrafts: _Optional[int] = ..., predraft_hits: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "finish_reason", "stats", "request_id")
