@@ -33,26 +33,29 @@ class DraftEngine:
         return only_answer(self.propose_batch([request]))
 
     @torch.inference_mode()
-    def propose_batch(self, requests: list) -> list:
+    def propose_batch(self, requests: list, gone=None) -> list:
         """Propose drafts for several requests (distinct sessions); per request its ProposeResponse or the
-        SessionLost / ValueError it raised. Rows are grouped into forwards by forward_groups."""
+        SessionLost / ValueError it raised. Rows are grouped into forwards by forward_groups. `gone(i)` says
+        that request i's caller went away (a cancelled pre-draft): its row stops drafting at the next step."""
         results: list = [None] * len(requests)
         rows = [(i, s) for i, s in open_sessions(self.sessions, requests, results) if requests[i].k > 0]
         for group in forward_groups(rows, requests, self.batched):
-            self._propose_rows(group, requests, results)
+            self._propose_rows(group, requests, results, gone or (lambda i: False))
         for i, request in enumerate(requests):
             if results[i] is None:                 # k = 0: nothing to propose
                 results[i] = worker_pb2.ProposeResponse()
         return results
 
-    def _propose_rows(self, rows: list, requests: list, results: list) -> None:
-        """K steps over rows [(index, session)]: step j is one forward over the rows with K > j."""
+    def _propose_rows(self, rows: list, requests: list, results: list, gone) -> None:
+        """K steps over rows [(index, session)]: step j is one forward over the rows with K > j (a row whose
+        caller went away stops early; its cache then holds fewer drafts, which the router never counts on)."""
         batch = RaggedBatch(self.model, [session for _, session in rows])
         ks = [requests[i].k for i, _ in rows]
         inputs = [list(requests[i].new_token_ids) for i, _ in rows]
         starts = [session.length + len(tokens) for (_, session), tokens in zip(rows, inputs)]
         tokens, hiddens = [[] for _ in rows], [[] for _ in rows]
-        for j in range(max(ks)):
+        j = 0
+        while any(k > j for k in ks):
             hidden = batch.forward(inputs, decoder_only=True)          # [B, n_new, hidden]
             last = torch.stack([hidden[r, len(t) - 1] if t else hidden[r, 0] for r, t in enumerate(inputs)])
             logits = self.head(last)                                    # [B, vocab]
@@ -61,8 +64,10 @@ class DraftEngine:
                 if j < ks[r]:
                     tokens[r].append(self._draft_token(requests[rows[r][0]], session, logits[r], starts[r] + j,
                                                        hiddens[r], last[r], argmax[r]))
+            ks = [len(tokens[r]) if gone(i) else ks[r] for r, (i, _) in enumerate(rows)]
             inputs = [[tokens[r][-1]] if j + 1 < ks[r] else [] for r in range(len(rows))]
             self.stats.record(sum(1 for k in ks if k > j))
+            j += 1
         batch.unpack()
         for r, (i, _) in enumerate(rows):
             hidden_bytes = torch.stack(hiddens[r]).contiguous().view(torch.uint8).numpy().tobytes() if hiddens[r] else b""

@@ -11,7 +11,7 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
     def __init__(self, engine, max_batch: int = 1, max_wait_s: float = 0.0):
         self._engine = engine
         self._runner = EngineRunner()
-        self._batcher = Batcher(lambda requests: self._runner.run(engine.propose_batch, requests),
+        self._batcher = Batcher(lambda requests, gone: self._runner.run(engine.propose_batch, requests, gone),
                                 max_batch, max_wait_s)
 
     async def Propose(self, request, context):

@@ -47,9 +47,12 @@ def only_answer(results: list):
 
 
 class Batcher:
-    """Runs `run_batch(requests) -> [response or exception per request]` over the calls submitted to it."""
+    """Runs `run_batch(requests, gone) -> [response or exception per request]` over the calls submitted to it.
+    `gone(i)` tells the engine, between its steps, that the caller of row i went away (cancelled), so a
+    multi-step engine (the draft) can stop working for it."""
 
-    def __init__(self, run_batch: Callable[[list], Awaitable[list]], max_batch: int = 1, max_wait_s: float = 0.0):
+    def __init__(self, run_batch: Callable[[list, Callable[[int], bool]], Awaitable[list]], max_batch: int = 1,
+                 max_wait_s: float = 0.0):
         if max_batch < 1 or max_wait_s < 0:
             raise ValueError(f"need max_batch >= 1 and max_wait_s >= 0 (got {max_batch}, {max_wait_s})")
         self._run_batch, self._max_batch, self._max_wait_s = run_batch, max_batch, max_wait_s
@@ -103,8 +106,9 @@ class Batcher:
 
     async def _run(self, batch: list[tuple[object, asyncio.Future]]) -> None:
         queue_depth = len(self._pending)
+        futures = [future for _, future in batch]
         try:
-            results = await self._run_batch([request for request, _ in batch])
+            results = await self._run_batch([request for request, _ in batch], lambda i: futures[i].done())
         except Exception as exc:                  # noqa: BLE001 - the whole batch failed: every caller hears it
             results = [exc] * len(batch)
         for (_, future), result in zip(batch, results):

@@ -40,6 +40,11 @@ class KSelector:
         """Whether rounds pre-draft the next one while the target verifies (speculation.overlap)."""
         return self.config.overlap
 
+    @property
+    def predraft_k(self) -> int:
+        """The most drafts a pre-draft may carry after its guess (speculation.overlap_tokens - 1)."""
+        return (self.config.overlap_tokens or self.config.k_max + 1) - 1
+
     def observe(self, state: RequestState, round_: Round) -> None:
         self.pool.observe(round_.k, round_.accepted, round_.timings)
         if state.controller is not None:

@@ -97,7 +97,8 @@ class PreDraft:
 
 
 class KPolicy(Protocol):
-    overlap: bool
+    overlap: bool                    # pre-draft the next round while the target verifies
+    predraft_k: int                  # ... with at most this many drafts after the guess
     def choose_k(self, state: "RequestState") -> int: ...
     def observe(self, state: "RequestState", round_: Round) -> None: ...
 
@@ -276,7 +277,7 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
     ready, k = None, choose_k(state, policy)
     try:
         while not state.finish_reason:
-            next_k = choose_k(state, policy) if policy.overlap else 0
+            next_k = min(choose_k(state, policy), policy.predraft_k) if policy.overlap else 0
             round_, ready = await resilient_round(state, draft, target, len(ready.tokens) if ready else
                                                   clamp_k(state, k), recovery_s, ready, next_k)
             policy.observe(state, round_)

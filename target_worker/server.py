@@ -18,7 +18,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         self._runner = EngineRunner()
         self._batcher = Batcher(self._verify_batch, max_batch, max_wait_s)
 
-    async def _verify_batch(self, requests: list) -> list:
+    async def _verify_batch(self, requests: list, gone=None) -> list:
         batch = worker_pb2.VerifyBatch(requests=requests)
         return await self._runner.run(lead, self._engine, VERIFY_BATCH, batch, self._world_size)
 

@@ -87,6 +87,19 @@ def test_a_lost_session_fails_only_its_row(engines):
     assert results[0].batch_size == 2 and results[0].batch_tokens == 4
 
 
+def test_a_draft_row_whose_caller_went_away_stops_drafting(engines):
+    """A cancelled pre-draft frees the draft at its next step; the other rows draft as if alone."""
+    draft, _ = engines()
+    calls = [worker_pb2.ProposeRequest(session_id=i, position=0, new_token_ids=PROMPTS[i], k=6,
+                                       sampling=sampling(0, 0)) for i in range(3)]
+    results = draft.propose_batch(calls, gone=lambda i: i == 1)
+    alone_draft, _ = engines()
+    alone = [alone_draft.propose(call) for call in calls]
+    assert len(results[1].draft_token_ids) == 1
+    assert [list(results[i].draft_token_ids) for i in (0, 2)] == [list(alone[i].draft_token_ids) for i in (0, 2)]
+    assert draft.stats.forward_passes == 6 + 1 + 6            # session starts run alone: 6 steps, 1, 6
+
+
 # ---- the Batcher -----------------------------------------------------------------------------------------
 
 class Recorder:
@@ -96,7 +109,7 @@ class Recorder:
     def __init__(self):
         self.batches, self.release = [], asyncio.Event()
 
-    async def __call__(self, requests):
+    async def __call__(self, requests, gone):
         self.batches.append([r.session_id for r in requests])
         await self.release.wait()
         return [ValueError("bad") if r.session_id == 99 else worker_pb2.VerifyResponse(next_token_id=r.session_id)
