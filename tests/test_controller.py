@@ -384,3 +384,67 @@ def test_expected_tokens_formula():
     assert expected_tokens([0.5, 0.5], 0) == 1.0
     assert expected_tokens([0.9, 0.5, 0.2], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.09)
     assert expected_tokens([0.6], 4) == pytest.approx((1 - 0.6 ** 5) / 0.4)
+
+
+# ---- overlap (draft-ahead) --------------------------------------------------------------------------------
+# Pipeline cost model: while round r verifies, the draft pre-drafts a guess of the target's next token and
+# r+1's K drafts. Round r+1's drafts are ready (no draft call on its critical path) iff r accepted all its K
+# drafts and the guess was right (probability alpha, like one more draft position). Every round waits for the
+# longer of its verify and the pre-draft beside it.
+OVERLAP_COST = CostModel(t_draft=0.3, verify_base=1.0, verify_per_k=0.05, rtt=0.2, jitter=0.1)
+
+
+def simulate_overlapped(controller: KController, trace: tuple, cost: CostModel) -> float:
+    tokens = elapsed = 0.0
+    ready, rng = False, random.Random(7)
+    for alpha, uniforms, jit in trace:
+        k = controller.choose_k()
+        accepted = 0
+        while accepted < k and uniforms[accepted] < alpha:
+            accepted += 1
+        draft = k * cost.t_draft * jit[0]
+        verify, rtt = (cost.verify_base + cost.verify_per_k * k) * jit[1], cost.rtt * jit[2]
+        draft_path = draft + cost.rtt * jit[3] if k else 0.0
+        predraft_path = draft_path + cost.t_draft * jit[0] if k else 0.0
+        elapsed += max(verify + rtt, predraft_path) + (0.0 if ready else draft_path)
+        guess = rng.random() < alpha
+        hit = k > 0 and accepted == k and guess
+        controller.observe(k, accepted, RoundTimings(draft, None, cost.rtt * jit[3], verify, rtt,
+                                                     guess_hit=guess if k and accepted == k else None))
+        ready, tokens = hit, tokens + accepted + 1
+    return tokens / elapsed
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.8, 0.9])
+def test_overlap_model_goodput_within_5pct_of_best_fixed_k(alpha):
+    """With drafting off the critical path on a hit, the controller that models overlap keeps up with the best
+    fixed K of the overlapped pipeline, and beats the controller that assumes draft and verify run in turn."""
+    trace = make_trace((alpha,) * ROUNDS, 0, OVERLAP_COST.jitter)
+    fixed = {k: simulate_overlapped(KController(ControllerConfig(policy="fixed", k=k, k_max=K_MAX)), trace,
+                                    OVERLAP_COST) for k in range(K_MAX + 1)}
+    overlapped = simulate_overlapped(KController(ControllerConfig(k_max=K_MAX), random.Random(0)), trace,
+                                     OVERLAP_COST)
+    in_turn = simulate_overlapped(KController(sequential(k_max=K_MAX), random.Random(0)), trace, OVERLAP_COST)
+    print(f"alpha={alpha}: overlap-aware {overlapped:.3f}, in-turn model {in_turn:.3f}, "
+          f"best fixed {max(fixed.values()):.3f} at K={max(fixed, key=fixed.get)}")
+    assert overlapped >= (1 - STATIONARY_TOLERANCE) * max(fixed.values())
+    assert overlapped >= in_turn * 0.99
+
+
+def test_overlap_hit_rate_is_all_accepted_times_learned_guess_rate():
+    controller = KController(ControllerConfig(k_max=4, prior_weight=0.0, cost_window=10 ** 9), random.Random(0))
+    for hit in [True] * 30 + [False] * 10:      # all 2 drafts accepted; the guess right 3 times in 4
+        controller.observe(2, 2, RoundTimings(guess_hit=hit))
+    for _ in range(40):                         # position 0 accepted, position 1 rejected
+        controller.observe(2, 1, RoundTimings())
+    assert controller.guess_rate() == pytest.approx(0.75)
+    assert controller.hit_rate(1) == pytest.approx(1.0 * 0.75)
+    assert controller.hit_rate(2) == pytest.approx(0.5 * 0.75)
+
+
+def test_overlap_round_time_counts_drafting_only_on_a_miss():
+    costs = {"t_draft": 0.1, "rtt_draft": 0.2, "t_verify_a": 1.0, "t_verify_b": 0.0, "rtt_target": 0.2, "load": 1}
+    assert round_time(3, costs) == pytest.approx(0.5 + 1.2)                    # in turn
+    assert round_time(3, costs, hit=1.0) == pytest.approx(1.2)                 # the pre-draft (0.6) hides
+    assert round_time(3, costs, hit=0.0) == pytest.approx(1.2 + 0.5)
+    assert round_time(12, costs, hit=1.0) == pytest.approx(1.3 + 0.2)          # pre-draft longer than verify
