@@ -31,9 +31,13 @@ def timed(fn: Callable, *args):
 
 async def answer(context: grpc.aio.ServicerContext, call: Awaitable):
     """Await an engine call, turning its errors into gRPC statuses: a lost session is NOT_FOUND (the
-    router re-prefills), a bad argument INVALID_ARGUMENT."""
+    router re-prefills), a bad argument INVALID_ARGUMENT. The answer is stamped with the handler's time."""
+    started = time.perf_counter()
     try:
-        return await call
+        response = await call
+        if hasattr(response, "handler_us"):
+            response.handler_us = int((time.perf_counter() - started) * 1e6)
+        return response
     except SessionLost as exc:
         await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
     except ValueError as exc:

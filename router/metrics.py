@@ -30,6 +30,9 @@ class Metrics:
         self.predraft_hits = Counter("specpool_spec_decode_num_predraft_hits",
                                      "Rounds whose drafts a pre-draft had ready (no draft call on the critical path)",
                                      registry=r)
+        self.round_seconds = Counter("specpool_round_seconds", "Wall time of rounds, by where it went (compute, "
+                                     "worker queue/thread hop, transport per call; pre-draft wait; router)", ["part"],
+                                     registry=r)
         self.k = Gauge("specpool_spec_decode_k", "K the pool's controller currently chooses", registry=r)
         self.batch_size = Histogram("specpool_target_batch_size", "Rows in the target forward that verified a round",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
@@ -47,6 +50,8 @@ class Metrics:
         """One round (router.speculation.Round)."""
         self.target_passes.inc()
         self.batch_size.observe(round_.timings.batch_size)
+        for part, seconds in round_.parts.items():
+            self.round_seconds.labels(part).inc(seconds)
         self.predrafts.inc(round_.predraft_sent)
         self.predraft_hits.inc(round_.predrafted)
         if round_.k == 0:

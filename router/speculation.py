@@ -62,11 +62,12 @@ class Proposal:
     hidden: bytes = b""
     seconds: float = 0.0             # the draft worker's compute
     rtt_seconds: float = 0.0         # the rest of the call
+    worker_seconds: float = 0.0      # ... of which the worker spent queued or handing over to its engine thread
 
     def after_guess(self) -> "Proposal":
         """A pre-draft is [guess of the target's next token, next round's drafts...]: the drafts alone."""
         row = len(self.hidden) // len(self.tokens) if self.tokens else 0
-        return Proposal(self.tokens[1:], self.hidden[row:], self.seconds, self.rtt_seconds)
+        return Proposal(self.tokens[1:], self.hidden[row:], self.seconds, self.rtt_seconds, self.worker_seconds)
 
 
 NO_DRAFTS = Proposal()
@@ -82,6 +83,7 @@ class Round:
     timings: RoundTimings
     predrafted: bool = False         # the drafts came from the previous round's pre-draft
     predraft_sent: bool = False      # this round pre-drafted the next one while the target verified
+    parts: dict = field(default_factory=dict)   # where the round's wall time went (seconds), see PARTS
 
     @property
     def k(self) -> int:
@@ -111,11 +113,29 @@ def clamp_k(state: RequestState, k: int, ahead: int = 0) -> int:
     return max(0, min(k, remaining - 1, room))
 
 
-def split_time(started: float, response) -> tuple[float, float]:
-    """(worker compute, the rest of the call) in seconds, from the worker's compute_us stamp."""
+def split_time(started: float, response) -> tuple[float, float, float]:
+    """(worker compute, the rest of the call, the part of that rest spent inside the worker's handler: queue
+    and thread hop) in seconds, from the worker's compute_us and handler_us stamps."""
     total = time.perf_counter() - started
     compute = min(response.compute_us / 1e6, total)
-    return compute, total - compute
+    handler = min(max(response.handler_us / 1e6, compute), total)
+    return compute, total - compute, handler - compute
+
+
+PARTS = ("draft_compute", "draft_worker", "draft_transport", "verify_compute", "verify_worker", "verify_transport",
+         "predraft_wait", "router")
+
+
+def round_parts(wall: float, proposal: Proposal, ready: bool, timings: RoundTimings, verify_worker: float,
+                predraft_wait: float) -> dict:
+    """Where a round's wall time went: each call on the critical path split into compute, worker-side
+    overhead (queue, thread hop) and transport (serialisation, network, both gRPC stacks); the wait for a
+    matching pre-draft; and the router's own work (the rest)."""
+    draft = (0.0, 0.0, 0.0) if ready else (proposal.seconds, proposal.worker_seconds,
+                                            proposal.rtt_seconds - proposal.worker_seconds)
+    verify = (timings.verify_seconds, verify_worker, timings.rtt_seconds - verify_worker)
+    known = dict(zip(PARTS, (*draft, *verify, predraft_wait)))
+    return {**known, "router": max(wall - sum(known.values()), 0.0)}
 
 
 async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int], synced: int,
@@ -155,13 +175,14 @@ def predraft(state: RequestState, draft: DraftClient | None, drafts: list[int], 
 
 
 async def verify(state: RequestState, target: TargetClient, proposal: Proposal) -> tuple:
-    """One target pass over the new tokens + the drafts: (verdict, its RoundTimings)."""
+    """One target pass over the new tokens + the drafts: (verdict, the target's queue + thread hop seconds,
+    the round's RoundTimings)."""
     started = time.perf_counter()
     verdict, wire = await target.verify(state.session_id, state.tokens, state.target_synced, proposal.tokens,
                                         proposal.hidden, state.sampling, state.timeout(target.timeout))
     state.stats.wire_bytes += wire
-    verify_s, rtt_s = split_time(started, verdict)
-    return verdict, RoundTimings(
+    verify_s, rtt_s, worker_s = split_time(started, verdict)
+    return verdict, worker_s, RoundTimings(
         draft_seconds=proposal.seconds, draft_rtt_seconds=proposal.rtt_seconds, verify_seconds=verify_s,
         rtt_seconds=rtt_s, batch_size=verdict.batch_size, batch_tokens=verdict.batch_tokens,
         queue_depth=verdict.queue_depth)
@@ -193,11 +214,11 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     """Draft K (or take the `ready` drafts a pre-draft made), verify them in one target pass and, with
     `next_k` > 0, pre-draft the next round meanwhile. Returns the round and the next round's drafts if the
     pre-draft matched the verdict."""
-    before = len(state.tokens)
+    before, started = len(state.tokens), time.perf_counter()
     proposal = ready if ready is not None else await propose(state, draft, k)
     ahead = predraft(state, draft, proposal.tokens, clamp_k(state, next_k, len(proposal.tokens) + 1))
     try:
-        verdict, timings = await verify(state, target, proposal)
+        verdict, verify_worker, timings = await verify(state, target, proposal)
     except BaseException:
         await cancel(ahead)
         raise
@@ -206,7 +227,10 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
                    ahead is not None)
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
+    settling = time.perf_counter()
     next_ready = await settle(ahead, round_)
+    round_.parts = round_parts(time.perf_counter() - started, proposal, ready is not None, timings, verify_worker,
+                               time.perf_counter() - settling)
     state.target_synced = before + accepted
     if next_ready is not None:                           # the draft holds the committed tokens + next drafts[:-1]
         state.draft_synced = before + len(round_.committed)
