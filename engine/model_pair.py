@@ -105,16 +105,22 @@ def build_pair(out_dir: str | os.PathLike, spec: PairSpec = PairSpec()) -> tuple
 def ensure_pair(out_dir: str | os.PathLike, spec: PairSpec = PairSpec()) -> tuple[Path, Path]:
     """Build the pair once (under a file lock, so concurrent workers build it once) and reuse it."""
     out = Path(out_dir).expanduser()
+    locked_build(out, lambda tmp: build_pair(tmp, spec), "random-init draft/target pair")
+    return out / "draft", out / "target"
+
+
+def locked_build(out: Path, build, what: str) -> None:
+    """Run build(tmp_folder) once for `out` (a file lock serialises concurrent callers), then move the result
+    into place; a finished build leaves `out` and is reused."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "pair.json").exists():
-            print(f"[specpool] building random-init draft/target pair in {out} ...", flush=True)
+        if not out.exists():
+            print(f"[specpool] building {what} in {out} ...", flush=True)
             tmp = Path(tempfile.mkdtemp(dir=out.parent))
-            build_pair(tmp, spec)
+            build(tmp)
             tmp.rename(out)
-            print("[specpool] pair ready", flush=True)
-    return out / "draft", out / "target"
+            print("[specpool] ready", flush=True)
 
 
 def cache_dir() -> Path:
