@@ -1,0 +1,177 @@
+"""The overlapped (draft-ahead) loop of router/speculation.py against in-memory workers, no Ray, no gRPC.
+
+The fake target decodes a fixed greedy rule; the fake draft follows it except at every ninth position, so
+rounds both hit and miss their pre-draft. Both fakes hold a per-session cache the way real workers do and
+count every time the router claims they hold more than they do (a forced re-prefill), so the router's
+`synced` accounting is checked too, not only its output.
+"""
+import asyncio
+
+import grpc
+import pytest
+
+from protos.specpool.v1 import generation_pb2, worker_pb2
+from router.speculation import RequestState, generate
+
+VOCAB = 50
+PROMPT = [3, 1, 4, 1, 5]
+MAX_NEW = 60
+
+
+def truth(context: list[int]) -> int:
+    """The target's greedy next token."""
+    return (sum(context) * 31 + len(context) * 7) % VOCAB
+
+
+def guess(context: list[int]) -> int:
+    """The draft's: right except at every ninth position."""
+    return (truth(context) + 1) % VOCAB if len(context) % 9 == 3 else truth(context)
+
+
+def reference(max_new: int = MAX_NEW) -> list[int]:
+    tokens = list(PROMPT)
+    for _ in range(max_new):
+        tokens.append(truth(tokens))
+    return tokens[len(PROMPT):]
+
+
+def down() -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "killed")
+
+
+class FakeWorker:
+    """A worker's session caches, the position contract, and what the router asked of it."""
+    timeout = 5.0
+
+    def __init__(self):
+        self.held: dict[int, list[int]] = {}
+        self.reprefills = self.calls = 0
+        self.healthy, self.released = True, []
+
+    def sync(self, session_id: int, tokens: list[int], synced: int) -> list[int]:
+        """Crop to `synced` and append the rest; a claim past what is held costs a re-prefill."""
+        self.calls += 1
+        held = self.held.get(session_id, [])
+        if synced > len(held) or held[:synced] != tokens[:synced]:
+            self.reprefills += 1
+        self.held[session_id] = list(tokens)
+        return self.held[session_id]
+
+    def mark_failed(self):
+        self.healthy = False
+
+    async def wait_recovered(self, timeout):
+        pass
+
+    async def release(self, session_id: int):
+        self.released.append(session_id)
+        self.held.pop(session_id, None)
+
+
+class FakeDraft(FakeWorker):
+    def __init__(self, die_on_call: int = 0):
+        super().__init__()
+        self.die_on_call, self.cancelled = die_on_call, 0
+
+    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout):
+        if self.calls + 1 == self.die_on_call:
+            self.calls += 1
+            await asyncio.sleep(0.01)       # still pending when the verdict comes back, then the worker dies
+            raise down()
+        context = self.sync(session_id, tokens, synced)
+        try:
+            await asyncio.sleep(0.002)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        drafts = []
+        for _ in range(k):
+            drafts.append(guess(context + drafts))
+        context.extend(drafts[:-1])         # a draft caches what it fed: all but its last draft
+        return worker_pb2.ProposeResponse(draft_token_ids=drafts), 0
+
+
+class FakeTarget(FakeWorker):
+    async def verify(self, session_id, tokens, synced, drafts, hidden, sampling, timeout):
+        context = self.sync(session_id, tokens, synced)
+        await asyncio.sleep(0.001)
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == truth(context + list(drafts[:accepted])):
+            accepted += 1
+        context.extend(drafts)
+        return worker_pb2.VerifyResponse(num_accepted=accepted,
+                                         next_token_id=truth(context[:len(tokens) + accepted])), 0
+
+
+class FixedK:
+    """A KPolicy with one K, recording the rounds."""
+
+    def __init__(self, k: int, overlap: bool):
+        self.k, self.overlap, self.predraft_k, self.rounds = k, overlap, 8, []
+
+    def choose_k(self, state):
+        return self.k
+
+    def observe(self, state, round_):
+        self.rounds.append(round_)
+
+
+def request(max_new: int = MAX_NEW) -> RequestState:
+    return RequestState(session_id=7, tokens=list(PROMPT), prompt_len=len(PROMPT), max_new_tokens=max_new,
+                        sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
+                        draft_mode=worker_pb2.DRAFT_MODE_GREEDY, max_context=0)
+
+
+def run(draft, target, policy, state=None, stop_after: int | None = None) -> RequestState:
+    state = state or request()
+
+    async def main():
+        rounds = generate(state, draft, target, policy)
+        async for _ in rounds:
+            if stop_after is not None and len(policy.rounds) >= stop_after:
+                break
+        await rounds.aclose()
+    asyncio.run(main())
+    return state
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 6])
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlap"])
+def test_output_identical_to_target_alone_and_no_worker_is_over_claimed(k, overlap):
+    draft, target, policy = FakeDraft(), FakeTarget(), FixedK(k, overlap)
+    state = run(draft, target, policy)
+    assert state.tokens[len(PROMPT):] == reference()
+    assert draft.reprefills == 0 and target.reprefills == 0
+    hits = sum(r.predrafted for r in policy.rounds)
+    assert state.stats.predraft_hits == hits and state.stats.predrafts == (0 if not overlap or k == 0 else
+                                                                           sum(r.predraft_sent for r in policy.rounds))
+    if overlap and k:
+        assert 0 < hits < len(policy.rounds)                          # it both hits and misses
+        assert all(not r.predrafted or r.parts["draft_compute"] == 0 for r in policy.rounds)
+        assert target.calls == len(policy.rounds)
+        drafted_now = sum(1 for r in policy.rounds if r.k and not r.predrafted)
+        assert draft.calls == state.stats.predrafts + drafted_now          # a hit makes no draft call
+
+
+def test_a_hit_means_all_drafts_accepted_and_the_guess_right():
+    policy = FixedK(3, True)
+    run(FakeDraft(), FakeTarget(), policy)
+    for previous, round_ in zip(policy.rounds, policy.rounds[1:]):
+        assert round_.predrafted == (previous.accepted == previous.k and previous.timings.guess_hit is True)
+
+
+def test_draft_killed_while_a_predraft_is_pending_gives_identical_tokens():
+    draft, target, policy = FakeDraft(die_on_call=6), FakeTarget(), FixedK(3, True)
+    state = run(draft, target, policy)
+    assert state.tokens[len(PROMPT):] == reference()
+    ks = [r.k for r in policy.rounds]
+    assert draft.calls == 6 and not draft.healthy and ks[0] == 3
+    assert all(k == 0 for k in ks[ks.index(0):]) and ks.index(0) < len(ks) - 10   # plain decoding from then on
+    assert target.reprefills == 0
+
+
+def test_a_request_that_ends_cancels_its_predraft_before_releasing():
+    draft, target, policy = FakeDraft(), FakeTarget(), FixedK(3, True)
+    run(draft, target, policy, stop_after=3)
+    assert draft.released == [7] and target.released == [7]
+    assert draft.held == {} and target.held == {}                    # no pre-draft re-created the session
