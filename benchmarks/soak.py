@@ -22,7 +22,7 @@ import grpc
 import ray
 import yaml
 
-from benchmarks.speedup import InProcessService, log
+from benchmarks.service import log, running
 from protos.specpool.v1 import generation_pb2
 
 PROMPTS = [[3, 14, 15, 92], [65, 35, 89], [79, 32, 38, 46, 26], [43, 38, 32, 79, 50, 28]]
@@ -92,26 +92,32 @@ def client_loop(stub, cfg: SoakConfig, deadline: float, index: int, results: lis
 
 
 def run(cfg: SoakConfig) -> dict:
-    service = InProcessService(cfg.config)
-    try:
+    """The soak against a fresh specpool from the YAML at cfg.config (on any free port), summarized."""
+    with running(cfg.config) as service:
         stub, pools = service.stub, service.service.pools
         reference = {tuple(p): list(stub.Generate(request_for(p, cfg.max_new_tokens)).token_ids) for p in PROMPTS}
         workers = [("draft", a) for a in pools.draft_actors] + [
             (f"target rank {r}", a) for ranks in pools.target_actors for r, a in enumerate(ranks)]
         killer = Killer.remote(workers, cfg.kill_every, cfg.seed)
         kills_ref = killer.run.remote()
-        results, deadline = [], time.monotonic() + cfg.minutes * 60
-        threads = [threading.Thread(target=client_loop, args=(stub, cfg, deadline, i, results))
-                   for i in range(cfg.streams)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        ray.get(killer.stop.remote())
+        try:
+            results = streams_until(stub, cfg, time.monotonic() + cfg.minutes * 60)
+        finally:
+            ray.get(killer.stop.remote())
         kills = ray.get(kills_ref)
-    finally:
-        service.stop()
     return summarize(results, reference, kills)
+
+
+def streams_until(stub, cfg: SoakConfig, deadline: float) -> list:
+    """cfg.streams client loops on threads until `deadline`: (prompt, status, tokens, stall) per request."""
+    results = []
+    threads = [threading.Thread(target=client_loop, args=(stub, cfg, deadline, i, results))
+               for i in range(cfg.streams)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
 
 
 def summarize(results, reference, kills) -> dict:
@@ -126,13 +132,20 @@ def summarize(results, reference, kills) -> dict:
                         "max": stalls[-1] if stalls else 0.0}}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> SoakConfig:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in vars(SoakConfig()).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    cfg = SoakConfig(**vars(parser.parse_args()))
+    return SoakConfig(**vars(parser.parse_args(argv)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
     log(f"soak: {cfg.streams} streams for {cfg.minutes} min, a kill every {cfg.kill_every}s")
-    summary = run(cfg)
+    try:
+        summary = run(cfg)
+    finally:
+        ray.shutdown()      # the local Ray instance the service started, with its agents
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "soak.json").write_text(json.dumps(summary, indent=2))

@@ -1,0 +1,107 @@
+"""A specpool to measure, and the client that measures it: the service runs in this process on a background
+event loop (as the tests run it); timed requests come from a separate client process, as real clients do, so
+that client threads never compete with the router for this process's GIL.
+
+    with running("deploy/local.yaml", batching=True) as service:     # any free port
+        run = service.client(stream_one, "def main(", 32, None)      # None: the adaptive K policy
+        print(run["tokens"] / run["seconds"], "tokens/s")
+
+(`python -m benchmarks.speedup` and `python -m benchmarks.soak` run it this way.)
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import grpc
+
+from benchmarks.plan import PREDICTABLE
+from protos.specpool.v1 import admin_pb2_grpc, generation_pb2, generation_pb2_grpc
+from settings.schema import config_from_dict, read_yaml, with_model_paths_from
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", flush=True)
+
+
+def load_service_config(path: str | os.PathLike) -> dict:
+    """The YAML at `path` as a dict, relative model paths read from the YAML's folder (as load_config does)."""
+    return with_model_paths_from(read_yaml(path) or {}, Path(path).parent)
+
+
+def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: float = 0.0) -> dict:
+    """One GenerateStream request (k None: the adaptive policy), timed per chunk: seconds, tokens, time to
+    first token, inter-token gaps, the request's stats and K and accepted tokens per round."""
+    request = generation_pb2.GenerateRequest(prompt=prompt, max_new_tokens=max_new)
+    request.sampling.temperature = temperature
+    if temperature:
+        request.sampling.seed = 1
+    if k is not None:
+        request.speculation.k = k
+    started, arrivals, chunks = time.perf_counter(), [], []
+    for chunk in stub.GenerateStream(request):
+        arrivals.append(time.perf_counter())
+        chunks.append(chunk)
+    stats = chunks[-1].stats
+    gaps = [(b - a) / len(c.token_ids) for a, b, c in zip(arrivals, arrivals[1:], chunks[1:]) for _ in c.token_ids]
+    return {"seconds": arrivals[-1] - started, "tokens": sum(len(c.token_ids) for c in chunks),
+            "ttft": arrivals[0] - started, "itl": gaps, "draft": stats.draft_tokens,
+            "accepted": stats.accepted_tokens, "rounds": stats.target_passes, "wire": stats.wire_bytes,
+            "k_per_round": list(stats.k_per_round), "accepted_per_round": [len(c.token_ids) - 1 for c in chunks]}
+
+
+_STUBS: dict = {}
+
+
+def client_call(address: str, fn, *args):
+    """fn(stub, *args) in the client process, over one channel per address."""
+    if address not in _STUBS:
+        _STUBS[address] = generation_pb2_grpc.GenerationStub(grpc.insecure_channel(address))
+    return fn(_STUBS[address], *args)
+
+
+class InProcessService:
+    """specpool serve on a background event loop, from a config dict, with its client process."""
+
+    def __init__(self, data: dict):
+        from router.service import Service
+        self.data = data
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.service = asyncio.run_coroutine_threadsafe(Service(config_from_dict(data)).start(), self.loop).result()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.port}")
+        self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+        self.admin = admin_pb2_grpc.AdminStub(self.channel)
+        self.clients = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self.client(stream_one, PREDICTABLE[0], 8, None)   # warm-up, so that no row pays for first calls
+
+    def client(self, fn, *args):
+        """fn(stub, *args) run in the client process against this service."""
+        return self.clients.submit(client_call, f"127.0.0.1:{self.service.port}", fn, *args).result()
+
+    def stop(self) -> None:
+        self.clients.shutdown()
+        self.channel.close()
+        asyncio.run_coroutine_threadsafe(self.service.stop(1.0), self.loop).result()
+
+
+@contextlib.contextmanager
+def running(config_path: str | os.PathLike, batching: bool = True):
+    """A fresh specpool from the YAML at `config_path` on any free port (batching off: max_batch_size 1 for
+    the draft and the target), stopped (its actors killed) on exit; Ray stays up for the next one."""
+    data = load_service_config(config_path)
+    data["router"] = {**(data.get("router") or {}), "port": 0}
+    if not batching:
+        data.update({pool: {**(data.get(pool) or {}), "max_batch_size": 1} for pool in ("draft", "target")})
+    log(f"starting specpool from {config_path}, batching {'on' if batching else 'off'}")
+    service = InProcessService(data)
+    try:
+        yield service
+    finally:
+        service.stop()
