@@ -24,3 +24,4 @@ class BenchConfig:
     concurrency: tuple = (1, 2, 4, 8, 16)
     prompts: list = field(default_factory=lambda: PREDICTABLE + UNPREDICTABLE)
     sweep_only: bool = False          # skip the single-stream rows (transformers, K, wire, trace)
+    heavy_layers: int = 40            # zero-output layers of the heavy pair (tools/heavy_pair.py; 0: skip it)

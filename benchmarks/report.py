@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from benchmarks.concurrency import HF_BATCHED, OFF_ADAPTIVE, ON_ADAPTIVE, ON_K0
+from router.speculation import PARTS
 
 SINGLE_HEADER = ("| row | tokens/s | TTFT ms | ITL p50 / p99 ms | α | tokens/round | analytic | efficiency "
                  "| wire B/round (greedy) | full q B/round |\n|---|---|---|---|---|---|---|---|---|---|\n")
@@ -50,8 +51,29 @@ def sweep_markdown(results: dict) -> str:
             + f"\n\nbatching config: {json.dumps(results['batching'])}\n")
 
 
+OVERLAP_HEADER = ("| row | tokens/s | α | tokens/round | pre-draft hits/round | efficiency | ms per round: "
+                  + " / ".join(PARTS) + " |\n|---|---|---|---|---|---|---|\n")
+
+
+def overlap_line(name: str, r: dict) -> str:
+    parts = " / ".join(f"{r['parts_ms'][part]:.2f}" for part in PARTS)
+    return (f"| {name} | {r['tokens_per_s']:.1f} | {r['alpha']:.2f} | {r['mean_accepted_len']:.2f} | {r['hits']:.2f} "
+            f"| {r['efficiency']:.2f} | {parts} |")
+
+
+def overlap_markdown(title: str, section: dict) -> str:
+    """One pair's transformers rows, overlap rows with their round breakdown, and the goal ratios."""
+    hf = "\n".join(f"| {name} | {r['tokens_per_s']:.1f} | | | | | |" for name, r in section["transformers"].items())
+    rows = "\n".join(overlap_line(name, r) for name, r in section["rows"].items())
+    ratios = "\n".join(f"- {key}: {value:.2f}" for key, value in section["ratios"].items())
+    return f"### {title} (c = {section['c']:.3f})\n\n{OVERLAP_HEADER}{hf}\n{rows}\n\n{ratios}\n\n"
+
+
 def markdown(results: dict) -> str:
-    return (single_markdown(results["single"]) if "single" in results else "") + sweep_markdown(results)
+    overlap = "".join(overlap_markdown(title, results[key]) for key, title in
+                      (("overlap", "Overlap and hop: demo pair"), ("heavy", "Overlap and hop: heavy pair"))
+                      if key in results)
+    return (single_markdown(results["single"]) if "single" in results else "") + overlap + sweep_markdown(results)
 
 
 # ---- plots ------------------------------------------------------------------------------------

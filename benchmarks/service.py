@@ -53,6 +53,7 @@ def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: floa
     return {"seconds": arrivals[-1] - started, "tokens": sum(len(c.token_ids) for c in chunks),
             "ttft": arrivals[0] - started, "itl": gaps, "draft": stats.draft_tokens,
             "accepted": stats.accepted_tokens, "rounds": stats.target_passes, "wire": stats.wire_bytes,
+            "predraft_hits": stats.predraft_hits,
             "k_per_round": list(stats.k_per_round), "accepted_per_round": [len(c.token_ids) - 1 for c in chunks]}
 
 
@@ -91,15 +92,19 @@ class InProcessService:
         asyncio.run_coroutine_threadsafe(self.service.stop(1.0), self.loop).result()
 
 
-@contextlib.contextmanager
 def running(config_path: str | os.PathLike, batching: bool = True):
     """A fresh specpool from the YAML at `config_path` on any free port (batching off: max_batch_size 1 for
     the draft and the target), stopped (its actors killed) on exit; Ray stays up for the next one."""
-    data = load_service_config(config_path)
-    data["router"] = {**(data.get("router") or {}), "port": 0}
+    return running_data(load_service_config(config_path), batching, str(config_path))
+
+
+@contextlib.contextmanager
+def running_data(data: dict, batching: bool = True, label: str = "a config dict"):
+    """As running(), from a config dict."""
+    data = {**data, "router": {**(data.get("router") or {}), "port": 0}}
     if not batching:
         data.update({pool: {**(data.get(pool) or {}), "max_batch_size": 1} for pool in ("draft", "target")})
-    log(f"starting specpool from {config_path}, batching {'on' if batching else 'off'}")
+    log(f"starting specpool from {label}, batching {'on' if batching else 'off'}")
     service = InProcessService(data)
     try:
         yield service

@@ -76,7 +76,7 @@ def specpool_row(stub, cfg: BenchConfig, k: int | None) -> dict:
             "alpha": accepted / draft if draft else 0.0,
             "mean_accepted_len": sum(r["tokens"] for r in flat) / rounds,
             "wire_bytes_per_round": sum(r["wire"] for r in flat) / rounds,
-            "mean_k": draft / rounds}
+            "mean_k": draft / rounds, "predraft_hits": sum(r["predraft_hits"] for r in flat)}
 
 
 def with_model_terms(row: dict, k: int | None, c: float, base: float, vocab: int) -> dict:
@@ -125,8 +125,9 @@ def adaptive_trace(stub, cfg: BenchConfig) -> dict:
 
 def single_stream(service, cfg: BenchConfig) -> tuple[dict, dict]:
     """The single-stream rows (transformers, specpool at each K and adaptive), wire bytes, the K trace."""
-    rows, c = hf_rows(service, cfg)
-    base = rows[BASE_ROW]["tokens_per_s"]
-    rows.update(specpool_rows(service, cfg, c, base, service.service.pools.target_info["vocab_size"]))
-    single = {"c": c, "rows": rows, "sampled_k": SAMPLED_K, "wire_sampled": wire_sampled(service, cfg, SAMPLED_K)}
+    transformers, c = hf_rows(service, cfg)
+    base = transformers[BASE_ROW]["tokens_per_s"]
+    rows = {**transformers, **specpool_rows(service, cfg, c, base, service.service.pools.target_info["vocab_size"])}
+    single = {"c": c, "rows": rows, "sampled_k": SAMPLED_K, "wire_sampled": wire_sampled(service, cfg, SAMPLED_K),
+              "transformers": transformers}
     return single, service.client(adaptive_trace, cfg)

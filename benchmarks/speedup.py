@@ -20,6 +20,9 @@ transformers batched, against their goals.
 
     python -m benchmarks.speedup --sweep-only --quick --concurrency 1,2   # a smoke run
 
+Then the overlap rows (benchmarks/overlap.py): in turn against overlapped at each K, K = 0 and adaptive, each
+with the breakdown of a round's wall time, on the demo pair and on the heavy pair (tools/heavy_pair.py).
+
 Writes results.json, results.md, concurrency.png (and, without --sweep-only, speedup.png and adaptive.png)
 under --out (benchmarks/report.py).
 """
@@ -35,7 +38,8 @@ from benchmarks.concurrency import (HF_BATCHED, OFF_ADAPTIVE, ON_ADAPTIVE, ON_K0
                                     hf_batched_sweep, specpool_sweep, sweep_ratios)
 from benchmarks.plan import QUICK, BenchConfig
 from benchmarks.report import write_outputs
-from benchmarks.service import running
+from benchmarks.overlap import heavy_section, overlap_section
+from benchmarks.service import load_service_config, running
 from benchmarks.single_stream import single_stream
 
 
@@ -48,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     parser.add_argument("--concurrency", type=lambda text: tuple(int(n) for n in text.split(",")),
                         help="stream counts of the sweep, e.g. 1,2,4 (default 1,2,4,8,16)")
     parser.add_argument("--sweep-only", action="store_true", help="only the concurrency sweep")
+    parser.add_argument("--heavy-layers", type=int, help="zero-output layers of the heavy pair (0: skip it; default "
+                        f"{BenchConfig.heavy_layers})")
     parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
     args = vars(parser.parse_args(argv))
     chosen = {key: value for key, value in args.items() if value is not None and key != "quick"}
@@ -61,6 +67,8 @@ def run(cfg: BenchConfig) -> tuple[dict, dict | None]:
     with running(cfg.config, batching=True) as service:
         if not cfg.sweep_only:
             results["single"], trace = single_stream(service, cfg)
+            results["overlap"] = overlap_section(service, cfg, results["single"].pop("transformers"),
+                                                 results["single"]["c"])
         sweep[ON_ADAPTIVE] = specpool_sweep(service, cfg, ON_ADAPTIVE, None)
         sweep[ON_K0] = specpool_sweep(service, cfg, ON_K0, 0)
         results["batching"]["on"] = batching_config(service)
@@ -68,6 +76,8 @@ def run(cfg: BenchConfig) -> tuple[dict, dict | None]:
     with running(cfg.config, batching=False) as service:
         sweep[OFF_ADAPTIVE] = specpool_sweep(service, cfg, OFF_ADAPTIVE, None)
         results["batching"]["off"] = batching_config(service)
+    if cfg.heavy_layers and not cfg.sweep_only:
+        results["heavy"] = heavy_section(load_service_config(cfg.config), cfg, cfg.heavy_layers)
     sweep[HF_BATCHED] = hf_batched_sweep(cfg, model_path)
     results.update(sweep=sweep, ratios=sweep_ratios(sweep))
     results["goals"] = goal_lines(results["ratios"])

@@ -1,0 +1,105 @@
+"""Overlap and the hop, per pair: specpool drafting and verifying in turn against overlapped (draft-ahead) at
+the same K, K = 0 against transformers generate(), the adaptive policy both ways, and where a round's wall
+time goes (compute, worker queue/thread hop and transport per call, the wait for a pre-draft, the router:
+the router's specpool_round_seconds{part} counters). Run on the demo pair and on the heavy pair
+(tools/heavy_pair.py: the demo target plus zero-output layers, so a target pass costs many hops, as on a GPU).
+
+    python -m benchmarks.speedup --quick   # includes these rows at K 2 and 4 on both pairs
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import yaml
+
+from benchmarks.plan import PREDICTABLE, BenchConfig
+from benchmarks.service import log, running_data
+from benchmarks.single_stream import BASE_ROW, hf_rows, specpool_row, with_model_terms
+from protos.specpool.v1 import admin_pb2
+from router.speculation import PARTS
+
+
+def set_overlap(service, on: bool) -> None:
+    """Hot-reload speculation.overlap on the running service."""
+    data = service.data
+    data["speculation"] = {**(data.get("speculation") or {}), "overlap": on}
+    service.admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(data)))
+
+
+def counters(service) -> dict:
+    """The router's cumulative round seconds per part, and its rounds (target passes)."""
+    metrics = service.service.router.metrics
+    parts = {s.labels["part"]: s.value for m in metrics.round_seconds.collect() for s in m.samples
+             if s.name.endswith("_total")}
+    rounds = next(s.value for m in metrics.target_passes.collect() for s in m.samples if s.name.endswith("_total"))
+    return {**parts, "rounds": rounds}
+
+
+def measured_row(service, cfg: BenchConfig, k: int | None, overlap: bool) -> dict:
+    """specpool_row at K = k (None: adaptive) with overlap on or off, plus ms per round by part."""
+    set_overlap(service, overlap)
+    before = counters(service)
+    row = service.client(specpool_row, cfg, k)
+    after = counters(service)
+    rounds = max(after["rounds"] - before["rounds"], 1)
+    row["parts_ms"] = {part: 1e3 * (after.get(part, 0.0) - before.get(part, 0.0)) / rounds for part in PARTS}
+    row["hits"] = row.pop("predraft_hits", 0) / rounds
+    return row
+
+
+def pair_rows(service, cfg: BenchConfig, c: float, base: float) -> dict:
+    """In turn and overlapped rows at K = 0, each of cfg.ks, and adaptive, with their analytic terms."""
+    rows, configured = {}, (service.data.get("speculation") or {}).get("overlap", True)
+    vocab = service.service.pools.target_info["vocab_size"]
+    for k in (0, *cfg.ks, None):
+        for overlap in ((False,) if k == 0 else (False, True)):
+            name = f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}"
+            rows[name] = row = with_model_terms(measured_row(service, cfg, k, overlap), k, c, base, vocab)
+            log(f"{name}: {row['tokens_per_s']:.1f} tokens/s, hits {row['hits']:.2f}/round, "
+                + " ".join(f"{p}={v:.2f}" for p, v in row["parts_ms"].items() if v))
+    set_overlap(service, configured)
+    return rows
+
+
+def heavy_config(data: dict, extra_layers: int) -> dict:
+    """The service config `data` serving the heavy pair instead."""
+    from tools.heavy_pair import ensure_heavy_pair
+    draft, target = ensure_heavy_pair(extra_layers)
+    return {**data, "draft": {**data["draft"], "model": str(draft)}, "target": {**data["target"], "model": str(target)}}
+
+
+def overlap_section(service, cfg: BenchConfig, transformers: dict, c: float) -> dict:
+    """The demo pair's overlap rows beside its transformers rows, and the ratios the goals name."""
+    rows = pair_rows(service, cfg, c, transformers[BASE_ROW]["tokens_per_s"])
+    return {"c": c, "transformers": transformers, "rows": rows, "ratios": ratios(transformers, rows, cfg.ks)}
+
+
+def heavy_section(data: dict, cfg: BenchConfig, extra_layers: int) -> dict:
+    """Transformers rows and overlap rows on the heavy pair (predictable prompts only: a pass is slow)."""
+    heavy_cfg = dataclasses.replace(cfg, prompts=PREDICTABLE, ks=tuple(k for k in cfg.ks if k <= 4) or (2,))
+    with running_data(heavy_config(data, extra_layers)) as service:
+        transformers, c = hf_rows(service, heavy_cfg)
+        rows = pair_rows(service, heavy_cfg, c, transformers[BASE_ROW]["tokens_per_s"])
+    return {"extra_layers": extra_layers, "c": c, "transformers": transformers, "rows": rows,
+            "ratios": ratios(transformers, rows, heavy_cfg.ks)}
+
+
+def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
+    """The figures the goals of issue #11 name, from one run."""
+    assisted = max(r["tokens_per_s"] for name, r in transformers.items() if name != BASE_ROW)
+    base = transformers[BASE_ROW]["tokens_per_s"]
+    out = {"adaptive / best assisted": rows["overlap adaptive"]["tokens_per_s"] / assisted,
+           "in-turn adaptive / best assisted": rows["in turn adaptive"]["tokens_per_s"] / assisted,
+           "K=0 / generate()": rows["in turn K=0"]["tokens_per_s"] / base,
+           "hop ms per round (K=0, beyond compute)": hop_ms(rows["in turn K=0"]),
+           "target pass ms (K=0)": rows["in turn K=0"]["parts_ms"]["verify_compute"],
+           "overlap adaptive efficiency (vs in-turn analytic)": rows["overlap adaptive"]["efficiency"]}
+    for k in ks:
+        out[f"overlap / in turn at K={k}"] = (rows[f"overlap K={k}"]["tokens_per_s"]
+                                              / rows[f"in turn K={k}"]["tokens_per_s"])
+    return out
+
+
+def hop_ms(row: dict) -> float:
+    """A round's wall time beyond the workers' compute."""
+    return sum(v for part, v in row["parts_ms"].items() if not part.endswith("compute"))
