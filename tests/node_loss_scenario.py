@@ -21,21 +21,32 @@ def main(draft: str, target: str) -> dict:
     ray.init(address=cluster.address, namespace="specpool-node-loss", log_to_driver=False)
     doomed = cluster.add_node(**POOL_NODE)
     cluster.wait_for_nodes()
-    service = RunningService(service_config((draft, target), router={"target_recovery_s": 500.0, "worker_timeout_s": 120.0}))
+    router_config = {"target_recovery_s": 500.0, "worker_timeout_s": 120.0}
+    # batch_wait_ms paces the request: each verify waits 20 ms for company and a K=2 round commits at most
+    # 3 tokens, so the 145 tokens left when the node goes take over a second however fast the tiny pair
+    # decodes (remove_node takes ~0.1 s): the loss hits the request mid-way.
+    service = RunningService(service_config((draft, target), router=router_config, target={"batch_wait_ms": 20.0}))
     try:
+        # The replacement joins before the request, once the pools are placed on `doomed`: starting a node
+        # takes seconds, and a request outruns that (it once finished, all chunks buffered, before
+        # remove_node ran, so the test saw no node loss at all).
+        cluster.add_node(**POOL_NODE)
+        cluster.wait_for_nodes()
         request = generation_pb2.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=150)
         request.speculation.k = 2
         chunks, arrivals = [], []
+        target_before = service.service.router.targets[0].address
         for chunk in service.stub.GenerateStream(request, timeout=600):
             chunks.append(chunk)
             arrivals.append(time.monotonic())
             if len(chunks) == 5:
-                cluster.add_node(**POOL_NODE)              # the replacement
                 cluster.remove_node(doomed)
                 arrivals[-1] = time.monotonic()
         return {"tokens": [t for c in chunks for t in c.token_ids],
                 "stall_s": max(b - a for a, b in zip(arrivals[4:], arrivals[5:])),
-                "nodes": len(cluster.list_all_nodes())}
+                "nodes": len(cluster.list_all_nodes()),
+                "target_moved": service.service.router.targets[0].address != target_before,
+                **router_config}
     finally:
         service.stop()
         ray.shutdown()

@@ -433,6 +433,7 @@ def cluster_resources(address: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_slow_ray_up_local_provider_serves_greedy_identical():
     """The slow test of the suite (deselect with -k "not slow"): ray up, specpool serve on the
     cluster, one greedy request, ray down."""

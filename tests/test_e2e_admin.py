@@ -1,28 +1,54 @@
 """Operator control through the real service: hot reload changes the K in use without dropping an
-in-flight request, an invalid reload is refused and the old K stays, metrics move as requests run."""
+in-flight request, an invalid reload is refused and the old K stays, metrics move as requests run.
+
+The module's service is started from a YAML file whose model paths are relative to the file's folder,
+as deploy/local.yaml's are, so every reload here resolves them against that folder (ReloadRequest.config_dir);
+the README's `specpool reload --config FILE` and SIGHUP (re-read the file) are both accepted."""
+import dataclasses
+import json
+import shutil
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
 import yaml
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
+from settings.schema import load_config
 from tests.conftest import service_config
 
 PROMPT = [9, 8, 7, 6]
 
 
 @pytest.fixture(scope="module")
-def config(byte_pair):
-    return service_config(byte_pair, router={"metrics_port": 0},
-                          speculation={"policy": "fixed", "k": 1, "warmup_rounds": 2})
+def config_file(tmp_path_factory, byte_pair) -> Path:
+    """specpool.yaml next to a copy of the byte pair, naming it by paths relative to the YAML's folder."""
+    folder = tmp_path_factory.mktemp("admin-deploy")
+    shutil.copytree(Path(byte_pair[0]).parent, folder / "pair")
+    path = folder / "specpool.yaml"
+    write_config(path, service_config(("pair/draft", "pair/target"), router={"metrics_port": 0},
+                                      speculation={"policy": "fixed", "k": 1, "warmup_rounds": 2}))
+    return path
+
+
+def write_config(path: Path, config: dict) -> None:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
 @pytest.fixture(scope="module")
-def service(start_service, config):
-    return start_service(config)
+def config(config_file) -> dict:
+    """The YAML document as written (relative model paths)."""
+    return yaml.safe_load(config_file.read_text())
+
+
+@pytest.fixture(scope="module")
+def service(start_service, config_file):
+    loaded = load_config(config_file)             # as `specpool serve --config FILE` loads it
+    assert Path(loaded.draft.model).is_absolute() and Path(loaded.target.model).is_absolute()
+    return start_service(dataclasses.asdict(loaded))
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +58,41 @@ def admin(service):
     channel.close()
 
 
-def reload(admin, config, **speculation):
-    new = {**config, "speculation": {**config["speculation"], **speculation}}
-    return admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(new)))
+def with_speculation(config: dict, **speculation) -> dict:
+    return {**config, "speculation": {**config["speculation"], **speculation}}
+
+
+def reload(admin, config, config_file, **speculation):
+    return admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(with_speculation(config, **speculation)),
+                                                config_dir=str(config_file.parent)))
 
 
 def current_k(admin) -> int:
     return yaml.safe_load(admin.GetStatus(admin_pb2.GetStatusRequest()).config_yaml)["speculation"]["k"]
 
 
-def test_hot_reload_changes_k_of_an_in_flight_request(service, admin, config, reference_generate):
+def scrape(service) -> dict:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{service.service.metrics_port}/metrics").read().decode()
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def assert_k_in_force(service, admin, k: int) -> None:
+    """The config's K, the pool controller's K (Admin.GetStatus) and the specpool_spec_decode_k gauge agree
+    (the module's policy is fixed, so the pool's K is the config's)."""
+    status = admin.GetStatus(admin_pb2.GetStatusRequest())
+    assert yaml.safe_load(status.config_yaml)["speculation"]["k"] == k
+    assert json.loads(status.stats_json)["pool"]["k"] == k
+    assert scrape(service)["specpool_spec_decode_k"] == k
+
+
+def first_round_k(service) -> int:
+    """The K the router's policy gives a new request's first round."""
+    response = service.stub.Generate(generation_pb2.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=8))
+    return response.stats.k_per_round[0]
+
+
+def test_hot_reload_changes_k_of_an_in_flight_request(service, admin, config, config_file, reference_generate):
     request = generation_pb2.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=300)
     chunks, started = [], threading.Event()
 
@@ -53,36 +104,30 @@ def test_hot_reload_changes_k_of_an_in_flight_request(service, admin, config, re
     thread = threading.Thread(target=consume)
     thread.start()
     assert started.wait(60)
-    reload(admin, config, k=4)
+    reload(admin, config, config_file, k=4)
     thread.join(120)
     try:
         tokens = [t for c in chunks for t in c.token_ids]
         assert tokens == reference_generate(PROMPT, 300)             # nothing dropped, nothing changed
         ks = list(chunks[-1].stats.k_per_round)
         assert ks[0] == 1 and 4 in ks and ks.index(4) >= 20          # K moved mid-request
-        assert current_k(admin) == 4
+        assert_k_in_force(service, admin, 4)
     finally:
-        reload(admin, config, k=1)
+        reload(admin, config, config_file, k=1)
 
 
-def test_invalid_reload_is_refused_and_old_k_stays(admin, config):
+def test_invalid_reload_is_refused_and_old_k_stays(service, admin, config, config_file):
     with pytest.raises(grpc.RpcError) as info:
-        reload(admin, config, k_min=5, k_max=3)
+        reload(admin, config, config_file, k_min=5, k_max=3)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details().startswith("speculation.k_max:")
     with pytest.raises(grpc.RpcError) as info:
         admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump({**config, "draft": {"replicas": 3}})))
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert current_k(admin) == 1
+    assert_k_in_force(service, admin, 1)
 
 
-def scrape(service) -> dict:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{service.service.metrics_port}/metrics").read().decode()
-    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
-            if line and not line.startswith("#")}
-
-
-def test_metrics_counters_move(service):
+def test_metrics_counters_move(service, admin):
     before = scrape(service)
     request = generation_pb2.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=16)
     request.speculation.k = 3
@@ -102,4 +147,42 @@ def test_metrics_counters_move(service):
     assert delta('specpool_requests_total{code="INVALID_ARGUMENT"}') == 1
     assert delta("specpool_time_to_first_token_seconds_count") == 1
     assert delta("specpool_e2e_request_latency_seconds_count") == 1
-    assert "specpool_spec_decode_k" in after
+    # The gauge is the pool policy's K (fixed at 1 here), not the K a request asked for (3).
+    assert 3 in stats.k_per_round and after["specpool_spec_decode_k"] == 1
+    assert_k_in_force(service, admin, 1)
+
+
+def test_readme_reload_command_and_sighup_accept_relative_model_paths(service, admin, config, config_file,
+                                                                        monkeypatch, capsys):
+    """`specpool reload --config FILE` (README) and SIGHUP re-read the file serve was started from, whose
+    model paths are relative to its folder: both apply its new speculation section. (They were refused
+    with 'draft.model: changing this needs a restart' while the file's folder was not sent.)"""
+    from router.cli import main
+    from router.service import reload_from_file
+    original = config_file.read_text()
+    monkeypatch.chdir(config_file.parent)             # relative --config, as in the README
+    name = config_file.name
+    # Without its folder the same document names other models ("pair/draft" as it is): refused, K kept.
+    with pytest.raises(grpc.RpcError) as info:
+        admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(with_speculation(config, k=3))))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.details().startswith("draft.model:")
+    assert_k_in_force(service, admin, 1)
+    try:
+        write_config(config_file, with_speculation(config, k=3))
+        capsys.readouterr()
+        assert main(["reload", "--config", name, "--address", service.address]) == 0
+        assert "k: 3" in capsys.readouterr().out
+        assert_k_in_force(service, admin, 3)
+        assert first_round_k(service) == 3
+
+        write_config(config_file, with_speculation(config, k=2))
+        service._run(reload_from_file(service.service, name))      # what `kill -HUP <serve pid>` runs
+        out = capsys.readouterr().out
+        assert f"reloaded {name}" in out and "refused" not in out, out
+        assert_k_in_force(service, admin, 2)
+        assert first_round_k(service) == 2
+    finally:
+        config_file.write_text(original)
+        reload(admin, config, config_file, k=1)
+    assert_k_in_force(service, admin, 1)

@@ -28,6 +28,25 @@ def greedy_request(prompt, k, max_new=MAX_NEW):
     return request
 
 
+def check_round_accounting(tokens, stats, finish_reason, chunks=None):
+    """What the stats guarantee. Each round drafts k_per_round[i] tokens and commits its accepted drafts
+    plus the target's own token; only the last round may be cut short, by EOS or a stop token (K is
+    clamped so that no round drafts past max_new_tokens, so a LENGTH finish is never a cut)."""
+    ks = list(stats.k_per_round)
+    assert stats.target_passes == len(ks) >= 1
+    assert stats.draft_tokens == sum(ks)
+    assert 0 <= stats.accepted_tokens <= stats.draft_tokens
+    cut = stats.accepted_tokens + stats.target_passes - len(tokens)     # committed by the rounds, not returned
+    if finish_reason == generation_pb2.FINISH_REASON_LENGTH:
+        assert cut == 0, (cut, ks)
+    else:
+        assert finish_reason in (generation_pb2.FINISH_REASON_EOS, generation_pb2.FINISH_REASON_STOP)
+        assert 0 <= cut <= ks[-1], (cut, ks)
+    if chunks is not None:      # a stream sends one chunk per round: 1 to K + 1 tokens
+        assert len(chunks) == len(ks)
+        assert all(1 <= len(c.token_ids) <= k + 1 for c, k in zip(chunks, ks)), ks
+
+
 def stream_tokens(stub, request):
     chunks = list(stub.GenerateStream(request))
     tokens = [t for chunk in chunks for t in chunk.token_ids]
@@ -42,15 +61,14 @@ def test_greedy_identical_to_target_generate(service, reference_generate, k, mod
         request = greedy_request(prompt, k)
         if mode == "unary":
             response = service.stub.Generate(request)
-            tokens, stats = list(response.token_ids), response.stats
+            tokens, stats, finish, chunks = list(response.token_ids), response.stats, response.finish_reason, None
         else:
             tokens, chunks = stream_tokens(service.stub, request)
-            stats = chunks[-1].stats
+            stats, finish = chunks[-1].stats, chunks[-1].finish_reason
             assert all(c.finish_reason == 0 for c in chunks[:-1]) and chunks[-1].finish_reason != 0
         assert tokens == expected, (prompt, k)
         assert set(stats.k_per_round) <= {k, *range(k)}          # K is clamped only near the end
-        assert stats.target_passes == len(stats.k_per_round)
-        assert stats.accepted_tokens + stats.target_passes >= len(tokens)
+        check_round_accounting(tokens, stats, finish, chunks)
 
 
 def test_plain_target_decoding_with_k0(service, reference_generate):
@@ -58,14 +76,16 @@ def test_plain_target_decoding_with_k0(service, reference_generate):
     assert list(response.token_ids) == reference_generate(PROMPTS[0], MAX_NEW)
     assert response.stats.draft_tokens == 0 and set(response.stats.k_per_round) == {0}
     assert response.stats.target_passes == len(response.token_ids)
+    check_round_accounting(list(response.token_ids), response.stats, response.finish_reason)
 
 
 def test_concurrent_requests_each_match_alone(service, reference_generate):
     requests = [(prompt, k) for prompt in PROMPTS for k in (1, 4)] * 2
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda pk: service.stub.Generate(greedy_request(*pk)).token_ids, requests))
-    for (prompt, _), tokens in zip(requests, results):
-        assert list(tokens) == reference_generate(prompt, MAX_NEW)
+        results = list(pool.map(lambda pk: service.stub.Generate(greedy_request(*pk)), requests))
+    for (prompt, _), response in zip(requests, results):
+        assert list(response.token_ids) == reference_generate(prompt, MAX_NEW)
+        check_round_accounting(list(response.token_ids), response.stats, response.finish_reason)
 
 
 def test_health_serving_and_reflection(service):
@@ -91,3 +111,4 @@ def test_text_prompt_and_stop_tokens(service, reference_generate, byte_pair):
                                                                     stop_token_ids=[stop]))
     assert list(response.token_ids) == expected[:expected.index(stop) + 1]
     assert response.finish_reason == generation_pb2.FINISH_REASON_STOP
+    check_round_accounting(list(response.token_ids), response.stats, response.finish_reason)

@@ -1,5 +1,8 @@
 """Fuzz the public API: 500+ random and edge-case requests each get OK or a clean status, and the
-server stays healthy."""
+server stays healthy. An INVALID_ARGUMENT names the offending field of GenerateRequest first, as its
+path ("sampling.top_p: ...", "stop_token_ids[2]: ...")."""
+import re
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -11,6 +14,7 @@ from tests.conftest import service_config
 
 CLEAN = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 INT32 = st.one_of(st.integers(-5, 300), st.sampled_from([-2**31, 2**31 - 1, 256, 257]))
+FIELD_PATH = re.compile(r"([a-z_]+(?:\.[a-z_]+)*)(?:\[(\d+)\])?: \S")
 FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32), st.sampled_from([0.0, 1.0, 1e-30]))
 
 
@@ -36,13 +40,32 @@ def requests(draw):
     return request
 
 
+def named_field(request: generation_pb2.GenerateRequest, details: str, vocab_size: int) -> str:
+    """The field path an INVALID_ARGUMENT message starts with; asserts that it is a field of the request
+    (and, for "name[i]: ", an element that is there and outside the vocabulary)."""
+    match = FIELD_PATH.match(details)
+    assert match, f"does not start with a field path: {details!r}"
+    path, index = match.groups()
+    message, value = request, None
+    for part in path.split("."):
+        assert message is not None and part in message.DESCRIPTOR.fields_by_name, (path, details)
+        value = getattr(message, part)
+        message = value if hasattr(value, "DESCRIPTOR") else None
+    if index is not None:
+        field = request.DESCRIPTOR.fields_by_name[path.split(".")[-1]]
+        assert field.is_repeated and int(index) < len(value), (path, index, details)
+        assert not 0 <= value[int(index)] < vocab_size, (path, index, list(value))
+    return path
+
+
 @pytest.fixture(scope="module")
 def service(start_service, byte_pair):
     return start_service(service_config(byte_pair, speculation={"k": 2, "k_max": 8}))
 
 
 def test_fuzzed_requests_get_ok_or_a_clean_status(service):
-    seen = {}
+    seen, fields = {}, set()
+    vocab_size = service.service.router.model_info["vocab_size"]
 
     @settings(max_examples=520, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
@@ -55,11 +78,14 @@ def test_fuzzed_requests_get_ok_or_a_clean_status(service):
         except grpc.RpcError as exc:
             code = exc.code()
             assert code in CLEAN, (code, exc.details(), request)
-            assert ":" in exc.details()
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                fields.add(named_field(request, exc.details(), vocab_size))
         seen[code] = seen.get(code, 0) + 1
     check()
     assert sum(seen.values()) >= 500
     assert seen.get(grpc.StatusCode.OK, 0) > 0 and seen.get(grpc.StatusCode.INVALID_ARGUMENT, 0) > 0
+    # the fuzzed requests break several fields, and each refusal named the one it was about
+    assert {"max_new_tokens", "sampling.temperature", "sampling.top_p", "speculation.k"} <= fields, fields
     channel = grpc.insecure_channel(service.address)
     status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="")).status
     channel.close()

@@ -18,6 +18,7 @@ from tests.node_loss_scenario import PROMPT
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_node_removed_mid_request(byte_pair, reference_generate):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     run = subprocess.run([sys.executable, "-m", "tests.node_loss_scenario", *byte_pair], cwd=ROOT, env=env,
@@ -26,5 +27,10 @@ def test_node_removed_mid_request(byte_pair, reference_generate):
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["tokens"] == reference_generate(PROMPT, 150)
     assert result["nodes"] == 2
+    assert result["target_moved"]               # the router re-found the restarted target at its new address
     print(f"\nnode loss: longest stall after removal {result['stall_s']:.1f}s")
-    assert result["stall_s"] < 500
+    # The removal did stall the stream (a restarted target is a new process loading its model: over 1 s),
+    # and the loss was noticed when the workers' connections broke, not by a call waiting out
+    # worker_timeout_s (120 s); the README records 4.7-14 s. (target_recovery_s, 500 s, only bounds a
+    # request that is failing.)
+    assert 1.0 < result["stall_s"] < result["worker_timeout_s"]
