@@ -112,3 +112,20 @@ def test_text_prompt_and_stop_tokens(service, reference_generate, byte_pair):
     assert list(response.token_ids) == expected[:expected.index(stop) + 1]
     assert response.finish_reason == generation_pb2.FINISH_REASON_STOP
     check_round_accounting(list(response.token_ids), response.stats, response.finish_reason)
+
+
+@pytest.fixture(scope="module")
+def self_drafted(start_service, byte_pair):
+    """The target drafting for itself: every draft and guess is right, so nearly every round's drafts come from
+    the previous round's pre-draft (the byte pair's own draft rarely agrees with its target)."""
+    return start_service(service_config((byte_pair[1], byte_pair[1]), speculation={"k": 3, "overlap": True}))
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_overlapped_rounds_that_hit_stay_identical_to_target_generate(self_drafted, reference_generate, k):
+    for prompt in PROMPTS:
+        tokens, chunks = stream_tokens(self_drafted.stub, greedy_request(prompt, k))
+        stats = chunks[-1].stats
+        assert tokens == reference_generate(prompt, MAX_NEW)
+        check_round_accounting(tokens, stats, chunks[-1].finish_reason, chunks)
+        assert stats.predrafts >= stats.predraft_hits >= stats.target_passes - 3 > 0, stats

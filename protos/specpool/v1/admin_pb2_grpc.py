@@ -51,7 +51,7 @@ class AdminServicer:
 
     def Reload(self, request, context):
         """Replace the running config with `config_yaml` between rounds. Only the `speculation:` section
-        may change without a restart; an invalid config is refused with INVALID_ARGUMENT naming the
+        may change without a restart, and `draft.replicas` / `target.replicas` may grow; an invalid config is refused with INVALID_ARGUMENT naming the
         key, a change elsewhere with FAILED_PRECONDITION, and the running config stays.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
