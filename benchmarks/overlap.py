@@ -9,6 +9,7 @@ the router's specpool_round_seconds{part} counters). Run on the demo pair and on
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import yaml
 
@@ -48,17 +49,30 @@ def measured_row(service, cfg: BenchConfig, k: int | None, overlap: bool) -> dic
 
 
 def pair_rows(service, cfg: BenchConfig, c: float, base: float) -> dict:
-    """In turn and overlapped rows at K = 0, each of cfg.ks, and adaptive, with their analytic terms."""
-    rows, configured = {}, (service.data.get("speculation") or {}).get("overlap", True)
-    vocab = service.service.pools.target_info["vocab_size"]
-    for k in (0, *cfg.ks, None):
-        for overlap in ((False,) if k == 0 else (False, True)):
-            name = f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}"
-            rows[name] = row = with_model_terms(measured_row(service, cfg, k, overlap), k, c, base, vocab)
-            log(f"{name}: {row['tokens_per_s']:.1f} tokens/s, hits {row['hits']:.2f}/round, "
-                + " ".join(f"{p}={v:.2f}" for p, v in row["parts_ms"].items() if v))
+    """In turn and overlapped rows at K = 0, each of cfg.ks, and adaptive, with their analytic terms. Repeats
+    are interleaved (every row once, then every row again), so that this noisy machine's drift over the run
+    falls on every row alike; tokens/s is the median over repeats, the other figures their mean."""
+    configured = (service.data.get("speculation") or {}).get("overlap", False)
+    plan = [(f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}", k, overlap)
+            for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))]
+    runs = {name: [] for name, _, _ in plan}
+    for repeat in range(cfg.repeats):
+        for name, k, overlap in plan:
+            runs[name].append(measured_row(service, dataclasses.replace(cfg, repeats=1), k, overlap))
+        log(f"overlap rows, repeat {repeat + 1}/{cfg.repeats}: " + ", ".join(
+            f"{name} {runs[name][-1]['tokens_per_s']:.0f}" for name, _, _ in plan) + " tokens/s")
     set_overlap(service, configured)
-    return rows
+    vocab = service.service.pools.target_info["vocab_size"]
+    return {name: with_model_terms(combine(runs[name]), k, c, base, vocab) for name, k, _ in plan}
+
+
+def combine(repeats: list[dict]) -> dict:
+    """One row from its repeats: median tokens/s, mean of every other number (and of each part's ms)."""
+    row = {key: statistics.mean(r[key] for r in repeats) for key, value in repeats[0].items()
+           if isinstance(value, (int, float))}
+    row["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in repeats)
+    row["parts_ms"] = {part: statistics.mean(r["parts_ms"][part] for r in repeats) for part in PARTS}
+    return row
 
 
 def heavy_config(data: dict, extra_layers: int) -> dict:

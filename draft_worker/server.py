@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
 from engine.batching import Batcher
-from engine.worker_server import EngineRunner, answer
+from engine.worker_server import EngineRunner, answer, serve_stream
 
 
 class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
@@ -16,6 +16,10 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
 
     async def Propose(self, request, context):
         return await answer(context, self._batcher.submit(request))
+
+    async def ProposeStream(self, requests, context):
+        async for response in serve_stream(requests, self._batcher.submit, worker_pb2.ProposeResponse):
+            yield response
 
     async def Release(self, request, context):
         await self._runner.call(context, self._engine.release, request.session_id)

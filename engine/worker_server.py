@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -29,19 +29,71 @@ def timed(fn: Callable, *args):
     return result
 
 
-async def answer(context: grpc.aio.ServicerContext, call: Awaitable):
-    """Await an engine call, turning its errors into gRPC statuses: a lost session is NOT_FOUND (the
-    router re-prefills), a bad argument INVALID_ARGUMENT. The answer is stamped with the handler's time."""
+class CallFailed(Exception):
+    """An engine call's error as the gRPC status it answers with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+async def engine_answer(call: Awaitable):
+    """Await an engine call, turning its errors into gRPC statuses (CallFailed): a lost session is NOT_FOUND
+    (the router re-prefills), a bad argument INVALID_ARGUMENT. The answer is stamped with the handler's time."""
     started = time.perf_counter()
     try:
         response = await call
-        if hasattr(response, "handler_us"):
-            response.handler_us = int((time.perf_counter() - started) * 1e6)
-        return response
     except SessionLost as exc:
-        await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        raise CallFailed(grpc.StatusCode.NOT_FOUND, str(exc)) from exc
     except ValueError as exc:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+    if hasattr(response, "handler_us"):
+        response.handler_us = int((time.perf_counter() - started) * 1e6)
+    return response
+
+
+async def answer(context: grpc.aio.ServicerContext, call: Awaitable):
+    """engine_answer for a unary call: a failure aborts the call with its status."""
+    try:
+        return await engine_answer(call)
+    except CallFailed as exc:
+        await context.abort(exc.code, exc.message)
+
+
+async def serve_stream(requests, submit: Callable[[object], Awaitable], response_type) -> AsyncIterator:
+    """Answer the calls of one router connection's stream (ProposeStream / VerifyStream): each request runs as
+    `submit(request)` would for a unary call, concurrently, so calls of many sessions batch as before; answers
+    go out tagged with their call_id as they finish, a failure as its status; `cancel` withdraws a call."""
+    answers: asyncio.Queue = asyncio.Queue()
+    calls: dict[int, asyncio.Task] = {}
+
+    async def run(request) -> None:
+        try:
+            response = await engine_answer(submit(request))
+        except CallFailed as exc:
+            response = response_type(status={"code": exc.code.value[0], "message": exc.message})
+        response.call_id = request.call_id
+        answers.put_nowait(response)
+
+    async def read() -> None:
+        try:
+            async for request in requests:
+                if request.cancel:
+                    task = calls.pop(request.call_id, None)
+                    task and task.cancel()
+                    continue
+                calls[request.call_id] = task = asyncio.ensure_future(run(request))
+                task.add_done_callback(lambda _, call_id=request.call_id: calls.pop(call_id, None))
+        finally:
+            answers.put_nowait(None)
+    reader = asyncio.ensure_future(read())
+    try:
+        while (response := await answers.get()) is not None:
+            yield response
+    finally:
+        reader.cancel()
+        for task in list(calls.values()):
+            task.cancel()
 
 
 class EngineRunner:

@@ -147,8 +147,8 @@ async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int],
         response, wire = await draft.propose(state.session_id, tokens, synced, k, state.sampling, state.draft_mode,
                                              state.timeout(draft.timeout))
     except grpc.aio.AioRpcError as exc:
-        if exc.code() not in WORKER_DOWN:
-            raise
+        if exc.code() not in WORKER_DOWN or state.timeout(1.0) <= 0:   # past the client's deadline: the request
+            raise                                                       # is over, not the draft worker
         draft.mark_failed()
         state.draft_synced = 0            # whatever comes back up has no cache for us
         return None
@@ -313,7 +313,8 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
 
 async def release(session_id: int, workers: list) -> None:
     """Best-effort: a worker that is down has lost the cache anyway; LRU eviction is the backstop."""
-    await asyncio.gather(*(w.release(session_id) for w in workers), return_exceptions=True)
+    # Shielded: a request cancelled again while releasing (its deadline, the client) still frees both caches.
+    await asyncio.shield(asyncio.gather(*(w.release(session_id) for w in workers), return_exceptions=True))
 
 
 WORKER_DOWN = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL)

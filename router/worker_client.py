@@ -7,6 +7,7 @@ whole committed context (re-prefill).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from typing import Awaitable, Callable
 
@@ -60,6 +61,89 @@ async def in_daemon_thread(fn: Callable[[], str]) -> str:
     return await future
 
 
+def rpc_error(code: grpc.StatusCode, message: str) -> grpc.aio.AioRpcError:
+    """The error a unary call would have raised, for a call answered (or lost) on a stream."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), message)
+
+
+class CallStream:
+    """Calls to one worker over one long-lived bidirectional stream (ProposeStream / VerifyStream) instead of a
+    unary call each; `await stream(request, timeout=...)` behaves as the unary call would: it returns the
+    answer or raises AioRpcError with the worker's status, DEADLINE_EXCEEDED past `timeout`, or UNAVAILABLE
+    when the stream breaks (the worker died; the next call opens a new stream). A call given up (timeout,
+    or its caller cancelled) is withdrawn on the worker."""
+
+    def __init__(self, open_stream: Callable, request_type):
+        self._open, self._request_type = open_stream, request_type
+        self._call = self._reader = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._write_lock = asyncio.Lock()
+        self._withdrawals: set = set()
+
+    async def __call__(self, request, timeout: float | None = None):
+        call = self._stream()
+        request.call_id = call_id = next(self._ids)
+        self._pending[call_id] = future = asyncio.get_running_loop().create_future()
+        try:
+            await self._write(call, request)
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            self._withdraw(call, call_id)
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:.3g}s") from None
+        except asyncio.CancelledError:
+            self._withdraw(call, call_id)
+            raise
+        finally:
+            self._pending.pop(call_id, None)
+
+    def _stream(self):
+        if self._call is None:
+            self._call = self._open()
+            self._reader = asyncio.ensure_future(self._read(self._call))
+        return self._call
+
+    async def _write(self, call, request) -> None:
+        async with self._write_lock:
+            await call.write(request)
+
+    def _withdraw(self, call, call_id: int) -> None:
+        """Tell the worker to drop the call (fire and forget: the caller does not wait for it)."""
+        if call is self._call:
+            task = asyncio.ensure_future(self._write(call, self._request_type(call_id=call_id, cancel=True)))
+            self._withdrawals.add(task)
+            task.add_done_callback(lambda t: self._withdrawals.discard(t) or t.exception())
+
+    async def _read(self, call) -> None:
+        """Settle each answer's future; when the stream ends, fail every call still waiting on it."""
+        error = rpc_error(grpc.StatusCode.UNAVAILABLE, "the worker's stream ended")
+        try:
+            async for response in call:
+                future = self._pending.get(response.call_id)
+                if future is None or future.done():
+                    continue
+                if response.status.code:
+                    future.set_exception(rpc_error(_CODES[response.status.code], response.status.message))
+                else:
+                    future.set_result(response)
+        except grpc.aio.AioRpcError as exc:
+            error = exc if exc.code() != grpc.StatusCode.CANCELLED else error
+        finally:
+            if call is self._call:
+                self._call = None
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(error)
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
 class WorkerClient:
     """One worker replica's channel, the number of sessions the router has routed to it, and its
     recovery: after a failure, `recover()` (blocking; it restarts or re-finds the worker through Ray
@@ -68,11 +152,12 @@ class WorkerClient:
     RETRY_PAUSE_S = 0.5
 
     def __init__(self, address: str, stub_class, timeout: float, recover: Callable[[], str] | None = None,
-                 tls: TlsConfig | None = None):
+                 tls: TlsConfig | None = None, stream: tuple[str, type] | None = None):
         self.timeout = timeout
         self._tls = tls
         self.outstanding = 0
         self._stub_class = stub_class
+        self._stream_method, self._request_type = stream or (None, None)
         self._recover_fn = recover
         self._recovering: asyncio.Task | None = None
         self._connect(address)
@@ -81,6 +166,8 @@ class WorkerClient:
         self.address = address
         self.channel = worker_channel(address, self._tls, CHANNEL_OPTIONS)
         self.stub = self._stub_class(self.channel)
+        self.stream = (CallStream(getattr(self.stub, self._stream_method), self._request_type)
+                       if self._stream_method else None)
 
     @property
     def healthy(self) -> bool:
@@ -100,8 +187,9 @@ class WorkerClient:
                 except Exception as exc:  # noqa: BLE001 - keep trying until the worker is back
                     print(f"[specpool] worker {self.address} still down: {exc!r}", flush=True)
                     await asyncio.sleep(self.RETRY_PAUSE_S)
-            old = self.channel
+            old, old_stream = self.channel, self.stream
             self._connect(address)
+            old_stream and old_stream.close()
             await old.close()
         finally:
             self._recovering = None
@@ -118,26 +206,30 @@ class WorkerClient:
         """Stop any recovery in progress and close the channel (the router is shutting down)."""
         if self._recovering is not None:
             self._recovering.cancel()
+        if self.stream is not None:
+            self.stream.close()
         await self.channel.close()
 
 
 class DraftClient(WorkerClient):
     def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None,
                  tls: TlsConfig | None = None):
-        super().__init__(address, worker_pb2_grpc.DraftWorkerStub, timeout, recover, tls)
+        super().__init__(address, worker_pb2_grpc.DraftWorkerStub, timeout, recover, tls,
+                         ("ProposeStream", worker_pb2.ProposeRequest))
 
     async def propose(self, session_id: int, tokens: list[int], synced: int, k: int,
                       sampling: generation_pb2.SamplingParams, mode: int, timeout: float):
         def make(position, new, start):
             return worker_pb2.ProposeRequest(session_id=session_id, position=position, new_token_ids=new, k=k,
                                              sampling=sampling if start else None, mode=mode)
-        return await synced_call(self.stub.Propose, make, tokens, synced, timeout)
+        return await synced_call(self.stream, make, tokens, synced, timeout)
 
 
 class TargetClient(WorkerClient):
     def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None,
                  tls: TlsConfig | None = None):
-        super().__init__(address, worker_pb2_grpc.TargetWorkerStub, timeout, recover, tls)
+        super().__init__(address, worker_pb2_grpc.TargetWorkerStub, timeout, recover, tls,
+                         ("VerifyStream", worker_pb2.VerifyRequest))
 
     async def verify(self, session_id: int, tokens: list[int], synced: int, drafts: list[int],
                      hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float):
@@ -145,7 +237,7 @@ class TargetClient(WorkerClient):
             return worker_pb2.VerifyRequest(session_id=session_id, position=position, new_token_ids=new,
                                             draft_token_ids=drafts, draft_hidden_states=hidden,
                                             sampling=sampling if start else None)
-        return await synced_call(self.stub.Verify, make, tokens, synced, timeout)
+        return await synced_call(self.stream, make, tokens, synced, timeout)
 
 
 def least_loaded(clients: list[WorkerClient]) -> WorkerClient:

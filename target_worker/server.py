@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
 from engine.batching import Batcher
-from engine.worker_server import EngineRunner, answer
+from engine.worker_server import EngineRunner, answer, serve_stream
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
 
 
@@ -24,6 +24,10 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
 
     async def Verify(self, request, context):
         return await answer(context, self._batcher.submit(request))
+
+    async def VerifyStream(self, requests, context):
+        async for response in serve_stream(requests, self._batcher.submit, worker_pb2.VerifyResponse):
+            yield response
 
     async def Release(self, request, context):
         await self._runner.call(context, lead, self._engine, RELEASE, request, self._world_size)

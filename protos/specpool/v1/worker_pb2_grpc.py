@@ -26,7 +26,13 @@ if _version_not_supported:
 
 
 class DraftWorkerStub:
-    """Missing associated documentation comment in .proto file."""
+    """Streams. The router keeps one long-lived ProposeStream / VerifyStream per worker connection and sends every
+    session's calls over it instead of one unary call each (a stream message costs less than a call). Each
+    request carries a `call_id` its answer echoes, answers come back in any order, a failed call is answered
+    with its gRPC status in `status` (the stream stays up), and a request with `cancel` set withdraws call
+    `call_id` (it never runs, or a draft stops drafting it at its next step).
+
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -39,6 +45,11 @@ class DraftWorkerStub:
                 request_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
                 _registered_method=True)
+        self.ProposeStream = channel.stream_stream(
+                '/specpool.v1.DraftWorker/ProposeStream',
+                request_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
+                response_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specpool.v1.DraftWorker/Release',
                 request_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
@@ -47,11 +58,23 @@ class DraftWorkerStub:
 
 
 class DraftWorkerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Streams. The router keeps one long-lived ProposeStream / VerifyStream per worker connection and sends every
+    session's calls over it instead of one unary call each (a stream message costs less than a call). Each
+    request carries a `call_id` its answer echoes, answers come back in any order, a failed call is answered
+    with its gRPC status in `status` (the stream stays up), and a request with `cancel` set withdraws call
+    `call_id` (it never runs, or a draft stops drafting it at its next step).
+
+    """
 
     def Propose(self, request, context):
         """Append the new tokens, then propose k draft tokens.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProposeStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -70,6 +93,11 @@ def add_DraftWorkerServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeRequest.FromString,
                     response_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeResponse.SerializeToString,
             ),
+            'ProposeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProposeStream,
+                    request_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeRequest.FromString,
+                    response_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeResponse.SerializeToString,
+            ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
                     request_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ReleaseRequest.FromString,
@@ -84,7 +112,13 @@ def add_DraftWorkerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DraftWorker:
-    """Missing associated documentation comment in .proto file."""
+    """Streams. The router keeps one long-lived ProposeStream / VerifyStream per worker connection and sends every
+    session's calls over it instead of one unary call each (a stream message costs less than a call). Each
+    request carries a `call_id` its answer echoes, answers come back in any order, a failed call is answered
+    with its gRPC status in `status` (the stream stays up), and a request with `cancel` set withdraws call
+    `call_id` (it never runs, or a draft stops drafting it at its next step).
+
+    """
 
     @staticmethod
     def Propose(request,
@@ -101,6 +135,33 @@ class DraftWorker:
             request,
             target,
             '/specpool.v1.DraftWorker/Propose',
+            protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
+            protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specpool.v1.DraftWorker/ProposeStream',
             protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
             protos_dot_specpool_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
             options,
@@ -155,6 +216,11 @@ class TargetWorkerStub:
                 request_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.VerifyStream = channel.stream_stream(
+                '/specpool.v1.TargetWorker/VerifyStream',
+                request_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specpool.v1.TargetWorker/Release',
                 request_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
@@ -172,6 +238,12 @@ class TargetWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -183,6 +255,11 @@ def add_TargetWorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Verify': grpc.unary_unary_rpc_method_handler(
                     servicer.Verify,
+                    request_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyRequest.FromString,
+                    response_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyResponse.SerializeToString,
+            ),
+            'VerifyStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.VerifyStream,
                     request_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyRequest.FromString,
                     response_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyResponse.SerializeToString,
             ),
@@ -217,6 +294,33 @@ class TargetWorker:
             request,
             target,
             '/specpool.v1.TargetWorker/Verify',
+            protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
+            protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specpool.v1.TargetWorker/VerifyStream',
             protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
             protos_dot_specpool_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
             options,

@@ -1,0 +1,117 @@
+"""Router <-> worker calls over one long-lived stream (router.worker_client.CallStream on the router,
+engine.worker_server.serve_stream on the worker) behave as unary calls do: each caller gets its own answer
+whatever order they finish in, a worker error arrives as its gRPC status and leaves the stream up, a call
+given up (deadline, or its caller cancelled) is withdrawn on the worker, and a dead worker fails what was
+waiting with UNAVAILABLE instead of hanging. A real grpc.aio server on 127.0.0.1; no models."""
+import asyncio
+
+import grpc
+import pytest
+
+from engine.sessions import SessionLost
+from engine.worker_server import serve_stream
+from protos.specpool.v1 import worker_pb2
+from router.worker_client import CallStream
+
+
+class Worker:
+    """A VerifyStream whose calls take `session_id` milliseconds; session 404 is lost, 999 never finishes."""
+
+    def __init__(self):
+        self.started, self.withdrawn = [], []
+
+    async def submit(self, request):
+        self.started.append(request.session_id)
+        try:
+            if request.session_id == 404:
+                raise SessionLost("session 404: not here")
+            await asyncio.sleep(3600 if request.session_id == 999 else request.session_id / 1000)
+        except asyncio.CancelledError:
+            self.withdrawn.append(request.session_id)
+            raise
+        return worker_pb2.VerifyResponse(next_token_id=request.session_id)
+
+    async def VerifyStream(self, requests, context):
+        async for response in serve_stream(requests, self.submit, worker_pb2.VerifyResponse):
+            yield response
+
+
+async def serving(worker: Worker):
+    handler = grpc.stream_stream_rpc_method_handler(
+        worker.VerifyStream, request_deserializer=worker_pb2.VerifyRequest.FromString,
+        response_serializer=worker_pb2.VerifyResponse.SerializeToString)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.Worker", {"VerifyStream": handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    open_stream = channel.stream_stream("/t.Worker/VerifyStream",
+                                        request_serializer=worker_pb2.VerifyRequest.SerializeToString,
+                                        response_deserializer=worker_pb2.VerifyResponse.FromString)
+    return server, channel, CallStream(open_stream, worker_pb2.VerifyRequest)
+
+
+def call(session_id: int) -> worker_pb2.VerifyRequest:
+    return worker_pb2.VerifyRequest(session_id=session_id)
+
+
+def scenario(body):
+    async def main():
+        worker = Worker()
+        server, channel, stream = await serving(worker)
+        try:
+            return await body(worker, server, stream)
+        finally:
+            stream.close()
+            await channel.close()
+            await server.stop(0)
+    return asyncio.run(main())
+
+
+def test_each_caller_gets_its_own_answer_whatever_order_they_finish_in():
+    async def body(worker, server, stream):
+        return await asyncio.gather(*(stream(call(ms), timeout=10) for ms in (60, 5, 30, 1)))
+    assert [r.next_token_id for r in scenario(body)] == [60, 5, 30, 1]
+
+
+def test_a_worker_error_is_its_status_and_the_stream_stays_up():
+    async def body(worker, server, stream):
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await stream(call(404), timeout=10)
+        return error.value, await stream(call(2), timeout=10)
+    error, after = scenario(body)
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "not here" in error.details()
+    assert after.next_token_id == 2
+
+
+def test_a_call_past_its_deadline_is_withdrawn_on_the_worker():
+    async def body(worker, server, stream):
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await stream(call(999), timeout=0.1)
+        await asyncio.sleep(0.2)
+        return error.value, worker.withdrawn
+    error, withdrawn = scenario(body)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and withdrawn == [999]
+
+
+def test_a_cancelled_caller_withdraws_its_call():
+    async def body(worker, server, stream):
+        pending = asyncio.ensure_future(stream(call(999), timeout=10))
+        await asyncio.sleep(0.1)
+        pending.cancel()
+        await asyncio.sleep(0.2)
+        return worker.started, worker.withdrawn, (await stream(call(3), timeout=10)).next_token_id
+    assert scenario(body) == ([999, 3], [999], 3)
+
+
+def test_a_dead_worker_fails_waiting_calls_with_unavailable():
+    async def body(worker, server, stream):
+        pending = asyncio.ensure_future(stream(call(999), timeout=10))
+        await asyncio.sleep(0.1)
+        await server.stop(0)
+        with pytest.raises(grpc.aio.AioRpcError) as waiting:
+            await pending
+        with pytest.raises(grpc.aio.AioRpcError) as next_call:
+            await stream(call(1), timeout=5)
+        return waiting.value.code(), next_call.value.code()
+    assert scenario(body) == (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE)
