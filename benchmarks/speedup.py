@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")   # Ray forks while gRPC threads run; keep that quiet
 
 import torch
 

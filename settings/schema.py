@@ -120,9 +120,8 @@ class ControllerConfig:
     cost_window: int = 256           # effective length in rounds of the exponentially weighted timing estimates
     load_window: int = 8             # ... and of the load estimate (rows per target forward), which moves faster
     # overlap (draft-ahead)
-    overlap: bool = False            # while the target verifies, the draft pre-drafts the next round for the
-                                     # verdict "all K accepted + its own guess of the next token" (off by default:
-                                     # on a machine where draft and target share cores it has not won yet; README)
+    overlap: bool = True             # while the target verifies, the draft pre-drafts the next round for the
+                                     # verdict "all K accepted + its own guess of the next token"
     overlap_tokens: int = 0          # most tokens one pre-draft may draft (guess + next K; 0: k_max + 1)
     # threshold policy
     raise_above: float = 0.8         # K += 1 when the acceptance rate since the last step is above this

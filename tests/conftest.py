@@ -55,7 +55,7 @@ def service_config(pair, **overrides) -> dict:
         "ray": {"node_ip": "127.0.0.1"},
         "draft": {"model": draft, "resources": {"draft_pool": 1}, "num_threads": 1},
         "target": {"model": target, "resources": {"target_pool": 1}, "num_threads": 1},
-        "speculation": {"k": 3, "overlap": True},     # end-to-end tests run the overlapped loop (not the default)
+        "speculation": {"k": 3},
     }
     for section, values in overrides.items():
         config.setdefault(section, {}).update(values)

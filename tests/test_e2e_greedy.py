@@ -14,12 +14,13 @@ PROMPTS = [[72, 101, 108, 108, 111], [10, 200, 3, 77, 150, 42, 9, 1, 2, 3, 4], [
 MAX_NEW = 24
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+@pytest.fixture(scope="module", params=[(1, False), (2, True)], ids=["tp1-in-turn", "tp2-overlap"])
 def service(request, start_service, byte_pair):
-    # max_sessions=2 makes workers evict sessions under concurrency, exercising re-prefill.
-    return start_service(service_config(byte_pair, target={"tensor_parallel_size": request.param,
-                                                           "max_sessions": 2},
-                                        draft={"max_sessions": 2}))
+    # max_sessions=2 makes workers evict sessions under concurrency, exercising re-prefill. TP 1 drafts and
+    # verifies in turn, TP 2 overlaps them (speculation.overlap, the default).
+    tp, overlap = request.param
+    return start_service(service_config(byte_pair, target={"tensor_parallel_size": tp, "max_sessions": 2},
+                                        draft={"max_sessions": 2}, speculation={"k": 3, "overlap": overlap}))
 
 
 def greedy_request(prompt, k, max_new=MAX_NEW):
