@@ -28,8 +28,20 @@ FINISH_NAMES = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FI
                 generation_pb2.FINISH_REASON_EOS: "eos"}
 
 
+class StartFailed(Exception):
+    """Ray or the pools did not come up; the message is one line (the cause's first)."""
+
+
+async def start_service(config: SpecpoolConfig) -> Service:
+    try:
+        return await Service(config).start()
+    except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception when its processes start too slowly
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise StartFailed(f"{type(exc).__name__}: {first}") from exc
+
+
 async def _serve(config: SpecpoolConfig, path: str) -> None:
-    service = await Service(config).start()
+    service = await start_service(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -104,7 +116,7 @@ def run_generate(args, out=sys.stdout) -> int:
 
 
 async def _demo(config: SpecpoolConfig, args) -> int:
-    service = await Service(config).start()
+    service = await start_service(config)
     try:
         args.address = f"127.0.0.1:{service.port}"
         return await asyncio.to_thread(run_generate, args)
@@ -171,10 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    if args.command == "serve":
-        asyncio.run(_serve(config, args.config))
-        return 0
-    return asyncio.run(_demo(config, args))
+    try:
+        if args.command == "serve":
+            asyncio.run(_serve(config, args.config))
+            return 0
+        return asyncio.run(_demo(config, args))
+    except StartFailed as exc:
+        print(f"specpool: could not start: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

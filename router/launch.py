@@ -41,10 +41,18 @@ def connect(config: SpecpoolConfig) -> None:
         return
     address = config.ray.address or os.environ.get("RAY_ADDRESS") or "local"   # "local": never join by accident
     kwargs = {"namespace": config.ray.namespace, "log_to_driver": True}
-    if address == "local":
-        kwargs.update(include_dashboard=False, resources=config.ray.resources or None,
-                      num_cpus=config.ray.num_cpus or None, _node_ip_address=config.ray.node_ip or None)
-    ray.init(address=address, **kwargs)
+    if address != "local":
+        ray.init(address=address, **kwargs)
+        return
+    kwargs.update(include_dashboard=False, resources=config.ray.resources or None,
+                  num_cpus=config.ray.num_cpus or None, _node_ip_address=config.ray.node_ip or None)
+    try:
+        ray.init(address=address, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception when its processes start too slowly
+        print(f"[specpool] the local Ray instance did not start ({str(exc).splitlines()[0]}); trying once more",
+              flush=True)
+        ray.shutdown()
+        ray.init(address=address, **kwargs)
 
 
 def _bundle(pool: PoolConfig) -> dict:

@@ -55,8 +55,12 @@ class Service:
             self.config.router.host, self.config.router.port, credentials)
         print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until pools are ready)",
               flush=True)
-        await asyncio.to_thread(launch.connect, self.config)
-        self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s)
+        try:
+            await asyncio.to_thread(launch.connect, self.config)
+            self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s)
+        except BaseException:
+            await self.stop(grace=0)       # the public server goes down with the failed start, on this loop
+            raise
         self.router = build_router(self.config, self.pools)
         if self.config.router.metrics_port >= 0:
             self.metrics_port = self.router.metrics.serve(self.config.router.host, self.config.router.metrics_port)
