@@ -90,14 +90,6 @@ class Round:
         return len(self.drafts)
 
 
-@dataclass
-class PreDraft:
-    """A draft call out while the target verifies: past this round's drafts, a guess of the target's next
-    token and then the next round's drafts. If the verdict accepts every draft and the guess, the next
-    round's drafts are ready when the verdict comes back."""
-    task: asyncio.Task               # -> Proposal of 1 + next K tokens, or None (the draft is unreachable)
-
-
 class KPolicy(Protocol):
     overlap: bool                    # pre-draft the next round while the target verifies
     predraft_k: int                  # ... with at most this many drafts after the guess
@@ -163,15 +155,15 @@ async def propose(state: RequestState, draft: DraftClient | None, k: int) -> Pro
     return await draft_call(state, draft, state.tokens, state.draft_synced, k) or NO_DRAFTS
 
 
-def predraft(state: RequestState, draft: DraftClient | None, drafts: list[int], next_k: int) -> PreDraft | None:
-    """Send the pre-draft of the guess + `next_k` drafts past `drafts`, to run while the target verifies them.
-    The draft holds the committed tokens and drafts[:-1] (what proposing them cached)."""
+def predraft(state: RequestState, draft: DraftClient | None, drafts: list[int], next_k: int) -> asyncio.Task | None:
+    """Send the pre-draft, to run while the target verifies `drafts`: past them, a guess of the target's next
+    token and then `next_k` drafts of the next round (the task's result: that Proposal, or None if the draft is
+    unreachable). The draft holds the committed tokens and drafts[:-1] (what proposing them cached)."""
     if next_k == 0 or draft is None or not draft.healthy:
         return None
     held = len(state.tokens) + len(drafts) - 1 if drafts else state.draft_synced
     state.stats.predrafts += 1
-    return PreDraft(asyncio.get_running_loop().create_task(
-        draft_call(state, draft, state.tokens + drafts, held, next_k + 1)))
+    return asyncio.get_running_loop().create_task(draft_call(state, draft, state.tokens + drafts, held, next_k + 1))
 
 
 async def verify(state: RequestState, target: TargetClient, proposal: Proposal) -> tuple:
@@ -188,7 +180,7 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
         queue_depth=verdict.queue_depth)
 
 
-async def settle(ahead: PreDraft | None, round_: Round) -> Proposal | None:
+async def settle(ahead: asyncio.Task | None, round_: Round) -> Proposal | None:
     """The next round's drafts if the pre-draft guessed this verdict (all drafts accepted, next token
     guessed), else None; a pre-draft that can no longer match is cancelled."""
     if ahead is None:
@@ -196,17 +188,17 @@ async def settle(ahead: PreDraft | None, round_: Round) -> Proposal | None:
     if round_.accepted < round_.k:
         await cancel(ahead)
         return None
-    proposal = await ahead.task
+    proposal = await ahead
     if proposal is None or not proposal.tokens:
         return None
     round_.timings.guess_hit = proposal.tokens[0] == round_.committed[-1]
     return proposal.after_guess() if round_.timings.guess_hit else None
 
 
-async def cancel(ahead: PreDraft | None) -> None:
+async def cancel(ahead: asyncio.Task | None) -> None:
     if ahead is not None:
-        ahead.task.cancel()
-        await asyncio.gather(ahead.task, return_exceptions=True)
+        ahead.cancel()
+        await asyncio.gather(ahead, return_exceptions=True)
 
 
 async def speculative_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
