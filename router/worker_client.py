@@ -66,6 +66,23 @@ def rpc_error(code: grpc.StatusCode, message: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), message)
 
 
+class _Stream:
+    """One open bidirectional call, the calls waiting on it, and the queue its writer task sends from."""
+
+    def __init__(self, call):
+        self.call, self.outbox, self.pending, self.closed = call, asyncio.Queue(), {}, False
+        self.tasks = (asyncio.ensure_future(self._write()),)
+
+    async def _write(self) -> None:
+        """Send queued requests in order. Writes happen here, never in a caller's task, so a caller that is
+        cancelled mid-write cannot cancel the whole stream (grpc.aio would) and every other call on it."""
+        try:
+            while True:
+                await self.call.write(await self.outbox.get())
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
+            pass                          # the stream ended: its reader fails whatever is still waiting
+
+
 class CallStream:
     """Calls to one worker over one long-lived bidirectional stream (ProposeStream / VerifyStream) instead of a
     unary call each; `await stream(request, timeout=...)` behaves as the unary call would: it returns the
@@ -74,52 +91,44 @@ class CallStream:
     or its caller cancelled) is withdrawn on the worker."""
 
     def __init__(self, open_stream: Callable, request_type):
-        self._open, self._request_type = open_stream, request_type
-        self._call = self._reader = None
-        self._pending: dict[int, asyncio.Future] = {}
+        self._open_stream, self._request_type = open_stream, request_type
+        self._stream: _Stream | None = None
         self._ids = itertools.count(1)
-        self._write_lock = asyncio.Lock()
-        self._withdrawals: set = set()
 
     async def __call__(self, request, timeout: float | None = None):
-        call = self._stream()
+        stream = self._current()
         request.call_id = call_id = next(self._ids)
-        self._pending[call_id] = future = asyncio.get_running_loop().create_future()
+        stream.pending[call_id] = future = asyncio.get_running_loop().create_future()
+        stream.outbox.put_nowait(request)
         try:
-            await self._write(call, request)
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
-            self._withdraw(call, call_id)
+            self._withdraw(stream, call_id)
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:.3g}s") from None
         except asyncio.CancelledError:
-            self._withdraw(call, call_id)
+            self._withdraw(stream, call_id)
             raise
         finally:
-            self._pending.pop(call_id, None)
+            stream.pending.pop(call_id, None)
 
-    def _stream(self):
-        if self._call is None:
-            self._call = self._open()
-            self._reader = asyncio.ensure_future(self._read(self._call))
-        return self._call
+    def _current(self) -> _Stream:
+        if self._stream is None or self._stream.closed:
+            self._stream = stream = _Stream(self._open_stream())
+            stream.tasks += (asyncio.ensure_future(self._read(stream)),)
+        return self._stream
 
-    async def _write(self, call, request) -> None:
-        async with self._write_lock:
-            await call.write(request)
+    def _withdraw(self, stream: _Stream, call_id: int) -> None:
+        """Tell the worker to drop the call (queued behind the stream's other writes; nobody waits for it)."""
+        if not stream.closed:
+            stream.outbox.put_nowait(self._request_type(call_id=call_id, cancel=True))
 
-    def _withdraw(self, call, call_id: int) -> None:
-        """Tell the worker to drop the call (fire and forget: the caller does not wait for it)."""
-        if call is self._call:
-            task = asyncio.ensure_future(self._write(call, self._request_type(call_id=call_id, cancel=True)))
-            self._withdrawals.add(task)
-            task.add_done_callback(lambda t: self._withdrawals.discard(t) or t.exception())
-
-    async def _read(self, call) -> None:
+    @staticmethod
+    async def _read(stream: _Stream) -> None:
         """Settle each answer's future; when the stream ends, fail every call still waiting on it."""
         error = rpc_error(grpc.StatusCode.UNAVAILABLE, "the worker's stream ended")
         try:
-            async for response in call:
-                future = self._pending.get(response.call_id)
+            async for response in stream.call:
+                future = stream.pending.get(response.call_id)
                 if future is None or future.done():
                     continue
                 if response.status.code:
@@ -129,16 +138,16 @@ class CallStream:
         except grpc.aio.AioRpcError as exc:
             error = exc if exc.code() != grpc.StatusCode.CANCELLED else error
         finally:
-            if call is self._call:
-                self._call = None
-            for future in self._pending.values():
+            stream.closed = True
+            stream.tasks[0].cancel()
+            for future in stream.pending.values():
                 if not future.done():
                     future.set_exception(error)
 
     def close(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
+        if self._stream is not None:
+            self._stream.call.cancel()
+            self._stream.closed = True
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}

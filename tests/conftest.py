@@ -40,8 +40,13 @@ def ray_local():
     """A local Ray instance per test module (so no Ray of ours runs beside the ray-up test)."""
     import ray
     environ = dict(os.environ)
-    ray.init(address="local", num_cpus=32, resources={"draft_pool": 16, "target_pool": 32}, include_dashboard=False,
-             namespace="specpool-tests", _node_ip_address="127.0.0.1", log_to_driver=False)
+    kwargs = dict(address="local", num_cpus=32, resources={"draft_pool": 16, "target_pool": 32},
+                  include_dashboard=False, namespace="specpool-tests", _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        ray.init(**kwargs)
+    except Exception:  # noqa: BLE001 - Ray's processes can start too slowly on a loaded 2-core machine: once more
+        ray.shutdown()
+        ray.init(**kwargs)
     yield ray
     ray.shutdown()
     os.environ.clear()

@@ -115,3 +115,20 @@ def test_a_dead_worker_fails_waiting_calls_with_unavailable():
             await stream(call(1), timeout=5)
         return waiting.value.code(), next_call.value.code()
     assert scenario(body) == (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE)
+
+
+def test_callers_cancelled_mid_write_leave_the_other_calls_on_the_stream_alone():
+    """grpc.aio cancels a whole stream when a write is cancelled; a caller's cancellation must not reach it."""
+    async def body(worker, server, stream):
+        kept = []
+        for steps in range(8):                          # cancel after 0..7 turns of the loop: some mid-write
+            calls = [asyncio.ensure_future(stream(call(50 + i), timeout=10)) for i in range(20)]
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            for doomed in calls[::2]:
+                doomed.cancel()
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            kept.append([r if isinstance(r, Exception) else r.next_token_id for r in results[1::2]])
+        return kept, (await stream(call(1), timeout=10)).next_token_id
+    kept, after = scenario(body)
+    assert kept == [list(range(51, 70, 2))] * 8 and after == 1
