@@ -71,7 +71,9 @@ async def serve_stream(requests, submit: Callable[[object], Awaitable], response
         try:
             response = await engine_answer(submit(request))
         except CallFailed as exc:
-            response = response_type(status={"code": exc.code.value[0], "message": exc.message})
+            response = failed(response_type, exc.code, exc.message)
+        except Exception as exc:  # noqa: BLE001 - what a unary handler's crash answers, for this call only
+            response = failed(response_type, grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
         response.call_id = request.call_id
         answers.put_nowait(response)
 
@@ -94,6 +96,11 @@ async def serve_stream(requests, submit: Callable[[object], Awaitable], response
         reader.cancel()
         for task in list(calls.values()):
             task.cancel()
+
+
+def failed(response_type, code: grpc.StatusCode, message: str):
+    """A stream's answer to a call that failed: its status in the message, the stream staying up."""
+    return response_type(status={"code": code.value[0], "message": message})
 
 
 class EngineRunner:

@@ -71,7 +71,8 @@ class _Stream:
 
     def __init__(self, call):
         self.call, self.outbox, self.pending, self.closed = call, asyncio.Queue(), {}, False
-        self.tasks = (asyncio.ensure_future(self._write()),)
+        self.writer = asyncio.ensure_future(self._write())
+        self.reader: asyncio.Task | None = None
 
     async def _write(self) -> None:
         """Send queued requests in order. Writes happen here, never in a caller's task, so a caller that is
@@ -114,7 +115,7 @@ class CallStream:
     def _current(self) -> _Stream:
         if self._stream is None or self._stream.closed:
             self._stream = stream = _Stream(self._open_stream())
-            stream.tasks += (asyncio.ensure_future(self._read(stream)),)
+            stream.reader = asyncio.ensure_future(self._read(stream))
         return self._stream
 
     def _withdraw(self, stream: _Stream, call_id: int) -> None:
@@ -139,7 +140,7 @@ class CallStream:
             error = exc if exc.code() != grpc.StatusCode.CANCELLED else error
         finally:
             stream.closed = True
-            stream.tasks[0].cancel()
+            stream.writer.cancel()
             for future in stream.pending.values():
                 if not future.done():
                     future.set_exception(error)

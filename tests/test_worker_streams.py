@@ -25,6 +25,8 @@ class Worker:
         try:
             if request.session_id == 404:
                 raise SessionLost("session 404: not here")
+            if request.session_id == 500:
+                raise RuntimeError("the engine broke")
             await asyncio.sleep(3600 if request.session_id == 999 else request.session_id / 1000)
         except asyncio.CancelledError:
             self.withdrawn.append(request.session_id)
@@ -74,13 +76,15 @@ def test_each_caller_gets_its_own_answer_whatever_order_they_finish_in():
     assert [r.next_token_id for r in scenario(body)] == [60, 5, 30, 1]
 
 
-def test_a_worker_error_is_its_status_and_the_stream_stays_up():
+@pytest.mark.parametrize("session, code, text", [(404, grpc.StatusCode.NOT_FOUND, "not here"),
+                                                 (500, grpc.StatusCode.UNKNOWN, "the engine broke")])
+def test_a_worker_error_is_its_status_and_the_stream_stays_up(session, code, text):
     async def body(worker, server, stream):
         with pytest.raises(grpc.aio.AioRpcError) as error:
-            await stream(call(404), timeout=10)
+            await stream(call(session), timeout=10)
         return error.value, await stream(call(2), timeout=10)
     error, after = scenario(body)
-    assert error.code() == grpc.StatusCode.NOT_FOUND and "not here" in error.details()
+    assert error.code() == code and text in error.details()
     assert after.next_token_id == 2
 
 
