@@ -71,15 +71,20 @@ class RoundTimings:
 
 def expected_tokens(rates: list[float], k: int) -> float:
     """E[K] = sum_{i=0..K} prod_{j<i} a_j; positions past the end of `rates` reuse its last rate."""
-    return sum(all_accepted(rates, i) for i in range(k + 1))
+    total = survive = 1.0
+    for j in range(k):
+        survive *= _rate(rates, j)
+        total += survive
+    return total
 
 
 def all_accepted(rates: list[float], k: int) -> float:
     """P(all K drafts accepted) = prod_{j<K} a_j; positions past the end of `rates` reuse its last rate."""
-    survive = 1.0
-    for j in range(k):
-        survive *= rates[min(j, len(rates) - 1)] if rates else 0.0
-    return survive
+    return math.prod(_rate(rates, j) for j in range(k))
+
+
+def _rate(rates: list[float], j: int) -> float:
+    return rates[min(j, len(rates) - 1)] if rates else 0.0
 
 
 def round_time(k: int, costs: dict, hit: float | None = None) -> float:

@@ -161,13 +161,13 @@ class WorkerClient:
 
     RETRY_PAUSE_S = 0.5
 
-    def __init__(self, address: str, stub_class, timeout: float, recover: Callable[[], str] | None = None,
-                 tls: TlsConfig | None = None, stream: tuple[str, type] | None = None):
+    def __init__(self, address: str, stub_class, stream: tuple[str, type], timeout: float,
+                 recover: Callable[[], str] | None = None, tls: TlsConfig | None = None):
         self.timeout = timeout
         self._tls = tls
         self.outstanding = 0
         self._stub_class = stub_class
-        self._stream_method, self._request_type = stream or (None, None)
+        self._stream_method, self._request_type = stream      # e.g. ("VerifyStream", VerifyRequest)
         self._recover_fn = recover
         self._recovering: asyncio.Task | None = None
         self._connect(address)
@@ -176,8 +176,7 @@ class WorkerClient:
         self.address = address
         self.channel = worker_channel(address, self._tls, CHANNEL_OPTIONS)
         self.stub = self._stub_class(self.channel)
-        self.stream = (CallStream(getattr(self.stub, self._stream_method), self._request_type)
-                       if self._stream_method else None)
+        self.stream = CallStream(getattr(self.stub, self._stream_method), self._request_type)
 
     @property
     def healthy(self) -> bool:
@@ -199,7 +198,7 @@ class WorkerClient:
                     await asyncio.sleep(self.RETRY_PAUSE_S)
             old, old_stream = self.channel, self.stream
             self._connect(address)
-            old_stream and old_stream.close()
+            old_stream.close()
             await old.close()
         finally:
             self._recovering = None
@@ -216,16 +215,15 @@ class WorkerClient:
         """Stop any recovery in progress and close the channel (the router is shutting down)."""
         if self._recovering is not None:
             self._recovering.cancel()
-        if self.stream is not None:
-            self.stream.close()
+        self.stream.close()
         await self.channel.close()
 
 
 class DraftClient(WorkerClient):
     def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None,
                  tls: TlsConfig | None = None):
-        super().__init__(address, worker_pb2_grpc.DraftWorkerStub, timeout, recover, tls,
-                         ("ProposeStream", worker_pb2.ProposeRequest))
+        super().__init__(address, worker_pb2_grpc.DraftWorkerStub, ("ProposeStream", worker_pb2.ProposeRequest),
+                         timeout, recover, tls)
 
     async def propose(self, session_id: int, tokens: list[int], synced: int, k: int,
                       sampling: generation_pb2.SamplingParams, mode: int, timeout: float):
@@ -238,8 +236,8 @@ class DraftClient(WorkerClient):
 class TargetClient(WorkerClient):
     def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None,
                  tls: TlsConfig | None = None):
-        super().__init__(address, worker_pb2_grpc.TargetWorkerStub, timeout, recover, tls,
-                         ("VerifyStream", worker_pb2.VerifyRequest))
+        super().__init__(address, worker_pb2_grpc.TargetWorkerStub, ("VerifyStream", worker_pb2.VerifyRequest),
+                         timeout, recover, tls)
 
     async def verify(self, session_id: int, tokens: list[int], synced: int, drafts: list[int],
                      hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float):
