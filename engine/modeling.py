@@ -63,13 +63,46 @@ def model_info(model) -> dict:
             "hidden_size": int(config.hidden_size)}
 
 
-def batchable(model) -> bool:
-    """Whether sessions of this model can be padded into one batch: every cache layer is a plain
-    growing layer (sliding-window or recurrent layers keep state that padding would corrupt)."""
+def _layer_kinds(model) -> tuple[str, ...]:
+    """The kind of each cache layer transformers would give this model: "full", "sliding" or "other" (the state
+    of a recurrent or linear-attention layer). Worked out once per model."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+    kinds = getattr(model, "_specpool_layer_kinds", None)
+    if kinds is None:
+        names = {DynamicLayer: "full", DynamicSlidingWindowLayer: "sliding"}
+        kinds = tuple(names.get(type(layer), "other") for layer in DynamicCache(config=model.config).layers)
+        model._specpool_layer_kinds = kinds
+    return kinds
+
+
+def attention_only(model) -> bool:
+    """Whether every cache layer holds attention keys and values, full or sliding-window: such sessions roll back
+    by cropping and pad into one batch."""
+    return "other" not in _layer_kinds(model)
+
+
+def windowed(model) -> bool:
+    """Whether some layer attends over a sliding window (its mask measures the window in cache columns)."""
+    return "sliding" in _layer_kinds(model)
+
+
+batchable = attention_only
+
+
+def new_cache(model):
+    """An empty KV cache for one session (or one batch).
+
+    An attention-only model gets full-length layers everywhere, sliding-window layers included: the model's
+    own sliding-window mask (built from the cache's length, as transformers builds it for generate()) hides
+    what lies outside the window, so each row attends to exactly the tokens it would with transformers' own
+    sliding cache, while a rollback of any length is a plain crop and sessions pad into one batch. This costs
+    the memory of a full cache on those layers. Other models get transformers' own cache for their config.
+    """
+    from transformers import DynamicCache
+
+    return DynamicCache() if attention_only(model) else DynamicCache(config=model.config)
 
 
 class RaggedBatch:
@@ -81,25 +114,34 @@ class RaggedBatch:
     The 2-D attention mask hides every padding column and position_ids continue each row's own positions,
     so a row computes what it would alone (up to floating-point summation order). unpack() hands each
     session back a cache of its real columns only. A batch of one session simply runs on its own cache.
+    A sliding-window mask counts the window in columns, so for a windowed model a row's columns must stay
+    contiguous: before a forward that would append to a row after right padding, the batch is packed again.
     """
 
     def __init__(self, model, sessions: list[Session]):
-        from transformers import DynamicCache
-
         self.model, self.sessions = model, sessions
         self.lengths = [s.length for s in sessions]
         if len(sessions) == 1:             # no padding, mask or copies
             if sessions[0].cache is None:
-                sessions[0].cache = DynamicCache(config=model.config)
+                sessions[0].cache = new_cache(model)
             self.cache, self.mask = sessions[0].cache, None
             return
+        self._pack()
+
+    def _pack(self) -> None:
+        """The batch cache: each session's cache left-padded to the longest."""
         past = max(self.lengths)
-        self.cache = DynamicCache(config=model.config)
-        self.mask = _right_aligned_mask(self.lengths, past, model.device)
+        self.cache = new_cache(self.model)
+        self.mask = _right_aligned_mask(self.lengths, past, self.model.device)
         self.segments = [[(past - n, n)] if n else [] for n in self.lengths]   # per row: (first column, count)
-        held = [s.cache for s in sessions if s.length]
+        held = [s.cache for s in self.sessions if s.length]
         for index in range(len(held[0].layers) if held else 0):
             self.cache.update(self._padded(index, "keys", past), self._padded(index, "values", past), index)
+
+    def _gapped(self, token_lists: list[list[int]]) -> bool:
+        """Whether this forward would leave padding inside some row's columns."""
+        width = self.mask.shape[1]
+        return any(t and seg and seg[-1][0] + seg[-1][1] != width for t, seg in zip(token_lists, self.segments))
 
     def _padded(self, index: int, kind: str, past: int) -> torch.Tensor:   # [B, heads, past, head_dim]
         like = next(getattr(s.cache.layers[index], kind) for s in self.sessions if s.length)
@@ -111,6 +153,9 @@ class RaggedBatch:
 
     def forward(self, token_lists: list[list[int]], decoder_only: bool = False, keep: int = 0):
         """Append token_lists[i] to row i (an empty list: nothing for that row) in one forward."""
+        if self.mask is not None and windowed(self.model) and self._gapped(token_lists):
+            self.unpack()
+            self._pack()
         inputs = self._padded_inputs(token_lists) if self.mask is not None else \
             {"input_ids": torch.tensor(token_lists, dtype=torch.long, device=self.model.device)}
         self.lengths = [n + len(t) for n, t in zip(self.lengths, token_lists)]
@@ -136,15 +181,13 @@ class RaggedBatch:
     def unpack(self) -> None:
         """Give each session a cache of its own real columns (held tokens plus everything appended): a view
         of the batch cache where they are contiguous (the usual case), else a gathered copy."""
-        from transformers import DynamicCache
-
         if self.mask is None:
             self.sessions[0].length = self.lengths[0]
             return
         for i, session in enumerate(self.sessions):
             take = _columns(self.segments[i], self.model.device)
-            if session.cache is None or not session.cache.layers[0].is_initialized:
-                session.cache = DynamicCache(config=self.model.config)
+            if session.cache is None or not session.cache.layers or not session.cache.layers[0].is_initialized:
+                session.cache = new_cache(self.model)
                 for index, layer in enumerate(self.cache.layers):
                     session.cache.update(layer.keys[i:i + 1, :, take], layer.values[i:i + 1, :, take], index)
             else:

@@ -1,0 +1,82 @@
+"""Tiny random models of the families users bring, built offline from their transformers configs.
+
+Each family is a target (random init) and a draft that is the same model with noise added to its weights,
+so the draft agrees with the target often but not always: rounds accept some drafts and roll back the rest.
+Both share the byte-level tokenizer of engine/model_pair.py. Sliding windows are WINDOW tokens, so a prompt of
+a few dozen tokens runs past them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+WINDOW = 8
+SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+
+
+def _llama(t):
+    return t.LlamaConfig(**SHAPE)
+
+
+def _qwen2(t):     # layer 0 full attention, layer 1 sliding (max_window_layers)
+    return t.Qwen2Config(**SHAPE, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+
+
+def _qwen3(t):
+    return t.Qwen3Config(**SHAPE, head_dim=8)
+
+
+def _mistral(t):
+    return t.MistralConfig(**SHAPE, sliding_window=WINDOW)
+
+
+def _gemma3(t):    # sliding and global layers interleaved
+    shape = {**SHAPE, "num_hidden_layers": 3}
+    return t.Gemma3TextConfig(**shape, head_dim=8, sliding_window=WINDOW,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+
+
+def _gpt2(t):      # no tensor-parallel plan in transformers
+    return t.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, tie_word_embeddings=False)
+
+
+def _phi3(t):      # fused qkv and gate_up projections
+    return t.Phi3Config(**SHAPE, pad_token_id=0)
+
+
+def _mixtral(t):   # mixture of experts
+    return t.MixtralConfig(**SHAPE, num_local_experts=4, num_experts_per_tok=2)
+
+
+FAMILIES = {"llama": _llama, "qwen2-sliding": _qwen2, "qwen3": _qwen3, "mistral-sliding": _mistral,
+            "gemma3-hybrid": _gemma3, "gpt2": _gpt2, "phi3": _phi3, "mixtral-moe": _mixtral}
+SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma3-hybrid"}
+NO_TP_PLAN = {"gpt2"}
+
+
+def build_family(name: str, out: Path, seed: int = 0, draft_noise: float = 0.3) -> tuple[str, str]:
+    """Write out/draft and out/target for family `name`; returns (draft, target) paths."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from engine.model_pair import build_tokenizer
+
+    tokenizer = build_tokenizer(None)
+    config = FAMILIES[name](transformers)
+    eos = tokenizer.eos_token_id
+    config.vocab_size, config.eos_token_id, config.bos_token_id, config.pad_token_id = len(tokenizer), eos, eos, eos
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config.pad_token_id = eos
+    paths = {}
+    for role in ("target", "draft"):
+        if role == "draft":
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.add_(torch.randn_like(param) * draft_noise * param.std().nan_to_num(0.0))
+        path = out / role
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths[role] = str(path)
+    return paths["draft"], paths["target"]

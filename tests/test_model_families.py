@@ -1,0 +1,77 @@
+"""The family matrix: tiny random models of the families users bring (tests/model_families.py), served by the
+engines with batching on, give greedy output identical to the target alone, with contexts several times longer
+than the sliding window (8 tokens) and drafts that are partly rejected (so caches roll back past the window).
+
+Engine level (no Ray): the draft and target engines of a worker run every round of several requests as one
+batch. TP 2 runs the target engine on two gloo ranks in two processes, as a TP group's ranks run it. A model
+with no TP plan is refused before any rank loads. The whole stack (Ray, gRPC, router) runs in
+tests/test_families_e2e.py.
+"""
+from __future__ import annotations
+
+import pytest
+
+from protos.specpool.v1 import generation_pb2, worker_pb2
+from tests.model_families import FAMILIES, NO_TP_PLAN, SLIDING, WINDOW, build_family
+
+PROMPTS = [list(range(40, 43)), [7, 9, 11, 200, 13] * 3, list(range(60, 90)), [33] * 20]
+KS = [1, 3, 4, 2]
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {name: build_family(name, root / name) for name in FAMILIES}
+
+
+def reference(target: str, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+    """Greedy transformers generate() of the target alone, one prompt at a time (EOS ignored)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    return [model.generate(torch.tensor([p]), max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False,
+                           eos_token_id=None)[0, len(p):].tolist() for p in prompts]
+
+
+def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: int, batched: bool = True):
+    """Greedy speculative decoding of every prompt: each round is one propose_batch and one verify_batch over all
+    unfinished requests, as a worker batches concurrent calls (batched=False: one call at a time). Returns each
+    request's new tokens and every round's (drafts, number accepted)."""
+    held_draft, held_target = [0] * len(prompts), [0] * len(prompts)
+    tokens, rounds = [list(p) for p in prompts], []
+    greedy = generation_pb2.SamplingParams(temperature=0.0, top_p=1.0)
+    while live := [i for i, p in enumerate(prompts) if len(tokens[i]) - len(p) < max_new]:
+        ks_now = [min(ks[i], max_new - (len(tokens[i]) - len(prompts[i])) - 1) for i in live]
+        proposals = [worker_pb2.ProposeRequest(session_id=i, position=held_draft[i], new_token_ids=tokens[i][held_draft[i]:],
+                                               k=k, sampling=greedy if held_draft[i] == 0 else None)
+                     for i, k in zip(live, ks_now)]
+        drafted = draft.propose_batch(proposals) if batched else [draft.propose(p) for p in proposals]
+        verifies = [worker_pb2.VerifyRequest(session_id=i, position=held_target[i],
+                                             new_token_ids=tokens[i][held_target[i]:], draft_token_ids=d.draft_token_ids,
+                                             sampling=greedy if held_target[i] == 0 else None)
+                    for i, d in zip(live, drafted)]
+        verdicts = target.verify_batch(verifies) if batched else [target.verify(v) for v in verifies]
+        for i, d, v in zip(live, drafted, verdicts):
+            assert isinstance(v, worker_pb2.VerifyResponse), v
+            rounds.append((list(d.draft_token_ids), v.num_accepted))
+            held_draft[i] = held_target[i] = len(tokens[i])
+            tokens[i] += list(d.draft_token_ids[:v.num_accepted]) + [v.next_token_id]
+    return [t[len(p):] for t, p in zip(tokens, prompts)], rounds
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_batched_speculation_is_identical_to_the_target_alone(family_models, family):
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+
+    draft_path, target_path = family_models[family]
+    engines = lambda: (DraftEngine(draft_path), TargetEngine(target_path, draft_path))   # noqa: E731
+    draft, target = engines()
+    out, rounds = speculate(draft, target, PROMPTS, KS, MAX_NEW)
+    assert out == reference(target_path, PROMPTS, MAX_NEW)
+    assert target.stats.max_batch == len(PROMPTS) and draft.stats.max_batch == len(PROMPTS)
+    accepted, drafted = sum(n for _, n in rounds), sum(len(d) for d, _ in rounds)
+    assert 0 < accepted < drafted                 # some drafts accepted, some rolled back
+    assert speculate(*engines(), PROMPTS, KS, MAX_NEW, batched=False) == (out, rounds)   # every row as if alone
