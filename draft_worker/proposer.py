@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
-from engine.batching import BatchStats, forward_groups, only_answer
+from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
 from engine.modeling import RaggedBatch, batchable, load_model
 from engine.sampling import STREAM_DRAFT, generator, logits_to_probs, sample
 from engine.sessions import SessionStore, open_sessions
@@ -35,12 +35,14 @@ class DraftEngine:
     @torch.inference_mode()
     def propose_batch(self, requests: list, gone=None) -> list:
         """Propose drafts for several requests (distinct sessions); per request its ProposeResponse or the
-        SessionLost / ValueError it raised. Rows are grouped into forwards by forward_groups. `gone(i)` says
-        that request i's caller went away (a cancelled pre-draft): its row stops drafting at the next step."""
+        error it raised (that row only: see run_isolated). Rows are grouped into forwards by forward_groups.
+        `gone(i)` says that request i's caller went away (a cancelled pre-draft): its row stops drafting at the
+        next step."""
         results: list = [None] * len(requests)
         rows = [(i, s) for i, s in open_sessions(self.sessions, requests, results) if requests[i].k > 0]
-        for group in forward_groups(rows, requests, self.batched):
-            self._propose_rows(group, requests, results, gone or (lambda i: False))
+        run_isolated(forward_groups(rows, requests, self.batched),
+                     lambda group: self._propose_rows(group, requests, results, gone or (lambda i: False)),
+                     results, lambda i: self.sessions.release(requests[i].session_id))
         for i, request in enumerate(requests):
             if results[i] is None:                 # k = 0: nothing to propose
                 results[i] = worker_pb2.ProposeResponse()

@@ -39,6 +39,28 @@ def forward_groups(rows: list, requests: list, batched: bool) -> list[list]:
     return prefills + ([decode] if batched and decode else [[row] for row in decode])
 
 
+def run_isolated(groups: list[list], run_group: Callable[[list], None], results: list, drop: Callable[[int], None],
+                 isolate: bool = True) -> None:
+    """Run each group of rows [(index, session)] as one forward (run_group fills results). A group that raises
+    runs again row by row, each row back at the length it held, so that only the row that fails gets the error,
+    in results[index]; its session is dropped (drop(index)), since its cache may be half-updated: the router
+    re-prefills it. isolate=False (the ranks of a TP group, which must stay in step): the error propagates."""
+    for group in groups:
+        lengths = [session.length for _, session in group]
+        try:
+            run_group(group)
+        except Exception as exc:                  # noqa: BLE001 - any error of a forward stays in its row
+            if not isolate:
+                raise
+            if len(group) == 1:
+                results[group[0][0]] = exc
+                drop(group[0][0])
+                continue
+            for (_, session), length in zip(group, lengths):
+                session.crop(length)
+            run_isolated([[row] for row in group], run_group, results, drop)
+
+
 def only_answer(results: list):
     """The answer of a batch of one, raising the error its row got."""
     if isinstance(results[0], Exception):

@@ -82,11 +82,15 @@ def open_session(store: SessionStore, request) -> Session:
 
 def open_sessions(store: SessionStore, requests: list, results: list) -> list[tuple[int, Session]]:
     """Open the sessions of a batch of requests (distinct session ids): [(index, session)] for those
-    that opened; a request that cannot gets its SessionLost / ValueError in results[index]."""
+    that opened; a request that cannot gets its error in results[index] (that row only). A session that fails
+    to roll back to its position for any other reason than SessionLost / ValueError is dropped: the router
+    re-prefills it."""
     rows = []
     for index, request in enumerate(requests):
         try:
             rows.append((index, open_session(store, request)))
-        except (SessionLost, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - an error stays in its row
             results[index] = exc
+            if not isinstance(exc, (SessionLost, ValueError)):
+                store.release(request.session_id)
     return rows

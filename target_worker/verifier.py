@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
-from engine.batching import BatchStats, forward_groups, only_answer
+from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
 from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
 from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample
 from engine.sessions import SessionStore, open_sessions
@@ -34,6 +34,7 @@ class TargetEngine:
         self.draft_head = load_lm_head(draft_model_path, draft_dtype, device if not tp_plan else self.model.device)
         self.sessions = SessionStore(max_sessions)
         self.batched = batchable(self.model)
+        self.isolate = not tp_plan        # a TP group's ranks must stay in step: a failed forward is the group's
         self.stats = BatchStats()
         check_same_vocabulary(draft_model_path, model_path, self.draft_head.weight.shape[0],
                               self.model.config.vocab_size)
@@ -46,13 +47,13 @@ class TargetEngine:
     def verify_batch(self, requests: list) -> list:
         """Verify several requests' drafts in one target forward, rejection-sampling each row on its own.
 
-        Returns, per request, its VerifyResponse or the SessionLost / ValueError it raised (that row
-        only). Rows are grouped into forwards by forward_groups.
+        Returns, per request, its VerifyResponse or the error it raised (that row only: see run_isolated).
+        Rows are grouped into forwards by forward_groups.
         """
         results: list = [None] * len(requests)
         rows = open_sessions(self.sessions, requests, results)
-        for group in forward_groups(rows, requests, self.batched):
-            self._verify_rows(group, requests, results)
+        run_isolated(forward_groups(rows, requests, self.batched), lambda group: self._verify_rows(group, requests, results),
+                     results, lambda i: self.sessions.release(requests[i].session_id), self.isolate)
         return results
 
     def _verify_rows(self, rows: list, requests: list, results: list) -> None:
@@ -66,7 +67,7 @@ class TargetEngine:
         for (i, session), row_logits, start in zip(rows, logits, starts):
             try:
                 results[i] = self._sample_row(requests[i], session, row_logits, start)
-            except ValueError as exc:
+            except Exception as exc:  # noqa: BLE001 - a bad row fails alone
                 results[i] = exc
                 continue
             results[i].batch_size, results[i].batch_tokens = len(rows), batch_tokens

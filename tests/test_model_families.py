@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.sessions import SessionLost
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from tests.model_families import FAMILIES, NO_TP_PLAN, SLIDING, WINDOW, build_family
 
@@ -75,3 +76,46 @@ def test_batched_speculation_is_identical_to_the_target_alone(family_models, fam
     accepted, drafted = sum(n for _, n in rounds), sum(len(d) for d, _ in rounds)
     assert 0 < accepted < drafted                 # some drafts accepted, some rolled back
     assert speculate(*engines(), PROMPTS, KS, MAX_NEW, batched=False) == (out, rounds)   # every row as if alone
+
+
+# ---- a failure stays in its own row ------------------------------------------------------------------------
+
+def started_target(family_models, family: str = "mistral-sliding"):
+    """A target engine holding every prompt's session (its prompt, prefilled), as after each session's start."""
+    from target_worker.verifier import TargetEngine
+
+    draft_path, target_path = family_models[family]
+    target = TargetEngine(target_path, draft_path)
+    greedy = generation_pb2.SamplingParams(temperature=0.0, top_p=1.0)
+    for i, prompt in enumerate(PROMPTS):
+        target.verify(worker_pb2.VerifyRequest(session_id=i, position=0, new_token_ids=prompt, sampling=greedy))
+    return target
+
+
+def verify_round(target) -> list:
+    """One batched round: every session rolls back its last prompt token and verifies 3 drafts after it."""
+    return target.verify_batch([worker_pb2.VerifyRequest(session_id=i, position=len(p) - 1, new_token_ids=p[-1:],
+                                                         draft_token_ids=[5, 6, 7]) for i, p in enumerate(PROMPTS)])
+
+
+@pytest.mark.parametrize("breakage", ["forward", "rollback"])
+def test_a_session_that_fails_fails_alone(family_models, breakage):
+    """One session's cache breaks (its forward raises, or its rollback does, as transformers' sliding cache did):
+    that request alone gets the error and its session is dropped (the router re-prefills it); every other row of
+    the batch gets exactly the answer it gets with nothing broken."""
+    expected = verify_round(started_target(family_models))
+    target = started_target(family_models)
+    cache = target.sessions._sessions[1].cache
+    if breakage == "forward":
+        cache.layers[0].keys = cache.layers[0].keys[..., :3]          # wrong head size: the forward raises
+    else:
+        def crop(_):
+            raise RuntimeError("'crop' was called, but the current layer does not track past states")
+        cache.crop = crop
+    results = verify_round(target)
+    assert isinstance(results[1], (RuntimeError, IndexError)), results[1]
+    verdicts = lambda answers: [(r.num_accepted, r.next_token_id) for i, r in enumerate(answers) if i != 1]  # noqa: E731
+    assert verdicts(results) == verdicts(expected)
+    assert 1 not in target.sessions._sessions
+    again = target.verify_batch([worker_pb2.VerifyRequest(session_id=1, position=3, new_token_ids=[1])])
+    assert isinstance(again[0], SessionLost)
