@@ -15,6 +15,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from draft_worker.actor import DraftWorker
 from settings.schema import SpecpoolConfig
 from target_worker.actor import TargetRank
+from target_worker.tp_support import ModelRefused
 from settings.schema import PoolConfig
 
 
@@ -84,7 +85,12 @@ def start_target(config: SpecpoolConfig, index: int, tag: str):
 def start_group(ranks: list, host: str | None, timeout: float | None = None) -> list[dict]:
     """Rendezvous at rank 0, then start every rank; returns their infos (rank 0's has the address)."""
     master = ray.get(ranks[0].rendezvous.remote(host), timeout=timeout)
-    return ray.get([rank.start.remote(master, host) for rank in ranks], timeout=timeout)
+    try:
+        return ray.get([rank.start.remote(master, host) for rank in ranks], timeout=timeout)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, ModelRefused):
+            raise exc.cause from None               # its one line, not the actor's traceback
+        raise
 
 
 def recover_draft(actor, host: str | None, timeout: float | None = None) -> str:
@@ -136,7 +142,11 @@ def launch(config: SpecpoolConfig, timeout: float | None = None) -> Pools:
     """Start every replica of both pools and wait until all have loaded their models.
     Actors are named specpool-<tag>-draft-<i> and specpool-<tag>-target-<i>-rank-<r>."""
     pools = Pools(tag=uuid.uuid4().hex[:6])
-    draft_refs = start_drafts(config, pools, config.draft.replicas)     # drafts load while targets start
-    launch_more(config, pools, "target", config.target.replicas, timeout)
-    await_drafts(pools, draft_refs, timeout)
+    try:
+        draft_refs = start_drafts(config, pools, config.draft.replicas)     # drafts load while targets start
+        launch_more(config, pools, "target", config.target.replicas, timeout)
+        await_drafts(pools, draft_refs, timeout)
+    except BaseException:
+        pools.shutdown()                            # a failed start leaves no actor or placement group behind
+        raise
     return pools

@@ -24,13 +24,15 @@ def _build_engine(config: dict, draft: dict, rank: int, world_size: int, master:
 
     from target_worker import tensor_parallel
     from engine.model_pair import resolve_model
+    from target_worker.tp_support import check_tensor_parallel
     from target_worker.verifier import TargetEngine
 
     if config["num_threads"]:
         torch.set_num_threads(config["num_threads"])
+    model, draft_model = resolve_model(config["model"]), resolve_model(draft["model"])
+    check_tensor_parallel(model, world_size)          # every rank, before the group forms: no rank waits in it
     if world_size > 1:
         tensor_parallel.init_group(rank, world_size, master[0], master[1], config["device"])
-    model, draft_model = resolve_model(config["model"]), resolve_model(draft["model"])
     started = time.monotonic()
     print(f"[specpool] target rank {rank}/{world_size}: loading {model} ({config['dtype']}, "
           f"{config['device']}) ...", flush=True)

@@ -119,3 +119,62 @@ def test_a_session_that_fails_fails_alone(family_models, breakage):
     assert 1 not in target.sessions._sessions
     again = target.verify_batch([worker_pb2.VerifyRequest(session_id=1, position=3, new_token_ids=[1])])
     assert isinstance(again[0], SessionLost)
+
+
+# ---- tensor parallelism -------------------------------------------------------------------------------------
+
+def tp_rank(rank: int, port: int, families: dict, out) -> None:
+    """One rank of a TP 2 group in its own process: every family with a TP plan speculates with its target sharded
+    over the group (both ranks run the same calls, as a TP group's follower runs rank 0's); rank 0 reports."""
+    import torch
+
+    from draft_worker.proposer import DraftEngine
+    from target_worker import tensor_parallel
+    from target_worker.verifier import TargetEngine
+
+    torch.set_num_threads(1)
+    tensor_parallel.init_group(rank, 2, "127.0.0.1", port, "cpu")
+    results = {}
+    for name, (draft_path, target_path) in families.items():
+        target = TargetEngine(target_path, draft_path, tp_plan="auto")
+        held = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in target.model.parameters())
+        results[name] = (speculate(DraftEngine(draft_path), target, PROMPTS, KS, MAX_NEW)[0], held)
+    if rank == 0:
+        out.put(results)
+
+
+def test_tp2_speculation_is_identical_to_the_target_alone(family_models):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    families = {name: paths for name, paths in family_models.items() if name not in NO_TP_PLAN}
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    ranks = [context.Process(target=tp_rank, args=(rank, port, families, out)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    results = out.get(timeout=600)
+    for process in ranks:
+        process.join(60)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    from transformers import AutoModelForCausalLM
+    for name, (draft_path, target_path) in families.items():
+        tokens, held = results[name]
+        assert held < AutoModelForCausalLM.from_pretrained(target_path).num_parameters(), name   # rank 0 holds a shard
+        assert tokens == reference(target_path, PROMPTS, MAX_NEW), name
+
+
+@pytest.mark.parametrize("family,tp,reason", [("gpt2", 2, "GPT2LMHeadModel has no tensor-parallel plan in transformers"),
+                                              ("llama", 3, "its 4 attention heads do not divide by 3")])
+def test_a_model_that_cannot_be_sharded_is_refused_in_one_line(family_models, family, tp, reason):
+    from target_worker.tp_support import ModelRefused, check_tensor_parallel
+
+    target = family_models[family][1]
+    with pytest.raises(ModelRefused) as refused:
+        check_tensor_parallel(target, tp)
+    assert str(refused.value) == f"target model {target!r} cannot be served at tensor_parallel_size {tp}: {reason}"
+    check_tensor_parallel(target, 1)
