@@ -35,6 +35,14 @@ def tiny_pair(tmp_path_factory):
     return str(draft), str(target)
 
 
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory):
+    """Tiny random models of the families users bring (tests/model_families.py): name -> (draft, target)."""
+    from tests.model_families import FAMILIES, build_family
+    root = tmp_path_factory.mktemp("families")
+    return {name: build_family(name, root / name) for name in FAMILIES}
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A local Ray instance per test module (so no Ray of ours runs beside the ray-up test)."""

@@ -50,7 +50,7 @@ def _mixtral(t):   # mixture of experts
 
 FAMILIES = {"llama": _llama, "qwen2-sliding": _qwen2, "qwen3": _qwen3, "mistral-sliding": _mistral,
             "gemma3-hybrid": _gemma3, "gpt2": _gpt2, "phi3": _phi3, "mixtral-moe": _mixtral}
-SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma3-hybrid"}
+SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma3-hybrid"}      # some layers attend over a window
 NO_TP_PLAN = {"gpt2"}
 
 
@@ -80,3 +80,13 @@ def build_family(name: str, out: Path, seed: int = 0, draft_noise: float = 0.3) 
         tokenizer.save_pretrained(path)
         paths[role] = str(path)
     return paths["draft"], paths["target"]
+
+
+def reference(target: str, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+    """Greedy transformers generate() of the target alone, one prompt at a time (EOS ignored)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    return [model.generate(torch.tensor([p]), max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False,
+                           eos_token_id=None)[0, len(p):].tolist() for p in prompts]

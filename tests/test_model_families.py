@@ -13,27 +13,11 @@ import pytest
 
 from engine.sessions import SessionLost
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from tests.model_families import FAMILIES, NO_TP_PLAN, SLIDING, WINDOW, build_family
+from tests.model_families import FAMILIES, NO_TP_PLAN, SLIDING, WINDOW, reference
 
 PROMPTS = [list(range(40, 43)), [7, 9, 11, 200, 13] * 3, list(range(60, 90)), [33] * 20]
 KS = [1, 3, 4, 2]
 MAX_NEW = 16
-
-
-@pytest.fixture(scope="session")
-def family_models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("families")
-    return {name: build_family(name, root / name) for name in FAMILIES}
-
-
-def reference(target: str, prompts: list[list[int]], max_new: int) -> list[list[int]]:
-    """Greedy transformers generate() of the target alone, one prompt at a time (EOS ignored)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(target).eval()
-    return [model.generate(torch.tensor([p]), max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False,
-                           eos_token_id=None)[0, len(p):].tolist() for p in prompts]
 
 
 def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: int, batched: bool = True):
@@ -65,11 +49,13 @@ def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: i
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_batched_speculation_is_identical_to_the_target_alone(family_models, family):
     from draft_worker.proposer import DraftEngine
+    from engine.modeling import windowed
     from target_worker.verifier import TargetEngine
 
     draft_path, target_path = family_models[family]
     engines = lambda: (DraftEngine(draft_path), TargetEngine(target_path, draft_path))   # noqa: E731
     draft, target = engines()
+    assert windowed(target.model) == (family in SLIDING) and target.batched and draft.batched
     out, rounds = speculate(draft, target, PROMPTS, KS, MAX_NEW)
     assert out == reference(target_path, PROMPTS, MAX_NEW)
     assert target.stats.max_batch == len(PROMPTS) and draft.stats.max_batch == len(PROMPTS)
