@@ -30,6 +30,10 @@ def _mistral(t):
     return t.MistralConfig(**SHAPE, sliding_window=WINDOW)
 
 
+def _gemma2(t):    # sliding and global layers alternating; eager attention with soft-capping
+    return t.Gemma2Config(**SHAPE, head_dim=8, sliding_window=WINDOW)
+
+
 def _gemma3(t):    # sliding and global layers interleaved
     shape = {**SHAPE, "num_hidden_layers": 3}
     return t.Gemma3TextConfig(**shape, head_dim=8, sliding_window=WINDOW,
@@ -49,8 +53,8 @@ def _mixtral(t):   # mixture of experts
 
 
 FAMILIES = {"llama": _llama, "qwen2-sliding": _qwen2, "qwen3": _qwen3, "mistral-sliding": _mistral,
-            "gemma3-hybrid": _gemma3, "gpt2": _gpt2, "phi3": _phi3, "mixtral-moe": _mixtral}
-SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma3-hybrid"}      # some layers attend over a window
+            "gemma2-hybrid": _gemma2, "gemma3-hybrid": _gemma3, "gpt2": _gpt2, "phi3": _phi3, "mixtral-moe": _mixtral}
+SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma2-hybrid", "gemma3-hybrid"}      # some layers attend over a window
 NO_TP_PLAN = {"gpt2"}
 
 

@@ -20,6 +20,16 @@ KS = [1, 3, 4, 2]
 MAX_NEW = 16
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models: one thread is as fast, and far faster than two on a machine whose cores are busy."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: int, batched: bool = True):
     """Greedy speculative decoding of every prompt: each round is one propose_batch and one verify_batch over all
     unfinished requests, as a worker batches concurrent calls (batched=False: one call at a time). Returns each
