@@ -1,6 +1,7 @@
 """The family matrix through the whole stack (Ray, gRPC, router, TP group), in one Ray instance: a hybrid model
-(Gemma3: sliding and global layers) at TP 2 serves concurrent short and long requests, the long ones many times
-past its 8-token window, each identical to the target alone; a model with no TP plan is refused at start-up in
+(Gemma3: sliding and global layers) at TP 2 and K 3, and Mistral with a sliding window at TP 1 and K 1, serve
+concurrent short and long requests, the long ones many times past their 8-token window, each identical to the
+target alone; a model with no TP plan is refused at start-up in
 one line and leaves Ray and its resources as they were. The other families run at engine level in
 tests/test_model_families.py."""
 from concurrent.futures import ThreadPoolExecutor
@@ -31,19 +32,22 @@ def test_a_model_with_no_tp_plan_is_refused_and_ray_keeps_running(ray_local, fam
     assert not [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
 
 
-@pytest.fixture(scope="module")
-def hybrid_tp2(start_service, family_models):
-    return start_service(service_config(family_models["gemma3-hybrid"], target={"tensor_parallel_size": 2},
-                                        speculation={"k": 3}))
+@pytest.fixture(scope="module", params=[("gemma3-hybrid", 2, 3), ("mistral-sliding", 1, 1)],
+                ids=["gemma3-hybrid-tp2-k3", "mistral-sliding-tp1-k1"])
+def sliding_service(request, start_service, family_models):
+    family, tp, k = request.param
+    return family, start_service(service_config(family_models[family], target={"tensor_parallel_size": tp},
+                                                speculation={"k": k}))
 
 
-def test_hybrid_model_at_tp2_batches_short_and_long_requests_identically(hybrid_tp2, family_models):
-    """The issue's case: three 5-token requests batched with an 80-token one (K = 3, windows of 8): none fails,
-    each is identical to the target alone."""
+def test_sliding_models_batch_short_and_long_requests_identically(sliding_service, family_models):
+    """The issue's case: three 5-token requests batched with an 80-token one (windows of 8), twice over: none
+    fails, each is identical to the target alone."""
+    family, service = sliding_service
     prompts = [[11, 12, 13, 14, 15], [40, 41, 42, 43, 44], [7] * 5, [(5 * i) % 250 for i in range(80)]] * 2
-    expected = reference(family_models["gemma3-hybrid"][1], prompts, MAX_NEW)
+    expected = reference(family_models[family][1], prompts, MAX_NEW)
     with ThreadPoolExecutor(len(prompts)) as pool:
-        answers = list(pool.map(lambda p: hybrid_tp2.stub.Generate(
+        answers = list(pool.map(lambda p: service.stub.Generate(
             generation_pb2.GenerateRequest(prompt_token_ids=p, max_new_tokens=MAX_NEW)), prompts))
     for answer, tokens in zip(answers, expected):
         assert list(answer.token_ids) == (tokens[:tokens.index(256) + 1] if 256 in tokens else tokens)
