@@ -52,8 +52,9 @@ class TargetEngine:
         """
         results: list = [None] * len(requests)
         rows = open_sessions(self.sessions, requests, results)
-        run_isolated(forward_groups(rows, requests, self.batched), lambda group: self._verify_rows(group, requests, results),
-                     results, lambda i: self.sessions.release(requests[i].session_id), self.isolate)
+        groups = forward_groups(rows, requests, self.batched)
+        run_isolated(groups, lambda group: self._verify_rows(group, requests, results), results,
+                     lambda i: self.sessions.release(requests[i].session_id), self.isolate)
         return results
 
     def _verify_rows(self, rows: list, requests: list, results: list) -> None:

@@ -30,28 +30,28 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+GREEDY = generation_pb2.SamplingParams(temperature=0.0, top_p=1.0)
+
+
 def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: int, batched: bool = True):
     """Greedy speculative decoding of every prompt: each round is one propose_batch and one verify_batch over all
     unfinished requests, as a worker batches concurrent calls (batched=False: one call at a time). Returns each
     request's new tokens and every round's (drafts, number accepted)."""
-    held_draft, held_target = [0] * len(prompts), [0] * len(prompts)
+    held = [0] * len(prompts)                  # what both workers hold of each request: its committed tokens
     tokens, rounds = [list(p) for p in prompts], []
-    greedy = generation_pb2.SamplingParams(temperature=0.0, top_p=1.0)
     while live := [i for i, p in enumerate(prompts) if len(tokens[i]) - len(p) < max_new]:
-        ks_now = [min(ks[i], max_new - (len(tokens[i]) - len(prompts[i])) - 1) for i in live]
-        proposals = [worker_pb2.ProposeRequest(session_id=i, position=held_draft[i], new_token_ids=tokens[i][held_draft[i]:],
-                                               k=k, sampling=greedy if held_draft[i] == 0 else None)
-                     for i, k in zip(live, ks_now)]
+        calls = [dict(session_id=i, position=held[i], new_token_ids=tokens[i][held[i]:],
+                      sampling=GREEDY if held[i] == 0 else None) for i in live]
+        proposals = [worker_pb2.ProposeRequest(**call, k=min(ks[i], max_new - len(tokens[i]) + len(prompts[i]) - 1))
+                     for i, call in zip(live, calls)]
         drafted = draft.propose_batch(proposals) if batched else [draft.propose(p) for p in proposals]
-        verifies = [worker_pb2.VerifyRequest(session_id=i, position=held_target[i],
-                                             new_token_ids=tokens[i][held_target[i]:], draft_token_ids=d.draft_token_ids,
-                                             sampling=greedy if held_target[i] == 0 else None)
-                    for i, d in zip(live, drafted)]
+        verifies = [worker_pb2.VerifyRequest(**call, draft_token_ids=d.draft_token_ids)
+                    for call, d in zip(calls, drafted)]
         verdicts = target.verify_batch(verifies) if batched else [target.verify(v) for v in verifies]
         for i, d, v in zip(live, drafted, verdicts):
             assert isinstance(v, worker_pb2.VerifyResponse), v
             rounds.append((list(d.draft_token_ids), v.num_accepted))
-            held_draft[i] = held_target[i] = len(tokens[i])
+            held[i] = len(tokens[i])
             tokens[i] += list(d.draft_token_ids[:v.num_accepted]) + [v.next_token_id]
     return [t[len(p):] for t, p in zip(tokens, prompts)], rounds
 
@@ -82,9 +82,8 @@ def started_target(family_models, family: str = "mistral-sliding"):
 
     draft_path, target_path = family_models[family]
     target = TargetEngine(target_path, draft_path)
-    greedy = generation_pb2.SamplingParams(temperature=0.0, top_p=1.0)
     for i, prompt in enumerate(PROMPTS):
-        target.verify(worker_pb2.VerifyRequest(session_id=i, position=0, new_token_ids=prompt, sampling=greedy))
+        target.verify(worker_pb2.VerifyRequest(session_id=i, position=0, new_token_ids=prompt, sampling=GREEDY))
     return target
 
 
@@ -110,8 +109,8 @@ def test_a_session_that_fails_fails_alone(family_models, breakage):
         cache.crop = crop
     results = verify_round(target)
     assert isinstance(results[1], (RuntimeError, IndexError)), results[1]
-    verdicts = lambda answers: [(r.num_accepted, r.next_token_id) for i, r in enumerate(answers) if i != 1]  # noqa: E731
-    assert verdicts(results) == verdicts(expected)
+    others = [(r.num_accepted, r.next_token_id) for i, r in enumerate(results) if i != 1]
+    assert others == [(r.num_accepted, r.next_token_id) for i, r in enumerate(expected) if i != 1]
     assert 1 not in target.sessions._sessions
     again = target.verify_batch([worker_pb2.VerifyRequest(session_id=1, position=3, new_token_ids=[1])])
     assert isinstance(again[0], SessionLost)
@@ -164,8 +163,9 @@ def test_tp2_speculation_is_identical_to_the_target_alone(family_models):
         assert tokens == reference(target_path, PROMPTS, MAX_NEW), name
 
 
-@pytest.mark.parametrize("family,tp,reason", [("gpt2", 2, "GPT2LMHeadModel has no tensor-parallel plan in transformers"),
-                                              ("llama", 3, "its 4 attention heads do not divide by 3")])
+@pytest.mark.parametrize("family,tp,reason", [
+    ("gpt2", 2, "GPT2LMHeadModel has no tensor-parallel plan in transformers"),
+    ("llama", 3, "its 4 attention heads do not divide by 3")])
 def test_a_model_that_cannot_be_sharded_is_refused_in_one_line(family_models, family, tp, reason):
     from target_worker.tp_support import ModelRefused, check_tensor_parallel
 
