@@ -33,19 +33,22 @@ def one_torch_thread():
 GREEDY = generation_pb2.SamplingParams(temperature=0.0, top_p=1.0)
 
 
-def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: int, batched: bool = True):
-    """Greedy speculative decoding of every prompt: each round is one propose_batch and one verify_batch over all
-    unfinished requests, as a worker batches concurrent calls (batched=False: one call at a time). Returns each
-    request's new tokens and every round's (drafts, number accepted)."""
+def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: int, batched: bool = True,
+              sampling=GREEDY, mode: int = worker_pb2.DRAFT_MODE_GREEDY):
+    """Speculative decoding of every prompt (greedy unless told): each round is one propose_batch and one
+    verify_batch over all unfinished requests, as a worker batches concurrent calls (batched=False: one call at a
+    time). Returns each request's new tokens and every round's (drafts, number accepted)."""
     held = [0] * len(prompts)                  # what both workers hold of each request: its committed tokens
     tokens, rounds = [list(p) for p in prompts], []
     while live := [i for i, p in enumerate(prompts) if len(tokens[i]) - len(p) < max_new]:
         calls = [dict(session_id=i, position=held[i], new_token_ids=tokens[i][held[i]:],
-                      sampling=GREEDY if held[i] == 0 else None) for i in live]
-        proposals = [worker_pb2.ProposeRequest(**call, k=min(ks[i], max_new - len(tokens[i]) + len(prompts[i]) - 1))
-                     for i, call in zip(live, calls)]
+                      sampling=sampling if held[i] == 0 else None) for i in live]
+        left = [max_new - len(tokens[i]) + len(prompts[i]) for i in live]     # K stops short of max_new
+        proposals = [worker_pb2.ProposeRequest(**call, k=min(ks[i], n - 1), mode=mode)
+                     for i, n, call in zip(live, left, calls)]
         drafted = draft.propose_batch(proposals) if batched else [draft.propose(p) for p in proposals]
-        verifies = [worker_pb2.VerifyRequest(**call, draft_token_ids=d.draft_token_ids)
+        verifies = [worker_pb2.VerifyRequest(**call, draft_token_ids=d.draft_token_ids,
+                                             draft_hidden_states=d.draft_hidden_states)
                     for call, d in zip(calls, drafted)]
         verdicts = target.verify_batch(verifies) if batched else [target.verify(v) for v in verifies]
         for i, d, v in zip(live, drafted, verdicts):
@@ -72,6 +75,24 @@ def test_batched_speculation_is_identical_to_the_target_alone(family_models, fam
     accepted, drafted = sum(n for _, n in rounds), sum(len(d) for d, _ in rounds)
     assert 0 < accepted < drafted                 # some drafts accepted, some rolled back
     assert speculate(*engines(), PROMPTS, KS, MAX_NEW, batched=False) == (out, rounds)   # every row as if alone
+
+
+@pytest.mark.parametrize("mode", [worker_pb2.DRAFT_MODE_GREEDY, worker_pb2.DRAFT_MODE_SAMPLED],
+                         ids=["greedy-draft", "sampled-draft"])
+@pytest.mark.parametrize("family", sorted(SLIDING))
+def test_seeded_sampling_batched_is_identical_to_each_request_alone(family_models, family, mode):
+    """Temperature 0.9 with a seed: every draft, verdict and token of the batched rounds is what the same calls
+    give one at a time, so each row attends to exactly its own window."""
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+
+    draft_path, target_path = family_models[family]
+    sampled = generation_pb2.SamplingParams(temperature=0.9, top_p=1.0, seed=7)
+    runs = [speculate(DraftEngine(draft_path), TargetEngine(target_path, draft_path), PROMPTS, KS, MAX_NEW,
+                      batched, sampled, mode) for batched in (True, False)]
+    assert runs[0] == runs[1]
+    accepted, drafted = sum(n for _, n in runs[0][1]), sum(len(d) for d, _ in runs[0][1])
+    assert drafted > 0 and (accepted < drafted or mode == worker_pb2.DRAFT_MODE_SAMPLED)   # greedy drafts roll back
 
 
 # ---- a failure stays in its own row ------------------------------------------------------------------------
