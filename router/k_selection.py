@@ -4,8 +4,9 @@ Statistics are kept per (proposal source, sampling regime): the draft model and 
 different rates and cost different amounts, and so do greedy and sampled requests (a greedy draft's tokens
 are often the target's argmax but rarely its sample at a high temperature). So the pool keeps one KController
 per (source, regime), and a sampled request is never given a K learned from greedy traffic. A request also keeps
-its own controller per source, and uses it once it has seen `warmup_rounds` of its own rounds of that source,
-its regime's pool controller before. Every round feeds both, and the metrics.
+its own controller per source, and uses it once it has drafted `warmup_rounds` of its own rounds from that source
+(rounds at K = 0 teach no acceptance rate), its regime's pool controller before. Every round feeds both, and the
+metrics.
 
 Source choice (draft.method model+ngram, a round whose context has an n-gram match): the source whose
 controller models the higher goodput at its best K (drafting cost included: an n-gram proposal costs no call),
@@ -69,9 +70,9 @@ class KSelector:
         self.active.pop(state.session_id, None)
 
     def controller(self, state: RequestState, source: int = MODEL) -> KController:
-        """The request's own controller of `source` once it has warmed up, else its regime's pool controller."""
+        """The request's own controller of `source` once it has drafted enough, else its regime's pool controller."""
         own = (state.controller or {}).get(source)
-        if own is not None and own.rounds >= self.config.warmup_rounds:
+        if own is not None and own.drafting_rounds >= self.config.warmup_rounds:
             return own
         return self.pools[(source, regime(state))]
 
