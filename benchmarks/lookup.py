@@ -26,7 +26,8 @@ import yaml
 
 from benchmarks.hf_baseline import hf_run, load_hf
 from benchmarks.plan import PREDICTABLE, BenchConfig
-from benchmarks.service import log, running, stream_one
+from benchmarks.overlap import heavy_config
+from benchmarks.service import load_service_config, log, running, running_data, stream_one
 from protos.specpool.v1 import admin_pb2, generation_pb2
 
 SEEDS = PREDICTABLE + ["class Node:\n    def __init__(self, name, value=None):\n",
@@ -130,11 +131,9 @@ def markdown(section: dict) -> str:
              "| n-gram rounds |", "|---|---|---|---|---|---|---|---|---|"]
     for name in section["grounded"]:
         cells = []
-        for workload_rows in (section["grounded"], section["usual"]):
-            r = workload_rows[name]
-            cells.append(f"{r['tokens_per_s']:.1f} | " + (f"{r['alpha']:.2f} | {r['tokens_per_round']:.2f} | "
-                                                          f"{100 * r['ngram_share']:.0f} %" if "alpha" in r
-                                                          else " | | "))
+        for r in (section["grounded"][name], section["usual"][name]):
+            cells += [f"{r['tokens_per_s']:.1f}", *((f"{r['alpha']:.2f}", f"{r['tokens_per_round']:.2f}",
+                                                     f"{100 * r['ngram_share']:.0f} %") if "alpha" in r else ("",) * 3)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     cost = section["cost"]
     lines.append(f"\nLookup in the router: {1e6 * cost['lookup_s_per_token']:.1f} µs per drafted token; a draft "
@@ -149,21 +148,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=BenchConfig.out)
     parser.add_argument("--max-new-tokens", type=int, default=BenchConfig.max_new_tokens)
     parser.add_argument("--repeats", type=int, default=BenchConfig.repeats)
+    parser.add_argument("--heavy-layers", type=int, default=0, help="also on the heavy pair with this many "
+                        "zero-output layers (tools/heavy_pair.py; its usual set: the Python snippets only)")
     args = parser.parse_args(argv)
     import torch
     torch.set_num_threads(1)
     cfg = BenchConfig(config=args.config, out=args.out, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
+    sections = {}
     try:
         with running(cfg.config) as service:
-            section = lookup_section(service, cfg)
+            sections["demo pair"] = lookup_section(service, cfg)
+        if args.heavy_layers:
+            heavy = heavy_config(load_service_config(cfg.config), args.heavy_layers)
+            with running_data(heavy, label="the heavy pair") as service:
+                sections["heavy pair"] = lookup_section(service, dataclasses.replace(cfg, prompts=PREDICTABLE))
     finally:
         import ray
         ray.shutdown()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "lookup.json").write_text(json.dumps({"bench": dataclasses.asdict(cfg), "lookup": section}, indent=2))
-    (out / "lookup.md").write_text(markdown(section))
-    print(markdown(section))
+    text = "".join(f"### {name}\n\n{markdown(section)}\n" for name, section in sections.items())
+    (out / "lookup.json").write_text(json.dumps({"bench": dataclasses.asdict(cfg), **sections}, indent=2))
+    (out / "lookup.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

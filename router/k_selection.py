@@ -10,7 +10,8 @@ metrics.
 
 Source choice (draft.method model+ngram, a round whose context has an n-gram match): the source whose
 controller models the higher goodput at its best K (drafting cost included: an n-gram proposal costs no call),
-except that roughly one such round in `probe_every` tries the other one, so neither's statistics go stale.
+except that such a round tries the other one with chance `random_probe` (when probing is on), so neither's
+statistics go stale.
 """
 from __future__ import annotations
 
@@ -80,10 +81,9 @@ class KSelector:
         return self.controller(state, source).choose_k()
 
     def choose_source(self, state: RequestState, candidates: list[int]) -> int:
-        """The candidate with the highest modeled goodput; now and then (a probe) another one."""
+        """The candidate with the highest modeled goodput; with chance random_probe (a probe) another one."""
         best = max(candidates, key=lambda s: max(self.controller(state, s).goodput_curve().values()))
-        every = self.config.probe_every
-        if every and self._rng.random() < 1.0 / every:
+        if self.config.probe_every and self._rng.random() < self.config.random_probe:
             return self._rng.choice([s for s in candidates if s != best])
         return best
 

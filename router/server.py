@@ -127,7 +127,7 @@ class Router:
         draft/target replicas (started, then added to the pools). Anything else is refused. Relative model
         paths are read from `config_dir`, as at start-up."""
         new = parse_config(data, config_dir)
-        check_reloadable(self.config, new)
+        check_reloadable(self.config, new, bool(self.drafts))
         for name, clients in (("draft", self.drafts), ("target", self.targets)):
             extra = getattr(new, name).replicas - getattr(self.config, name).replicas
             if extra > 0:
@@ -149,8 +149,10 @@ class Router:
                              "target": [c.outstanding for c in self.targets]}}
 
 
-def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig) -> None:
-    """Raise RestartRequired naming the first key a reload cannot change (replicas may only grow)."""
+def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool | None = None) -> None:
+    """Raise RestartRequired naming the first key a reload cannot change (replicas may only grow; draft.method
+    may change, to a method that uses the draft model only if a draft pool runs: `draft_pool`, by default
+    whether the old method started one)."""
     for section in ("router", "ray", "draft", "target", "tls"):
         before, after = getattr(old, section), getattr(new, section)
         if section in ("draft", "target"):
@@ -158,7 +160,7 @@ def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig) -> None:
                 raise RestartRequired(f"{section}.replicas: scaling down needs a restart")
             after = dataclasses.replace(after, replicas=before.replicas)
         if section == "draft":
-            if after.uses_model and not before.uses_model:
+            if after.uses_model and not (before.uses_model if draft_pool is None else draft_pool):
                 raise RestartRequired("draft.method: no draft pool was started (method ngram); using the draft "
                                       "model needs a restart")
             after = dataclasses.replace(after, **{key: getattr(before, key) for key in DRAFT_RELOADABLE})

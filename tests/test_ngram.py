@@ -213,3 +213,28 @@ def test_model_only_without_a_lookup_index_falls_back_to_plain_decoding():
     run(draft, Target(), policy, state)
     assert state.tokens[len(PROMPT):] == reference()
     assert {r.source for r in policy.rounds[2:]} == {MODEL} and {r.k for r in policy.rounds[2:]} == {0}
+
+
+# ---- config ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("draft, key", [({"method": "lookup"}, "draft.method"), ({"ngram_min": 0}, "draft.ngram_min"),
+                                        ({"ngram_min": 3, "ngram_max": 2}, "draft.ngram_max"),
+                                        ({"ngram_max_tokens": 0}, "draft.ngram_max_tokens")])
+def test_config_errors_name_the_key(draft, key):
+    from settings.schema import ConfigError, config_from_dict
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        config_from_dict({"draft": draft})
+
+
+def test_method_reloads_unless_it_needs_a_draft_pool_that_was_never_started():
+    from router.server import RestartRequired, check_reloadable
+    from settings.schema import config_from_dict
+    model, ngram, both = (config_from_dict({"draft": {"method": m}}) for m in ("model", "ngram", "model+ngram"))
+    check_reloadable(model, ngram)
+    check_reloadable(model, both)
+    check_reloadable(ngram, config_from_dict({"draft": {"method": "ngram", "ngram_max": 6}}))
+    with pytest.raises(RestartRequired, match=r"draft\.method"):
+        check_reloadable(ngram, both)
+    check_reloadable(ngram, both, draft_pool=True)          # started as model, reloaded to ngram, and back
+    with pytest.raises(RestartRequired, match=r"draft\.model"):
+        check_reloadable(model, config_from_dict({"draft": {"model": "elsewhere"}}))
