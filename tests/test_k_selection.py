@@ -127,3 +127,13 @@ def test_sources_learn_separately_and_the_faster_one_is_chosen():
     for _ in range(60):
         selector.observe(state, Round([0] * 6, 0, [0], lookup, source=NGRAM))
     assert selector.choose_source(state, [MODEL, NGRAM]) == MODEL
+    metric = selector.metrics.registry.get_sample_value
+    assert metric("specpool_spec_decode_source_num_drafts_total", {"source": "ngram"}) == 100
+    assert metric("specpool_spec_decode_source_num_drafts_total", {"source": "model"}) == 40
+    per_pos = {"source": "ngram", "position": "5"}
+    assert metric("specpool_spec_decode_source_num_draft_tokens_per_pos_total", per_pos) == 100
+    assert metric("specpool_spec_decode_source_num_accepted_tokens_per_pos_total", per_pos) == 40
+    assert metric("specpool_spec_decode_source_num_accepted_tokens_per_pos_total",
+                  {"source": "model", "position": "1"}) == 40
+    assert metric("specpool_spec_decode_source_num_accepted_tokens_per_pos_total",
+                  {"source": "model", "position": "2"}) is None
