@@ -50,11 +50,13 @@ def assisted_kwargs(assistant, k: int) -> dict:
 
 @torch.inference_mode()
 def hf_run(target, tokenizer, batches, max_new: int, assistant=None, k: int = 0,
-           clocks: list | None = None) -> tuple[float, int]:
+           clocks: list | None = None, generate_kwargs: dict | None = None) -> tuple[float, int]:
     """(seconds, new tokens) of generate() over batches of prompts (left-padded), greedy; assisted
     (batches of one prompt only) when `assistant` is given. With `clocks` (batches of one prompt), a
-    TokenClock per generate() is appended to it."""
+    TokenClock per generate() is appended to it. `generate_kwargs` go to generate() as they are (e.g.
+    prompt_lookup_num_tokens)."""
     kwargs = assisted_kwargs(assistant, k) if assistant is not None else {}
+    kwargs.update(generate_kwargs or {})
     started, tokens = time.perf_counter(), 0
     for batch in batches:
         inputs = tokenizer(batch, return_tensors="pt", padding=True)

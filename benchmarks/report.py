@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from benchmarks.concurrency import HF_BATCHED, OFF_ADAPTIVE, ON_ADAPTIVE, ON_K0
+from benchmarks.lookup import markdown as lookup_markdown
 from router.speculation import PARTS
 
 SINGLE_HEADER = ("| row | tokens/s | TTFT ms | ITL p50 / p99 ms | α | tokens/round | analytic | efficiency "
@@ -73,7 +74,9 @@ def markdown(results: dict) -> str:
     overlap = "".join(overlap_markdown(title, results[key]) for key, title in
                       (("overlap", "Overlap and hop: demo pair"), ("heavy", "Overlap and hop: heavy pair"))
                       if key in results)
-    return (single_markdown(results["single"]) if "single" in results else "") + overlap + sweep_markdown(results)
+    lookup = f"\n## Prompt lookup (draft.method)\n\n{lookup_markdown(results['lookup'])}\n" if "lookup" in results else ""
+    return (single_markdown(results["single"]) if "single" in results else "") + overlap + lookup \
+        + sweep_markdown(results)
 
 
 # ---- plots ------------------------------------------------------------------------------------

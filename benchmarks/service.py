@@ -53,7 +53,7 @@ def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: floa
     return {"seconds": arrivals[-1] - started, "tokens": sum(len(c.token_ids) for c in chunks),
             "ttft": arrivals[0] - started, "itl": gaps, "draft": stats.draft_tokens,
             "accepted": stats.accepted_tokens, "rounds": stats.target_passes, "wire": stats.wire_bytes,
-            "predraft_hits": stats.predraft_hits,
+            "predraft_hits": stats.predraft_hits, "sources": list(stats.source_per_round),
             "k_per_round": list(stats.k_per_round), "accepted_per_round": [len(c.token_ids) - 1 for c in chunks]}
 
 

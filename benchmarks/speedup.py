@@ -23,6 +23,9 @@ transformers batched, against their goals.
 Then the overlap rows (benchmarks/overlap.py): in turn against overlapped at each K, K = 0 and adaptive, each
 with the breakdown of a round's wall time, on the demo pair and on the heavy pair (tools/heavy_pair.py).
 
+Then prompt lookup (benchmarks/lookup.py; `python -m benchmarks.lookup` runs it alone): draft.method model, ngram
+and model+ngram against transformers prompt lookup and generate(), on an input-grounded workload and this set.
+
 Writes results.json, results.md, concurrency.png (and, without --sweep-only, speedup.png and adaptive.png)
 under --out (benchmarks/report.py).
 """
@@ -39,6 +42,7 @@ import torch
 
 from benchmarks.concurrency import (HF_BATCHED, OFF_ADAPTIVE, ON_ADAPTIVE, ON_K0, batching_config, goal_lines,
                                     hf_batched_sweep, specpool_sweep, sweep_ratios)
+from benchmarks.lookup import lookup_section
 from benchmarks.plan import QUICK, BenchConfig
 from benchmarks.report import write_outputs
 from benchmarks.overlap import heavy_section, overlap_section
@@ -72,6 +76,7 @@ def run(cfg: BenchConfig) -> tuple[dict, dict | None]:
             results["single"], trace = single_stream(service, cfg)
             results["overlap"] = overlap_section(service, cfg, results["single"].pop("transformers"),
                                                  results["single"]["c"])
+            results["lookup"] = lookup_section(service, cfg)
         sweep[ON_ADAPTIVE] = specpool_sweep(service, cfg, ON_ADAPTIVE, None)
         sweep[ON_K0] = specpool_sweep(service, cfg, ON_K0, 0)
         results["batching"]["on"] = batching_config(service)

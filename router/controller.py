@@ -137,6 +137,7 @@ class KController:
         self._calls = 0
         self._next_probe = 0
         self._rounds = 0
+        self._drafting = 0                     # rounds observed with K > 0
         self._window: deque = deque()          # recent rounds with K > 0: (round, attempted, accepted)
         self._attempts: list[int] = []         # per position: rounds in the window that attempted it
         self._accepts: list[int] = []          # per position: ... and accepted it
@@ -157,6 +158,11 @@ class KController:
     @property
     def rounds(self) -> int:
         return self._rounds
+
+    @property
+    def drafting_rounds(self) -> int:
+        """Rounds observed with K > 0: the ones that taught it an acceptance rate."""
+        return self._drafting
 
     def choose_k(self) -> int:
         """The K for the next round."""
@@ -180,6 +186,7 @@ class KController:
         if k < 0 or not 0 <= num_accepted <= k:
             raise ValueError(f"observe: need 0 <= num_accepted <= k (got k={k}, num_accepted={num_accepted})")
         self._rounds += 1
+        self._drafting += k > 0
         self._record_acceptance(k, num_accepted)
         self._record_costs(k, timings if timings is not None else RoundTimings())
 

@@ -1,39 +1,91 @@
-"""Which K each round uses: the request's own controller once it has seen enough of its rounds
-(its text may draft better or worse than the pool's average), else the pool's controller. Both
-learn from every round; the metrics see every round too."""
+"""Which proposal source and which K each round uses.
+
+Statistics are kept per (proposal source, sampling regime): the draft model and prompt lookup accept at
+different rates and cost different amounts, and so do greedy and sampled requests (a greedy draft's tokens
+are often the target's argmax but rarely its sample at a high temperature). So the pool keeps one KController
+per (source, regime), and a sampled request is never given a K learned from greedy traffic. A request also keeps
+its own controller per source, and uses it once it has drafted `warmup_rounds` of its own rounds from that source
+(rounds at K = 0 teach no acceptance rate), its regime's pool controller before. Every round feeds both, and the
+metrics.
+
+Source choice (draft.method model+ngram, a round whose context has an n-gram match): the source whose
+controller models the higher goodput at its best K (drafting cost included: an n-gram proposal costs no call),
+except that such a round tries the other one with chance `random_probe` (when probing is on), so neither's
+statistics go stale.
+"""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from router.controller import KController
 from settings.schema import ControllerConfig
 from router.metrics import Metrics
-from router.speculation import RequestState, Round
+from router.speculation import MODEL, NGRAM, SOURCE_NAMES, RequestState, Round
+
+REGIMES = ("greedy", "sampled")
+
+
+def regime(state: RequestState) -> str:
+    """The request's sampling regime: greedy (temperature 0) or sampled."""
+    return "greedy" if state.sampling.temperature == 0 else "sampled"
+
+
+def source_config(config: ControllerConfig, source: int, ngram_tokens: int) -> ControllerConfig:
+    """The controller config of a source: n-gram rounds choose K up to draft.ngram_max_tokens and send no
+    pre-draft (so their round time is modeled in turn)."""
+    if source != NGRAM:
+        return config
+    k_max = max(ngram_tokens, config.k_min)
+    return dataclasses.replace(config, k_max=k_max, k=min(config.k, k_max), overlap=False)
 
 
 class KSelector:
-    """The pool's KController, per-request KControllers, and the metrics they feed."""
+    """The pool's KControllers per (source, regime), per-request KControllers per source, and the metrics they
+    feed."""
 
-    def __init__(self, config: ControllerConfig, metrics: Metrics, rng: random.Random | None = None):
+    def __init__(self, config: ControllerConfig, metrics: Metrics, rng: random.Random | None = None,
+                 ngram_tokens: int = 8):
         self._rng = rng or random.Random()
-        self.config = config
-        self.pool = KController(config, self._rng)
+        self.config, self.ngram_tokens = config, ngram_tokens
+        self.pools = {(source, name): KController(self._config(source), random.Random(self._rng.getrandbits(64)))
+                      for source in SOURCE_NAMES for name in REGIMES}
         self.metrics = metrics
-        self.active: set[KController] = set()
+        self.active: dict[int, dict[int, KController]] = {}     # session id -> its controllers per source
         metrics.k.set(self.pool.k)
 
+    @property
+    def pool(self) -> KController:
+        """The draft model's controller for greedy requests (the one the `k` gauge and status show)."""
+        return self.pools[(MODEL, "greedy")]
+
+    def _config(self, source: int) -> ControllerConfig:
+        return source_config(self.config, source, self.ngram_tokens)
+
     def attach(self, state: RequestState) -> None:
-        state.controller = KController(self.config, random.Random(self._rng.getrandbits(64)))
-        self.active.add(state.controller)
+        state.controller = {source: KController(self._config(source), random.Random(self._rng.getrandbits(64)))
+                            for source in SOURCE_NAMES}
+        self.active[state.session_id] = state.controller
 
     def detach(self, state: RequestState) -> None:
-        self.active.discard(state.controller)
+        self.active.pop(state.session_id, None)
 
-    def choose_k(self, state: RequestState) -> int:
-        own = state.controller
-        if own is not None and own.rounds >= self.config.warmup_rounds:
-            return own.choose_k()
-        return self.pool.choose_k()
+    def controller(self, state: RequestState, source: int = MODEL) -> KController:
+        """The request's own controller of `source` once it has drafted enough, else its regime's pool controller."""
+        own = (state.controller or {}).get(source)
+        if own is not None and own.drafting_rounds >= self.config.warmup_rounds:
+            return own
+        return self.pools[(source, regime(state))]
+
+    def choose_k(self, state: RequestState, source: int = MODEL) -> int:
+        return self.controller(state, source).choose_k()
+
+    def choose_source(self, state: RequestState, candidates: list[int]) -> int:
+        """The candidate with the highest modeled goodput; with chance random_probe (a probe) another one."""
+        best = max(candidates, key=lambda s: max(self.controller(state, s).goodput_curve().values()))
+        if self.config.probe_every and self._rng.random() < self.config.random_probe:
+            return self._rng.choice([s for s in candidates if s != best])
+        return best
 
     @property
     def overlap(self) -> bool:
@@ -46,15 +98,23 @@ class KSelector:
         return (self.config.overlap_tokens or self.config.k_max + 1) - 1
 
     def observe(self, state: RequestState, round_: Round) -> None:
-        self.pool.observe(round_.k, round_.accepted, round_.timings)
-        if state.controller is not None:
-            state.controller.observe(round_.k, round_.accepted, round_.timings)
+        self.pools[(round_.source, regime(state))].observe(round_.k, round_.accepted, round_.timings)
+        own = (state.controller or {}).get(round_.source)
+        if own is not None:
+            own.observe(round_.k, round_.accepted, round_.timings)
         self.metrics.observe_round(round_)
+        self.metrics.observe_source(SOURCE_NAMES[round_.source], round_.k, round_.accepted)
         self.metrics.k.set(self.pool.k)
 
-    def update_config(self, config: ControllerConfig) -> None:
+    def update_config(self, config: ControllerConfig, ngram_tokens: int | None = None) -> None:
         """Between rounds: new requests and the pool use it; statistics are kept."""
         self.config = config
-        for controller in (self.pool, *self.active):
-            controller.update_config(config)
+        self.ngram_tokens = self.ngram_tokens if ngram_tokens is None else ngram_tokens
+        owned = [(source, c) for controllers in self.active.values() for source, c in controllers.items()]
+        for source, controller in [(source, c) for (source, _), c in self.pools.items()] + owned:
+            controller.update_config(self._config(source))
         self.metrics.k.set(self.pool.k)
+
+    def snapshot(self) -> dict:
+        """Every pool controller's snapshot, keyed "source/regime" (e.g. "ngram/sampled")."""
+        return {f"{SOURCE_NAMES[source]}/{name}": c.snapshot() for (source, name), c in self.pools.items()}

@@ -142,8 +142,9 @@ def launch(config: SpecpoolConfig, timeout: float | None = None) -> Pools:
     """Start every replica of both pools and wait until all have loaded their models.
     Actors are named specpool-<tag>-draft-<i> and specpool-<tag>-target-<i>-rank-<r>."""
     pools = Pools(tag=uuid.uuid4().hex[:6])
+    drafts = config.draft.replicas if config.draft.uses_model else 0   # draft.method ngram: no draft pool
     try:
-        draft_refs = start_drafts(config, pools, config.draft.replicas)     # drafts load while targets start
+        draft_refs = start_drafts(config, pools, drafts)                # drafts load while targets start
         launch_more(config, pools, "target", config.target.replicas, timeout)
         await_drafts(pools, draft_refs, timeout)
     except BaseException:

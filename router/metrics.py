@@ -45,6 +45,16 @@ class Metrics:
         self.requests = Counter("specpool_requests", "Finished requests by final gRPC status", ["code"], registry=r)
         self.worker_sessions = Gauge("specpool_worker_active_sessions", "Sessions the router has open on a worker",
                                      ["pool", "address"], registry=r)
+        # Per proposal source (model: the draft pool; ngram: prompt lookup). Acceptance at position j of a source =
+        # accepted_tokens_per_pos{source, position=j} / draft_tokens_per_pos{source, position=j}.
+        self.source_drafts = Counter("specpool_spec_decode_source_num_drafts", "Rounds that drafted, by proposal "
+                                     "source", ["source"], registry=r)
+        self.source_draft_tokens_per_pos = Counter("specpool_spec_decode_source_num_draft_tokens_per_pos",
+                                                   "Draft tokens proposed, by proposal source and draft position",
+                                                   ["source", "position"], registry=r)
+        self.source_accepted_per_pos = Counter("specpool_spec_decode_source_num_accepted_tokens_per_pos",
+                                               "Draft tokens accepted, by proposal source and draft position",
+                                               ["source", "position"], registry=r)
 
     def observe_round(self, round_) -> None:
         """One round (router.speculation.Round)."""
@@ -61,6 +71,16 @@ class Metrics:
         self.accepted_tokens.inc(round_.accepted)
         for position in range(round_.accepted):
             self.accepted_per_pos.labels(str(position)).inc()
+
+    def observe_source(self, source: str, k: int, accepted: int) -> None:
+        """One round's drafts from `source` (nothing for a round with K = 0)."""
+        if k == 0:
+            return
+        self.source_drafts.labels(source).inc()
+        for position in range(k):
+            self.source_draft_tokens_per_pos.labels(source, str(position)).inc()
+            if position < accepted:
+                self.source_accepted_per_pos.labels(source, str(position)).inc()
 
     def observe_tokens(self, gap_seconds: float, tokens: int, first: bool) -> None:
         """A chunk of `tokens` arrived `gap_seconds` after the previous one (or after admission)."""

@@ -22,6 +22,7 @@ from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, genera
 from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
 from router.k_selection import KSelector
 from router.metrics import Metrics
+from router.ngram import NgramIndex
 from router.speculation import DRAFT_MODES, RequestState, generate
 from router.text import IncrementalDetokenizer
 from router.validation import ModelLimits, RequestError, validate
@@ -43,7 +44,8 @@ class Router:
         self.model_info = model_info
         self._rng = rng or random.Random()
         self.metrics = Metrics()
-        self.k_selector = KSelector(config.speculation, self.metrics, random.Random(self._rng.getrandbits(64)))
+        self.k_selector = KSelector(config.speculation, self.metrics, random.Random(self._rng.getrandbits(64)),
+                                    config.draft.ngram_max_tokens)
         self._slots = asyncio.Semaphore(config.router.max_active_requests)
         self.queued = 0
 
@@ -89,7 +91,9 @@ class Router:
         return RequestState(session_id=self._rng.getrandbits(63), tokens=list(prompt_ids),
                             prompt_len=len(prompt_ids), max_new_tokens=request.max_new_tokens, sampling=sampling,
                             fixed_k=fixed_k, draft_mode=DRAFT_MODES[mode], max_context=self.limits.max_context,
-                            stop_ids=frozenset(request.stop_token_ids), eos_ids=self.eos_ids)
+                            stop_ids=frozenset(request.stop_token_ids), eos_ids=self.eos_ids,
+                            method=self.config.draft.method,
+                            ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max))
 
     async def run(self, state: RequestState):
         """The request's rounds on the least-loaded draft and target replicas (sticky for the request)."""
@@ -123,7 +127,7 @@ class Router:
         draft/target replicas (started, then added to the pools). Anything else is refused. Relative model
         paths are read from `config_dir`, as at start-up."""
         new = parse_config(data, config_dir)
-        check_reloadable(self.config, new)
+        check_reloadable(self.config, new, bool(self.drafts))
         for name, clients in (("draft", self.drafts), ("target", self.targets)):
             extra = getattr(new, name).replicas - getattr(self.config, name).replicas
             if extra > 0:
@@ -131,7 +135,7 @@ class Router:
                     raise RestartRequired(f"{name}.replicas: this router cannot start replicas")
                 factories = await asyncio.to_thread(self._scale_up, name, extra)
                 clients.extend(make() for make in factories)
-        self.k_selector.update_config(new.speculation)
+        self.k_selector.update_config(new.speculation, new.draft.ngram_max_tokens)
         self.config = new
 
     async def close(self) -> None:
@@ -139,22 +143,33 @@ class Router:
         await asyncio.gather(*(client.close() for client in self.drafts + self.targets), return_exceptions=True)
 
     def status(self) -> dict:
-        return {"pool": self.k_selector.pool.snapshot(), "active_requests": len(self.k_selector.active),
+        return {"pool": self.k_selector.pool.snapshot(), "pools": self.k_selector.snapshot(),
+                "active_requests": len(self.k_selector.active),
                 "replicas": {"draft": [c.outstanding for c in self.drafts],
                              "target": [c.outstanding for c in self.targets]}}
 
 
-def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig) -> None:
-    """Raise RestartRequired naming the first key a reload cannot change (replicas may only grow)."""
+def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool | None = None) -> None:
+    """Raise RestartRequired naming the first key a reload cannot change (replicas may only grow; draft.method
+    may change, to a method that uses the draft model only if a draft pool runs: `draft_pool`, by default
+    whether the old method started one)."""
     for section in ("router", "ray", "draft", "target", "tls"):
         before, after = getattr(old, section), getattr(new, section)
         if section in ("draft", "target"):
             if after.replicas < before.replicas:
                 raise RestartRequired(f"{section}.replicas: scaling down needs a restart")
             after = dataclasses.replace(after, replicas=before.replicas)
+        if section == "draft":
+            if after.uses_model and not (before.uses_model if draft_pool is None else draft_pool):
+                raise RestartRequired("draft.method: no draft pool was started (method ngram); using the draft "
+                                      "model needs a restart")
+            after = dataclasses.replace(after, **{key: getattr(before, key) for key in DRAFT_RELOADABLE})
         changed = [f.name for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(after, f.name)]
         if changed:
             raise RestartRequired(f"{section}.{changed[0]}: changing this needs a restart")
+
+
+DRAFT_RELOADABLE = ("method", "ngram_min", "ngram_max", "ngram_max_tokens")   # router-side: apply to new requests
 
 
 class Overloaded(Exception):

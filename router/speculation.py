@@ -11,6 +11,14 @@ guesses the target's next token and drafts round r+1 after it. If the verdict ac
 and the guess is the target's token, round r+1's drafts are ready and its verify goes out at once; any
 other verdict cancels the pre-draft and r+1 drafts as usual. Drafts are only proposals, so this changes
 which tokens are proposed, never the distribution of what is committed.
+
+Proposal sources (`draft.method`). A round's drafts come from the draft model (the draft worker) or from prompt
+lookup (router/ngram.py: the continuation of an earlier occurrence of the context's last n tokens, computed here
+in the router with no call). An n-gram proposal is deterministic, so it is verified exactly as a greedy draft
+(q one-hot: no hidden states travel, and the target verifies any request whose drafts come without them that
+way, whatever the pool's draft mode). With `model+ngram` the policy picks, each round that has a match, the
+source its statistics model faster; n-gram rounds send no pre-draft. While the draft worker is unreachable, rounds
+use n-gram proposals where the context has a match (instead of plain decoding).
 """
 from __future__ import annotations
 
@@ -23,7 +31,12 @@ import grpc
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from router.controller import RoundTimings
+from router.ngram import NgramIndex
 from router.worker_client import DraftClient, TargetClient
+
+NONE, MODEL, NGRAM = (generation_pb2.PROPOSAL_SOURCE_NONE, generation_pb2.PROPOSAL_SOURCE_MODEL,
+                      generation_pb2.PROPOSAL_SOURCE_NGRAM)
+SOURCE_NAMES = {MODEL: "model", NGRAM: "ngram"}
 
 
 @dataclass
@@ -45,6 +58,9 @@ class RequestState:
     controller: object = None              # the request's own KController (router.k_selection)
     deadline: float | None = None          # time.monotonic() by which the client wants its answer
     stats: generation_pb2.GenerationStats = field(default_factory=generation_pb2.GenerationStats)
+    method: str = "model"                  # draft.method: model | ngram | model+ngram
+    ngram: NgramIndex | None = None        # the request's prompt-lookup index (None: no n-gram proposals, not
+                                           # even as the fallback while the draft worker is down)
 
     @property
     def generated(self) -> int:
@@ -63,6 +79,7 @@ class Proposal:
     seconds: float = 0.0             # the draft worker's compute
     rtt_seconds: float = 0.0         # the rest of the call
     worker_seconds: float = 0.0      # ... of which the worker spent queued or handing over to its engine thread
+    source: int = MODEL              # where the tokens came from (MODEL or NGRAM)
 
     def after_guess(self) -> "Proposal":
         """A pre-draft is [guess of the target's next token, next round's drafts...]: the drafts alone."""
@@ -84,6 +101,7 @@ class Round:
     predrafted: bool = False         # the drafts came from the previous round's pre-draft
     predraft_sent: bool = False      # this round pre-drafted the next one while the target verified
     parts: dict = field(default_factory=dict)   # where the round's wall time went (seconds), see PARTS
+    source: int = MODEL              # the drafts' source (for a round with no drafts: the one it planned)
 
     @property
     def k(self) -> int:
@@ -93,7 +111,8 @@ class Round:
 class KPolicy(Protocol):
     overlap: bool                    # pre-draft the next round while the target verifies
     predraft_k: int                  # ... with at most this many drafts after the guess
-    def choose_k(self, state: "RequestState") -> int: ...
+    def choose_k(self, state: "RequestState", source: int = ...) -> int: ...
+    def choose_source(self, state: "RequestState", candidates: list[int]) -> int: ...
     def observe(self, state: "RequestState", round_: Round) -> None: ...
 
 
@@ -148,11 +167,23 @@ async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int],
     return Proposal(list(response.draft_token_ids), response.draft_hidden_states, *split_time(started, response))
 
 
-async def propose(state: RequestState, draft: DraftClient | None, k: int) -> Proposal:
-    """This round's K drafts, drafted now (on the critical path)."""
-    if k == 0 or draft is None or not draft.healthy:
+def ngram_proposal(state: RequestState, k: int) -> Proposal:
+    """Up to K drafts by prompt lookup, timed as the draft compute of the round (no call, no round trip)."""
+    if k == 0 or state.ngram is None:
         return NO_DRAFTS
-    return await draft_call(state, draft, state.tokens, state.draft_synced, k) or NO_DRAFTS
+    started = time.perf_counter()
+    tokens = state.ngram.propose(state.tokens, k)
+    return Proposal(tokens, seconds=time.perf_counter() - started, source=NGRAM) if tokens else NO_DRAFTS
+
+
+async def propose(state: RequestState, draft: DraftClient | None, k: int, source: int = MODEL) -> Proposal:
+    """This round's K drafts, drafted now (on the critical path), from `source`. A draft worker that turns out to
+    be unreachable leaves the round n-gram drafts (if the context has a match)."""
+    if k == 0 or source == NGRAM:
+        return ngram_proposal(state, k)
+    if draft is None or not draft.healthy:
+        return NO_DRAFTS
+    return await draft_call(state, draft, state.tokens, state.draft_synced, k) or ngram_proposal(state, k)
 
 
 def predraft(state: RequestState, draft: DraftClient | None, drafts: list[int], next_k: int) -> asyncio.Task | None:
@@ -202,13 +233,16 @@ async def cancel(ahead: asyncio.Task | None) -> None:
 
 
 async def speculative_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
-                            ready: Proposal | None = None, next_k: int = 0) -> tuple[Round, Proposal | None]:
-    """Draft K (or take the `ready` drafts a pre-draft made), verify them in one target pass and, with
-    `next_k` > 0, pre-draft the next round meanwhile. Returns the round and the next round's drafts if the
-    pre-draft matched the verdict."""
+                            ready: Proposal | None = None, next_k: int = 0,
+                            source: int = MODEL) -> tuple[Round, Proposal | None]:
+    """Draft K from `source` (or take the `ready` drafts a pre-draft made), verify them in one target pass and,
+    with `next_k` > 0 after model drafts, pre-draft the next round meanwhile. Returns the round and the next
+    round's drafts if the pre-draft matched the verdict."""
     before, started = len(state.tokens), time.perf_counter()
-    proposal = ready if ready is not None else await propose(state, draft, k)
-    ahead = predraft(state, draft, proposal.tokens, clamp_k(state, next_k, len(proposal.tokens) + 1))
+    proposal = ready if ready is not None else await propose(state, draft, k, source)
+    from_model = proposal.source == MODEL and bool(proposal.tokens)
+    ahead = predraft(state, draft, proposal.tokens, clamp_k(state, next_k, len(proposal.tokens) + 1)) \
+        if from_model or not proposal.tokens else None
     try:
         verdict, verify_worker, timings = await verify(state, target, proposal)
     except BaseException:
@@ -216,7 +250,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
         raise
     drafts, accepted = proposal.tokens, verdict.num_accepted
     round_ = Round(drafts, accepted, drafts[:accepted] + [verdict.next_token_id], timings, ready is not None,
-                   ahead is not None)
+                   ahead is not None, source=proposal.source if drafts else source)
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
     settling = time.perf_counter()
@@ -227,7 +261,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     if next_ready is not None:                           # the draft holds the committed tokens + next drafts[:-1]
         state.draft_synced = before + len(round_.committed)
         state.stats.predraft_hits += 1
-    elif drafts and draft.healthy:                       # it holds at least the committed tokens + drafts[:-1]
+    elif from_model and draft.healthy:                   # it holds at least the committed tokens + drafts[:-1]
         state.draft_synced = before + min(accepted, len(drafts) - 1)
     record(state.stats, round_)
     return round_, next_ready
@@ -238,6 +272,23 @@ def record(stats: generation_pb2.GenerationStats, round_: Round) -> None:
     stats.draft_tokens += round_.k
     stats.accepted_tokens += round_.accepted
     stats.k_per_round.append(round_.k)
+    stats.source_per_round.append(round_.source if round_.k else NONE)
+    if round_.k:
+        record_source(stats, round_)
+
+
+def record_source(stats: generation_pb2.GenerationStats, round_: Round) -> None:
+    """Proposed, accepted and per-position counts of the round's source."""
+    entry = next((s for s in stats.sources if s.source == round_.source), None)
+    if entry is None:
+        entry = stats.sources.add(source=round_.source)
+    entry.rounds += 1
+    entry.draft_tokens += round_.k
+    entry.accepted_tokens += round_.accepted
+    for counts, upto in ((entry.proposed_per_position, round_.k), (entry.accepted_per_position, round_.accepted)):
+        counts.extend([0] * (upto - len(counts)))
+        for j in range(upto):
+            counts[j] += 1
 
 
 def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
@@ -258,15 +309,15 @@ def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
 
 
 async def resilient_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
-                          recovery_s: float, ready: Proposal | None = None,
-                          next_k: int = 0) -> tuple[Round, Proposal | None]:
+                          recovery_s: float, ready: Proposal | None = None, next_k: int = 0,
+                          source: int = MODEL) -> tuple[Round, Proposal | None]:
     """A round that survives a target failure: wait for the target group to be restarted, then run the
     round again; the restarted target has no cache, so it is re-prefilled. The round gives up (re-raising
     the failure) `recovery_s` after its first failure, or at the client's deadline if that comes sooner."""
     give_up = None
     while True:
         try:
-            return await speculative_round(state, draft, target, k, ready, next_k)
+            return await speculative_round(state, draft, target, k, ready, next_k, source)
         except grpc.aio.AioRpcError as exc:
             now = time.monotonic()
             give_up = give_up if give_up is not None else now + recovery_s
@@ -281,24 +332,43 @@ async def resilient_round(state: RequestState, draft: DraftClient | None, target
                 raise exc from None
 
 
-def choose_k(state: RequestState, policy: KPolicy) -> int:
-    return state.fixed_k if state.fixed_k is not None else policy.choose_k(state)
+def choose_k(state: RequestState, policy: KPolicy, source: int = MODEL) -> int:
+    return state.fixed_k if state.fixed_k is not None else policy.choose_k(state, source)
+
+
+def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
+               planned: int | None = None) -> tuple[int, int]:
+    """This round's proposal source and K. Candidates: the draft model (methods model and model+ngram, while the
+    draft worker is reachable) and prompt lookup (methods ngram and model+ngram, or as the fallback while the
+    draft worker is not), when the context's suffix occurred before. `planned`: a model K already chosen."""
+    model = state.method != "ngram" and draft is not None and draft.healthy
+    lookup = state.ngram is not None and (state.method != "model" or not model)
+    candidates = [s for s, ok in ((MODEL, model), (NGRAM, lookup and state.ngram.match(state.tokens))) if ok]
+    if not candidates:
+        return (MODEL if state.method != "ngram" else NGRAM), 0
+    # A request with its own K takes n-gram drafts whenever they match: a rule that depends only on the tokens,
+    # so a seeded request in sampled-draft mode (whose K is pinned for that reason) still gives one output.
+    pick = len(candidates) > 1 and state.fixed_k is None
+    source = policy.choose_source(state, candidates) if pick else candidates[-1]
+    k = planned if source == MODEL and planned is not None else choose_k(state, policy, source)
+    return source, clamp_k(state, k)
 
 
 async def generate(state: RequestState, draft: DraftClient | None, target: TargetClient,
                    policy: KPolicy, recovery_s: float = 60.0) -> AsyncIterator[list[int]]:
     """Run rounds until the request finishes, yielding each round's committed tokens. With overlap on,
-    each round pre-drafts the next one (its K chosen now) while the target verifies.
+    each model round pre-drafts the next one (its K chosen now) while the target verifies.
     Both workers' caches for this session are released however the request ends."""
-    ready, k = None, choose_k(state, policy)
+    ready, planned = None, None
     try:
         while not state.finish_reason:
-            next_k = min(choose_k(state, policy), policy.predraft_k) if policy.overlap else 0
-            round_, ready = await resilient_round(state, draft, target, len(ready.tokens) if ready else
-                                                  clamp_k(state, k), recovery_s, ready, next_k)
+            source, k = (MODEL, len(ready.tokens)) if ready else plan_round(state, draft, policy, planned)
+            overlap = policy.overlap and source == MODEL
+            next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
+            round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source)
             policy.observe(state, round_)
             yield commit(state, round_.committed)
-            k = next_k if policy.overlap else choose_k(state, policy)
+            planned = next_k if overlap else None
     finally:
         await release(state.session_id, [w for w in (draft, target) if w is not None])
 

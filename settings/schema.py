@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 DRAFT_SAMPLING_MODES = ("greedy", "sampled")
+DRAFT_METHODS = ("model", "ngram", "model+ngram")
 POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 
@@ -99,9 +100,26 @@ class TlsConfig:
 @dataclass
 class DraftConfig(PoolConfig):
     model: str = "builtin:random-pair/draft"
+    method: str = "model"           # model (the draft pool) | ngram (prompt lookup, no draft pool started) |
+                                    # model+ngram (per round, whichever source the K controller models faster)
+    ngram_min: int = 2              # smallest n-gram (suffix of the context) that prompt lookup matches
+    ngram_max: int = 4              # largest; the longest match wins
+    ngram_max_tokens: int = 8       # longest continuation an n-gram round proposes (its K range's top)
 
     def validate(self, section: str = "draft") -> None:
         super().validate(section)
+        checks = (("method", self.method in DRAFT_METHODS, f"must be one of {DRAFT_METHODS}"),
+                  ("ngram_min", self.ngram_min >= 1, "must be >= 1"),
+                  ("ngram_max", self.ngram_max >= self.ngram_min, f"must be >= ngram_min={self.ngram_min}"),
+                  ("ngram_max_tokens", self.ngram_max_tokens >= 1, "must be >= 1"))
+        for key, ok, rule in checks:
+            if not ok:
+                raise ConfigError(f"{section}.{key}: {rule} (got {getattr(self, key)!r})")
+
+    @property
+    def uses_model(self) -> bool:
+        """Whether a draft pool is started (methods model and model+ngram)."""
+        return self.method != "ngram"
 
 
 @dataclass

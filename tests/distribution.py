@@ -25,3 +25,22 @@ def chi_square_p_value(counts, probs, min_expected: float = 5.0) -> float:
     # Wilson-Hilferty approximation of the chi-square survival function
     z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
     return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def first_two_joint(model_path: str, prompt: list[int]) -> dict:
+    """P(t0, t1) of the model alone at temperature 1 after `prompt`, as {(t0, t1): p}; (eos, None) when t0 is
+    EOS."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    eos = model.generation_config.eos_token_id
+    with torch.no_grad():
+        p0 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), -1)
+        joint = {}
+        for t0 in range(p0.shape[0]):
+            if t0 == eos:
+                joint[(t0, None)] = float(p0[t0])
+                continue
+            p1 = torch.softmax(model(torch.tensor([prompt + [t0]])).logits[0, -1].double(), -1)
+            joint.update({(t0, t1): float(p0[t0] * p1[t1]) for t1 in range(p1.shape[0])})
+    return joint

@@ -14,6 +14,8 @@ from protos.specpool.v1 import generation_pb2
 from tests.conftest import service_config
 
 PROMPT = [4, 5, 6, 7]
+NONE, MODEL, NGRAM = (generation_pb2.PROPOSAL_SOURCE_NONE, generation_pb2.PROPOSAL_SOURCE_MODEL,
+                      generation_pb2.PROPOSAL_SOURCE_NGRAM)
 LONG = 200
 
 
@@ -51,16 +53,18 @@ def test_draft_killed_mid_request_gives_identical_tokens(tp2, reference_generate
     draft = tp2.service.pools.draft_actors[0]
     chunks = stream_with_fault(tp2, greedy(), lambda: sigkill(draft))
     assert tokens_of(chunks) == reference_generate(PROMPT, LONG)
-    ks = list(chunks[-1].stats.k_per_round)
-    assert 0 in ks[4:]                                   # it went on in plain target decoding
-    deadline = time.monotonic() + 120                    # Ray restarts the draft; speculation resumes
+    sources = list(chunks[-1].stats.source_per_round)
+    assert sources[:4] == [MODEL] * 4
+    after = sources[sources.index(NGRAM):]               # it went on with n-gram proposals (K = 0 where none matched)
+    assert MODEL not in after[:5] and after.count(NGRAM) > after.count(NONE)
+    deadline = time.monotonic() + 120                    # Ray restarts the draft; the draft model drafts again
     while time.monotonic() < deadline:
         response = tp2.stub.Generate(greedy(max_new=20))
         assert list(response.token_ids) == reference_generate(PROMPT, 20)
-        if response.stats.draft_tokens > 0:
+        if MODEL in response.stats.source_per_round:
             break
         time.sleep(1.0)
-    assert response.stats.draft_tokens > 0
+    assert MODEL in response.stats.source_per_round
 
 
 def test_target_rank_killed_mid_request_gives_identical_tokens(tp2, reference_generate):

@@ -3,11 +3,10 @@ generated tokens follow the target's exact distribution, in both draft modes."""
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
 
 from protos.specpool.v1 import generation_pb2
 from tests.conftest import service_config
-from tests.distribution import chi_square_p_value
+from tests.distribution import chi_square_p_value, first_two_joint
 
 PROMPT = [0, 1, 2, 3]
 SAMPLES = 2400
@@ -15,20 +14,7 @@ SAMPLES = 2400
 
 @pytest.fixture(scope="module")
 def exact_joint(tiny_pair):
-    """P(t0, t1) of the target alone at temperature 1, as {(t0, t1): p}; (eos, None) when t0 is EOS."""
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(tiny_pair[1]).eval()
-    eos = model.generation_config.eos_token_id
-    with torch.no_grad():
-        p0 = torch.softmax(model(torch.tensor([PROMPT])).logits[0, -1].double(), -1)
-        joint = {}
-        for t0 in range(p0.shape[0]):
-            if t0 == eos:
-                joint[(t0, None)] = float(p0[t0])
-                continue
-            p1 = torch.softmax(model(torch.tensor([PROMPT + [t0]])).logits[0, -1].double(), -1)
-            joint.update({(t0, t1): float(p0[t0] * p1[t1]) for t1 in range(p1.shape[0])})
-    return joint
+    return first_two_joint(tiny_pair[1], PROMPT)
 
 
 @pytest.fixture(scope="module", params=["sampled", "greedy"])

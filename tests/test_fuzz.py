@@ -6,7 +6,7 @@ import re
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from protos.specpool.v1 import generation_pb2
@@ -16,6 +16,11 @@ CLEAN = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.R
 INT32 = st.one_of(st.integers(-5, 300), st.sampled_from([-2**31, 2**31 - 1, 256, 257]))
 FIELD_PATH = re.compile(r"([a-z_]+(?:\.[a-z_]+)*)(?:\[(\d+)\])?: \S")
 FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32), st.sampled_from([0.0, 1.0, 1e-30]))
+# Valid requests but for one field each, so that every check the assertions below name is reached whatever the
+# generator draws (which examples it draws shifted with unrelated changes to the process).
+ONE_WRONG = [generation_pb2.GenerateRequest(**{"prompt_token_ids": [1, 2], "max_new_tokens": 2, **wrong}) for wrong in
+             ({"max_new_tokens": 0}, {"sampling": {"temperature": -1.0}}, {"sampling": {"top_p": 1.5}},
+              {"speculation": {"k": 9}})]
 
 
 @st.composite
@@ -70,6 +75,10 @@ def test_fuzzed_requests_get_ok_or_a_clean_status(service):
     @settings(max_examples=520, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(requests())
+    @example(ONE_WRONG[0])
+    @example(ONE_WRONG[1])
+    @example(ONE_WRONG[2])
+    @example(ONE_WRONG[3])
     def check(request):
         try:
             response = service.stub.Generate(request, timeout=60)

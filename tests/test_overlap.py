@@ -109,8 +109,11 @@ class FixedK:
     def __init__(self, k: int, overlap: bool):
         self.k, self.overlap, self.predraft_k, self.rounds = k, overlap, 8, []
 
-    def choose_k(self, state):
+    def choose_k(self, state, source=None):
         return self.k
+
+    def choose_source(self, state, candidates):
+        return candidates[-1]               # n-gram drafts whenever they match
 
     def observe(self, state, round_):
         self.rounds.append(round_)

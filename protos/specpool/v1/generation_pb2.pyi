@@ -13,10 +13,19 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_EOS: _ClassVar[FinishReason]
+
+class ProposalSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROPOSAL_SOURCE_NONE: _ClassVar[ProposalSource]
+    PROPOSAL_SOURCE_MODEL: _ClassVar[ProposalSource]
+    PROPOSAL_SOURCE_NGRAM: _ClassVar[ProposalSource]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_EOS: FinishReason
+PROPOSAL_SOURCE_NONE: ProposalSource
+PROPOSAL_SOURCE_MODEL: ProposalSource
+PROPOSAL_SOURCE_NGRAM: ProposalSource
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed")
@@ -57,7 +66,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("target_passes", "draft_tokens", "accepted_tokens", "k_per_round", "wire_bytes", "predrafts", "predraft_hits")
+    __slots__ = ("target_passes", "draft_tokens", "accepted_tokens", "k_per_round", "wire_bytes", "predrafts", "predraft_hits", "source_per_round", "sources")
     TARGET_PASSES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +74,8 @@ class GenerationStats(_message.Message):
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREDRAFTS_FIELD_NUMBER: _ClassVar[int]
     PREDRAFT_HITS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_PER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     target_passes: int
     draft_tokens: int
     accepted_tokens: int
@@ -72,7 +83,25 @@ class GenerationStats(_message.Message):
     wire_bytes: int
     predrafts: int
     predraft_hits: int
-    def __init__(self, target_passes: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., k_per_round: _Optional[_Iterable[int]] = ..., wire_bytes: _Optional[int] = ..., predrafts: _Optional[int] = ..., predraft_hits: _Optional[int] = ...) -> None: ...
+    source_per_round: _containers.RepeatedScalarFieldContainer[ProposalSource]
+    sources: _containers.RepeatedCompositeFieldContainer[SourceStats]
+    def __init__(self, target_passes: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., k_per_round: _Optional[_Iterable[int]] = ..., wire_bytes: _Optional[int] = ..., predrafts: _Optional[int] = ..., predraft_hits: _Optional[int] = ..., source_per_round: _Optional[_Iterable[_Union[ProposalSource, str]]] = ..., sources: _Optional[_Iterable[_Union[SourceStats, _Mapping]]] = ...) -> None: ...
+
+class SourceStats(_message.Message):
+    __slots__ = ("source", "rounds", "draft_tokens", "accepted_tokens", "proposed_per_position", "accepted_per_position")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    source: ProposalSource
+    rounds: int
+    draft_tokens: int
+    accepted_tokens: int
+    proposed_per_position: _containers.RepeatedScalarFieldContainer[int]
+    accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, source: _Optional[_Union[ProposalSource, str]] = ..., rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., proposed_per_position: _Optional[_Iterable[int]] = ..., accepted_per_position: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "finish_reason", "stats", "request_id")

@@ -1,0 +1,139 @@
+"""Trace-driven tests of router/k_selection.py: K statistics per sampling regime and per proposal source.
+No models, no Ray, no wall clock: the cost model and common-random-number traces of tests/test_controller.py.
+
+Mixed traffic: requests alternate between greedy (the greedy draft often matches the target's argmax, α 0.8)
+and sampled at a high temperature (it rarely matches the target's sample, α 0.1), 40 rounds each. Each regime's
+throughput (its tokens / its rounds' time) is compared with the best fixed K for that regime on the same trace.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from protos.specpool.v1 import generation_pb2, worker_pb2
+from router import k_selection
+from router.controller import RoundTimings
+from router.k_selection import KSelector, regime, source_config
+from router.metrics import Metrics
+from router.speculation import MODEL, NGRAM, RequestState, Round
+from tests.test_controller import K_MAX, CostModel, make_trace, sequential
+
+ALPHA = {"greedy": 0.8, "sampled": 0.1}
+REQUESTS, ROUNDS_PER_REQUEST = 120, 40
+TOLERANCE = 0.05
+COST = CostModel()
+
+
+def request_state(index: int, draft_mode: int) -> RequestState:
+    temperature = 0.0 if index % 2 == 0 else 1.2
+    return RequestState(session_id=index, tokens=[1], prompt_len=1, max_new_tokens=10 ** 6,
+                        sampling=generation_pb2.SamplingParams(temperature=temperature, top_p=1.0), fixed_k=None,
+                        draft_mode=draft_mode, max_context=0)
+
+
+def play(k: int, alpha: float, uniforms, jit) -> tuple[int, RoundTimings, float]:
+    """One round at K = k: (accepted, its timings, its duration) under the cost model."""
+    accepted = 0
+    while accepted < k and uniforms[accepted] < alpha:
+        accepted += 1
+    draft, verify = k * COST.t_draft * jit[0], (COST.verify_base + COST.verify_per_k * k) * jit[1]
+    rtt, draft_rtt = COST.rtt * jit[2], (COST.rtt * jit[3] if k else 0.0)
+    return accepted, RoundTimings(draft, None, draft_rtt, verify, rtt), draft + verify + rtt + draft_rtt
+
+
+def mixed_traffic(choose, draft_mode: int = worker_pb2.DRAFT_MODE_GREEDY, selector: KSelector | None = None):
+    """Run the mixed trace; `choose(selector, state)` gives each round's K. Per regime: throughput and the Ks."""
+    trace = make_trace(tuple([0.0] * (REQUESTS * ROUNDS_PER_REQUEST)), 11, COST.jitter)
+    selector = selector or KSelector(sequential(k_max=K_MAX), Metrics(), random.Random(3))
+    totals = {name: [0.0, 0.0, []] for name in ALPHA}
+    for index in range(REQUESTS):
+        state = request_state(index, draft_mode)
+        selector.attach(state)
+        total = totals[regime(state)]
+        for step in range(ROUNDS_PER_REQUEST):
+            _, uniforms, jit = trace[index * ROUNDS_PER_REQUEST + step]
+            k = choose(selector, state)
+            accepted, timings, seconds = play(k, ALPHA[regime(state)], uniforms, jit)
+            selector.observe(state, Round([0] * k, accepted, [0] * (accepted + 1), timings))
+            total[0], total[1] = total[0] + accepted + 1, total[1] + seconds
+            total[2].append(k)
+        selector.detach(state)
+    return {name: (tokens / seconds, ks) for name, (tokens, seconds, ks) in totals.items()}
+
+
+def best_fixed() -> dict[str, tuple[int, float]]:
+    """Per regime: (the best fixed K, its throughput) on the same trace."""
+    runs = {k: mixed_traffic(lambda selector, state, k=k: k) for k in range(K_MAX + 1)}
+    return {name: max(((k, runs[k][name][0]) for k in runs), key=lambda kv: kv[1]) for name in ALPHA}
+
+
+@pytest.mark.parametrize("draft_mode", [worker_pb2.DRAFT_MODE_GREEDY, worker_pb2.DRAFT_MODE_SAMPLED],
+                         ids=["greedy-draft", "sampled-draft"])
+def test_each_regime_within_5pct_of_its_best_fixed_k(draft_mode):
+    best = best_fixed()
+    adaptive = mixed_traffic(KSelector.choose_k, draft_mode)
+    for name in ALPHA:
+        ratio = adaptive[name][0] / best[name][1]
+        print(f"{name}: best fixed K={best[name][0]}, adaptive/best = {ratio:.3f}")
+        assert ratio >= 1 - TOLERANCE, (name, ratio, best[name])
+    assert best["sampled"][0] == 0 and best["greedy"][0] >= 3             # the regimes want different Ks
+    sampled_ks = adaptive["sampled"][1]
+    assert sampled_ks.count(0) > 0.8 * len(sampled_ks)                     # K falls to 0 for sampled traffic
+
+
+def test_one_pooled_statistic_misses_the_sampled_regime(monkeypatch):
+    """What per-regime statistics fix: one statistic for all traffic gives sampled requests a greedy K."""
+    best = best_fixed()
+    monkeypatch.setattr(k_selection, "regime", lambda state: "greedy")
+    pooled = mixed_traffic(KSelector.choose_k)
+    monkeypatch.undo()
+    ratio = pooled["sampled"][0] / best["sampled"][1]
+    print(f"pooled statistics: sampled adaptive/best = {ratio:.3f}")
+    assert ratio < 1 - TOLERANCE
+
+
+def test_a_request_uses_its_regimes_pool_statistics_until_it_has_drafted_enough():
+    selector = KSelector(sequential(k_max=K_MAX, warmup_rounds=4, probe_every=0), Metrics(), random.Random(0))
+    greedy, sampled = request_state(0, 0), request_state(1, 0)
+    for state in (greedy, sampled):
+        selector.attach(state)
+    assert selector.controller(sampled) is selector.pools[(MODEL, "sampled")]
+    for _ in range(3):
+        selector.observe(sampled, Round([0, 0], 0, [0], RoundTimings()))
+    selector.observe(sampled, Round([], 0, [0], RoundTimings()))           # K = 0 teaches no acceptance
+    assert selector.controller(sampled) is selector.pools[(MODEL, "sampled")]
+    selector.observe(sampled, Round([0, 0], 0, [0], RoundTimings()))
+    assert selector.controller(sampled) is sampled.controller[MODEL]
+    assert selector.pools[(MODEL, "greedy")].rounds == 0                  # greedy statistics untouched
+    assert selector.controller(greedy) is selector.pools[(MODEL, "greedy")]
+
+
+def test_sources_learn_separately_and_the_faster_one_is_chosen():
+    """N-gram rounds feed the n-gram controllers only; with lookup accepting far better here (and costing no
+    call), the selector prefers it, and a source whose acceptance collapses loses the choice."""
+    config = sequential(k_max=K_MAX, probe_every=0)
+    selector = KSelector(config, Metrics(), random.Random(0), ngram_tokens=12)
+    state = request_state(0, 0)
+    selector.attach(state)
+    assert selector.pools[(NGRAM, "greedy")].config.k_max == 12 and source_config(config, MODEL, 12) is config
+    timings = RoundTimings(draft_seconds=0.4, draft_rtt_seconds=0.2, verify_seconds=1.2, rtt_seconds=0.2)
+    lookup = RoundTimings(draft_seconds=1e-5, draft_rtt_seconds=0.0, verify_seconds=1.2, rtt_seconds=0.2)
+    for _ in range(40):
+        selector.observe(state, Round([0] * 4, 2, [0] * 3, timings))
+        selector.observe(state, Round([0] * 6, 6, [0] * 7, lookup, source=NGRAM))
+    assert selector.pools[(MODEL, "greedy")].rounds == 40 and selector.pools[(NGRAM, "greedy")].rounds == 40
+    assert selector.choose_source(state, [MODEL, NGRAM]) == NGRAM
+    for _ in range(60):
+        selector.observe(state, Round([0] * 6, 0, [0], lookup, source=NGRAM))
+    assert selector.choose_source(state, [MODEL, NGRAM]) == MODEL
+    metric = selector.metrics.registry.get_sample_value
+    assert metric("specpool_spec_decode_source_num_drafts_total", {"source": "ngram"}) == 100
+    assert metric("specpool_spec_decode_source_num_drafts_total", {"source": "model"}) == 40
+    per_pos = {"source": "ngram", "position": "5"}
+    assert metric("specpool_spec_decode_source_num_draft_tokens_per_pos_total", per_pos) == 100
+    assert metric("specpool_spec_decode_source_num_accepted_tokens_per_pos_total", per_pos) == 40
+    assert metric("specpool_spec_decode_source_num_accepted_tokens_per_pos_total",
+                  {"source": "model", "position": "1"}) == 40
+    assert metric("specpool_spec_decode_source_num_accepted_tokens_per_pos_total",
+                  {"source": "model", "position": "2"}) is None
