@@ -23,7 +23,7 @@ from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_c
 from router.k_selection import KSelector
 from router.metrics import Metrics
 from router.speculation import DRAFT_MODES, RequestState, generate
-from router.text import IncrementalDetokenizer
+from router.stopping import output_chunks
 from router.validation import ModelLimits, RequestError, validate
 from router.worker_client import DraftClient, TargetClient, least_loaded
 
@@ -89,7 +89,9 @@ class Router:
         return RequestState(session_id=self._rng.getrandbits(63), tokens=list(prompt_ids),
                             prompt_len=len(prompt_ids), max_new_tokens=request.max_new_tokens, sampling=sampling,
                             fixed_k=fixed_k, draft_mode=DRAFT_MODES[mode], max_context=self.limits.max_context,
-                            stop_ids=frozenset(request.stop_token_ids), eos_ids=self.eos_ids)
+                            stop_ids=frozenset(request.stop_token_ids), eos_ids=self.eos_ids,
+                            stop_strings=tuple(request.stop),
+                            top_logprobs=request.logprobs if request.HasField("logprobs") else None)
 
     async def run(self, state: RequestState):
         """The request's rounds on the least-loaded draft and target replicas (sticky for the request)."""
@@ -146,7 +148,7 @@ class Router:
 
 def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig) -> None:
     """Raise RestartRequired naming the first key a reload cannot change (replicas may only grow)."""
-    for section in ("router", "ray", "draft", "target", "tls"):
+    for section in ("router", "ray", "draft", "target", "tls", "http"):
         before, after = getattr(old, section), getattr(new, section)
         if section in ("draft", "target"):
             if after.replicas < before.replicas:
@@ -165,8 +167,10 @@ class RestartRequired(ValueError):
     """A reload tried to change something only a restart can change."""
 
 
-def _response(state: RequestState, request_id: str, tokens: list[int], text: str) -> generation_pb2.GenerateResponse:
-    response = generation_pb2.GenerateResponse(token_ids=tokens, text=text, request_id=request_id)
+def _response(state: RequestState, request_id: str, tokens: list[int], text: str,
+              logprobs: list = ()) -> generation_pb2.GenerateResponse:
+    response = generation_pb2.GenerateResponse(token_ids=tokens, text=text, request_id=request_id,
+                                               logprobs=logprobs)
     if state.finish_reason:
         response.finish_reason = state.finish_reason
         response.stats.CopyFrom(state.stats)
@@ -217,18 +221,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def GenerateStream(self, request, context):
         async with self._tracked(context):
             router, state, request_id = await self._admit(request, context)
-            detokenizer = IncrementalDetokenizer(router.tokenizer)
-            async for tokens in router.run(state):
-                text = detokenizer.push(tokens, final=bool(state.finish_reason))
-                yield _response(state, request_id, tokens, text)
+            async for chunk in output_chunks(router.run(state), state, router.tokenizer):
+                yield _response(state, request_id, chunk.token_ids, chunk.text, chunk.logprobs)
 
     async def Generate(self, request, context):
         async with self._tracked(context):
             router, state, request_id = await self._admit(request, context)
-            async for _ in router.run(state):
-                pass
-            output = state.tokens[state.prompt_len:]
-            return _response(state, request_id, output, router.tokenizer.decode(output, skip_special_tokens=True))
+            text = [chunk.text async for chunk in output_chunks(router.run(state), state, router.tokenizer)]
+            return _response(state, request_id, state.tokens[state.prompt_len:], "".join(text), state.logprobs)
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):

@@ -45,6 +45,9 @@ class RequestState:
     controller: object = None              # the request's own KController (router.k_selection)
     deadline: float | None = None          # time.monotonic() by which the client wants its answer
     stats: generation_pb2.GenerationStats = field(default_factory=generation_pb2.GenerationStats)
+    stop_strings: tuple = ()               # matched on the decoded output by router.stopping
+    top_logprobs: int | None = None        # set: the target answers each committed token's logprobs
+    logprobs: list = field(default_factory=list)   # ... generation_pb2.TokenLogprob per output token
 
     @property
     def generated(self) -> int:
@@ -84,6 +87,7 @@ class Round:
     predrafted: bool = False         # the drafts came from the previous round's pre-draft
     predraft_sent: bool = False      # this round pre-drafted the next one while the target verified
     parts: dict = field(default_factory=dict)   # where the round's wall time went (seconds), see PARTS
+    logprobs: list = field(default_factory=list)  # of `committed`, when the request asked for them
 
     @property
     def k(self) -> int:
@@ -171,7 +175,8 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
     the round's RoundTimings)."""
     started = time.perf_counter()
     verdict, wire = await target.verify(state.session_id, state.tokens, state.target_synced, proposal.tokens,
-                                        proposal.hidden, state.sampling, state.timeout(target.timeout))
+                                        proposal.hidden, state.sampling, state.timeout(target.timeout),
+                                        state.top_logprobs)
     state.stats.wire_bytes += wire
     verify_s, rtt_s, worker_s = split_time(started, verdict)
     return verdict, worker_s, RoundTimings(
@@ -216,7 +221,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
         raise
     drafts, accepted = proposal.tokens, verdict.num_accepted
     round_ = Round(drafts, accepted, drafts[:accepted] + [verdict.next_token_id], timings, ready is not None,
-                   ahead is not None)
+                   ahead is not None, logprobs=list(verdict.logprobs))
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
     settling = time.perf_counter()
@@ -297,7 +302,9 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             round_, ready = await resilient_round(state, draft, target, len(ready.tokens) if ready else
                                                   clamp_k(state, k), recovery_s, ready, next_k)
             policy.observe(state, round_)
-            yield commit(state, round_.committed)
+            committed = commit(state, round_.committed)
+            state.logprobs.extend(round_.logprobs[:len(committed)])
+            yield committed
             k = next_k if policy.overlap else choose_k(state, policy)
     finally:
         await release(state.session_id, [w for w in (draft, target) if w is not None])
