@@ -123,7 +123,7 @@ async def answer(request: Request, router: Router, body: SamplingBody, generate,
     request_id, started = uuid.uuid4().hex, time.perf_counter()
     chunks = choice_chunks(router, states)
     if body.stream:
-        first = await until_disconnected(request, tracked(router, anext(chunks, (None, None)), started, final=False))
+        first = await until_disconnected(request, tracked(router, next_chunk(chunks), started, final=False))
         return StreamingResponse(sse(router, states, chunks, first, kind, request_id, model, body.include_usage,
                                      started),
                                  media_type="text/event-stream")
@@ -168,6 +168,15 @@ async def choice_chunks(router: Router, states: list) -> AsyncIterator[tuple]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def next_chunk(chunks) -> tuple:
+    """The next (index, Chunk), or (None, None) at the end. (anext's default argument trips a CPython 3.11
+    bug, SystemError, when the generator ends after awaiting in its finally block.)"""
+    try:
+        return await anext(chunks)
+    except StopAsyncIteration:
+        return None, None
 
 
 def failure(exc: BaseException) -> tuple[str, ApiError | None]:
@@ -241,7 +250,7 @@ async def sse(router: Router, states: list, chunks, first: tuple, kind: Completi
             while chunk is not None:
                 logprobs = chunk.logprobs if states[index].top_logprobs is not None else None
                 yield chunk_event(kind.chunk_choice(index, chunk.text, logprobs, FINISH.get(chunk.finish_reason)))
-                index, chunk = await anext(chunks, (None, None))
+                index, chunk = await next_chunk(chunks)
     except BaseException as exc:
         code, error = failure(exc)
         if error is None:
