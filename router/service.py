@@ -41,8 +41,9 @@ def build_router(config: SpecpoolConfig, pools):
 class Service:
     """A running specpool: public server up at once (NOT_SERVING), pools launched, then SERVING."""
 
-    def __init__(self, config: SpecpoolConfig):
+    def __init__(self, config: SpecpoolConfig, quiet: bool = False):
         self.config = config
+        self.quiet = quiet               # Ray's warnings and the workers' loading output off this terminal
         self.server = self.port = self.pools = self.router = self.metrics_port = self.health = None
         self.http = self.http_port = None
 
@@ -58,7 +59,7 @@ class Service:
               flush=True)
         try:
             await self._start_http(servicer)
-            await asyncio.to_thread(launch.connect, self.config)
+            await asyncio.to_thread(launch.connect, self.config, self.quiet)
             self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s)
         except BaseException:
             await self.stop(grace=0)       # the public server goes down with the failed start, on this loop
