@@ -262,3 +262,17 @@ def test_401_503_and_no_chat_template(byte_pair):
                 "model": Path(byte_pair[1]).name, "messages": [{"role": "user", "content": "hi"}]})
             assert response.status_code == 400 and "http.chat_template" in response.json()["error"]["message"]
     asyncio.run(run())
+
+
+def test_cli_generate_from_stdin_and_status_from_config(served, target, tmp_path, monkeypatch, capsys):
+    import io
+    import yaml
+    from router import cli
+    monkeypatch.setattr("sys.stdin", io.StringIO(PROMPT))
+    assert cli.main(["generate", "-", "--address", served.address, "--max-new-tokens", "12", "--stream"]) == 0
+    completion = target[1].decode(greedy_alone(target, PROMPT, 12), skip_special_tokens=True)
+    assert capsys.readouterr().out.startswith(PROMPT + completion + "\n[12 tokens, finish=length")
+    path = tmp_path / "served.yaml"
+    path.write_text(yaml.safe_dump({"router": {"port": served.service.port}}))
+    assert cli.main(["status", "--config", str(path)]) == 0
+    assert "active_requests" in capsys.readouterr().out
