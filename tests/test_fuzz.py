@@ -6,7 +6,7 @@ import re
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from protos.specpool.v1 import generation_pb2
@@ -70,7 +70,14 @@ def test_fuzzed_requests_get_ok_or_a_clean_status(service):
     @settings(max_examples=520, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(requests())
-    def check(request):
+    @example(generation_pb2.GenerateRequest(prompt_token_ids=[1], max_new_tokens=0))
+    @example(generation_pb2.GenerateRequest(prompt_token_ids=[1], max_new_tokens=1,
+                                            sampling=generation_pb2.SamplingParams(temperature=-1)))
+    @example(generation_pb2.GenerateRequest(prompt_token_ids=[1], max_new_tokens=1,
+                                            sampling=generation_pb2.SamplingParams(top_p=1.5)))
+    @example(generation_pb2.GenerateRequest(prompt_token_ids=[1], max_new_tokens=1,
+                                            speculation=generation_pb2.SpeculationParams(k=2**32 - 1)))
+    def check(request):   # the examples: each field the assertion below expects is refused at least once
         try:
             response = service.stub.Generate(request, timeout=60)
             code = grpc.StatusCode.OK
