@@ -29,74 +29,83 @@ from settings.schema import HttpConfig
 GRPC_CODES = {400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
 
 
-def create_app(http: HttpConfig, get_router: Callable[[], Router | None]) -> FastAPI:
-    """The app, answering 503 until `get_router()` returns the Router (the pools have loaded)."""
-    app = FastAPI(title="specpool", docs_url=None, redoc_url=None, openapi_url=None)
-    templates: dict = {}
+class Api:
+    """The routes' shared state: the config, the Router once the pools are ready, the chat template."""
 
-    def router() -> Router:
-        current = get_router()
+    def __init__(self, http: HttpConfig, get_router: Callable[[], Router | None]):
+        self.http, self._get_router = http, get_router
+        self._templates: dict = {}
+
+    def router(self) -> Router:
+        current = self._get_router()
         if current is None:
             raise ApiError(503, "specpool is still loading its worker pools", kind="service_unavailable")
         return current
 
-    def model_name(current: Router) -> str:
-        return http.model_name or Path(current.model_info["model_path"]).name
+    def model_name(self, router: Router) -> str:
+        return self.http.model_name or Path(router.model_info["model_path"]).name
 
-    def authorized(request: Request) -> None:
-        if http.api_keys and request.headers.get("authorization", "") not in {f"Bearer {k}" for k in http.api_keys}:
+    def authorize(self, request: Request) -> None:
+        keys = self.http.api_keys
+        if keys and request.headers.get("authorization", "") not in {f"Bearer {key}" for key in keys}:
             raise ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)", kind="authentication_error",
                            code="invalid_api_key")
 
-    def chat_template(current: Router) -> ChatTemplate:
-        if "template" not in templates:
-            source = find_chat_template(http.chat_template, current.model_info["model_path"])
-            templates["template"] = source and ChatTemplate(source, current.tokenizer.id_to_token(
-                min(current.eos_ids)) if current.eos_ids else "")
-        if templates["template"] is None:
-            raise no_template_error(model_name(current))
-        return templates["template"]
+    def chat_template(self, router: Router) -> ChatTemplate:
+        if "template" not in self._templates:
+            source = find_chat_template(self.http.chat_template, router.model_info["model_path"])
+            eos = router.tokenizer.id_to_token(min(router.eos_ids)) if router.eos_ids else ""
+            self._templates["template"] = source and ChatTemplate(source, eos)
+        if self._templates["template"] is None:
+            raise no_template_error(self.model_name(router))
+        return self._templates["template"]
 
-    @app.exception_handler(ApiError)
-    async def api_error(request, exc: ApiError):
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request, exc: RequestValidationError):
-        error = exc.errors()[0]
-        param = ".".join(str(part) for part in error["loc"] if part != "body" and not isinstance(part, int)) or None
-        return JSONResponse(ApiError(400, f"{param}: {error['msg']}", param).body(), status_code=400)
-
-    @app.get("/health")
-    async def health():
-        router()
-        return {"status": "ok"}
-
-    @app.get("/v1/models", dependencies=[Depends(authorized)])
-    async def models():
-        current = router()
-        return {"object": "list", "data": [{"id": model_name(current), "object": "model", "created": 0,
-                                            "owned_by": "specpool"}]}
-
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(body: CompletionRequest, request: Request):
-        current = router()
-        check_model(body, model_name(current))
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        router = self.router()
+        model = check_model(body, self.model_name(router))
         generate = generate_request(body, completion_prompt(body), body.max_tokens, body.logprobs)
-        return await answer(request, current, body, generate, Completions(_decoder(current)), "prompt",
-                            model_name(current))
+        return await answer(request, router, body, generate, Completions(_decoder(router)), "prompt", model)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
-    async def chat(body: ChatRequest, request: Request):
-        current = router()
-        check_model(body, model_name(current))
-        prompt = chat_template(current).render(body.messages)
+    async def chat(self, body: ChatRequest, request: Request) -> Response:
+        router = self.router()
+        model = check_model(body, self.model_name(router))
+        prompt = self.chat_template(router).render(body.messages)
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         generate = generate_request(body, prompt, max_tokens, logprobs)
-        return await answer(request, current, body, generate, ChatCompletions(_decoder(current)), "messages",
-                            model_name(current))
+        return await answer(request, router, body, generate, ChatCompletions(_decoder(router)), "messages", model)
 
+    async def models(self) -> dict:
+        name = self.model_name(self.router())
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "specpool"}]}
+
+    async def health(self) -> dict:
+        self.router()
+        return {"status": "ok"}
+
+
+async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A body that does not parse: 400 naming the first parameter at fault, in OpenAI's shape."""
+    error = exc.errors()[0]
+    param = ".".join(str(part) for part in error["loc"] if part != "body" and not isinstance(part, int)) or None
+    return JSONResponse(ApiError(400, f"{param}: {error['msg']}", param).body(), status_code=400)
+
+
+def create_app(http: HttpConfig, get_router: Callable[[], Router | None]) -> FastAPI:
+    """The app, answering 503 until `get_router()` returns the Router (the pools have loaded)."""
+    api = Api(http, get_router)
+    app = FastAPI(title="specpool", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid_body)
+    authorized = [Depends(api.authorize)]
+    app.add_api_route("/health", api.health, methods=["GET"])
+    app.add_api_route("/v1/models", api.models, methods=["GET"], dependencies=authorized)
+    app.add_api_route("/v1/completions", api.completions, methods=["POST"], dependencies=authorized)
+    app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"], dependencies=authorized)
     return app
 
 
@@ -104,10 +113,11 @@ def _decoder(router: Router) -> Callable[[int], str]:
     return lambda token_id: router.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def check_model(body: SamplingBody, served: str) -> None:
+def check_model(body: SamplingBody, served: str) -> str:
     if body.model != served:
         raise ApiError(404, f"The model `{body.model}` does not exist (this server serves `{served}`)", "model",
                        code="model_not_found")
+    return served
 
 
 def admit(router: Router, generate, n: int, prompt_param: str) -> list:

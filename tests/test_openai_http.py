@@ -45,6 +45,10 @@ def greedy_alone(target, prompt: str, max_new_tokens: int) -> list[int]:
     return out[:out.index(eos) + 1] if eos in out else out
 
 
+def requests_counted(served, code: str) -> float:
+    return served.service.router.metrics.requests.labels(code)._value.get()
+
+
 def test_models_and_health(served):
     assert served.model == "target"
     assert httpx.get(served.base_url.removesuffix("/v1") + "/health").status_code == 200
@@ -52,7 +56,9 @@ def test_models_and_health(served):
 
 def test_sdk_completion_greedy_matches_grpc_and_target_alone(served, target):
     tokens = greedy_alone(target, PROMPT, 24)
+    ok = requests_counted(served, "OK")
     answer = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert requests_counted(served, "OK") == ok + 1                # the same metrics as gRPC
     grpc_answer = served.stub.Generate(generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=24))
     assert answer.choices[0].text == target[1].decode(tokens, skip_special_tokens=True) == grpc_answer.text
     prompt_len = len(target[1](PROMPT).input_ids)
@@ -149,8 +155,10 @@ def test_429_when_overloaded_and_disconnect_frees_sessions(served):
                 second.stream("POST", served.base_url + "/completions", json=body) as b:
             lines = [a.iter_lines(), b.iter_lines()]   # kept: a dropped line iterator closes its connection
             assert [next(line).startswith("data: ") for line in lines] == [True, True]   # both slots taken
+            refused = requests_counted(served, "RESOURCE_EXHAUSTED")
             third = httpx.post(served.base_url + "/completions", json={**body, "stream": False}, timeout=60)
             assert third.status_code == 429 and third.json()["error"]["type"] == "rate_limit_exceeded"
+            assert requests_counted(served, "RESOURCE_EXHAUSTED") == refused + 1
             assert active_sessions(served) == [2, 2]
     assert wait_for_no_sessions(served, timeout=20) == [0, 0]     # both clients went away mid-stream
 
