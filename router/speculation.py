@@ -174,9 +174,9 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
     """One target pass over the new tokens + the drafts: (verdict, the target's queue + thread hop seconds,
     the round's RoundTimings)."""
     started = time.perf_counter()
+    logprobs = {} if state.top_logprobs is None else {"top_logprobs": state.top_logprobs}   # only when asked
     verdict, wire = await target.verify(state.session_id, state.tokens, state.target_synced, proposal.tokens,
-                                        proposal.hidden, state.sampling, state.timeout(target.timeout),
-                                        state.top_logprobs)
+                                        proposal.hidden, state.sampling, state.timeout(target.timeout), **logprobs)
     state.stats.wire_bytes += wire
     verify_s, rtt_s, worker_s = split_time(started, verdict)
     return verdict, worker_s, RoundTimings(
