@@ -103,8 +103,9 @@ def open_channel(args) -> grpc.Channel:
     return grpc.secure_channel(args.address, credentials)
 
 
-def run_generate(args, out=sys.stdout) -> int:
+def run_generate(args, out=None) -> int:
     """Send the request; print the prompt, then the completion (streamed as it comes with --stream)."""
+    out = out or sys.stdout
     request = make_request(args)
     started = time.monotonic()
     with open_channel(args) as channel:
