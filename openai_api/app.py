@@ -124,6 +124,7 @@ def admit(router: Router, generate, n: int, prompt_param: str) -> list:
     try:
         return [router.admit(with_seed(generate, i)) for i in range(n)]
     except RequestError as exc:
+        count(router, "INVALID_ARGUMENT", time.perf_counter())
         raise ApiError(400, str(exc), openai_param(exc.field, prompt_param)) from exc
 
 
