@@ -145,3 +145,19 @@ def match_sample(draft_token_ids: torch.Tensor,  # [K] int, proposed by a determ
         if j == k or token != int(draft_token_ids[j]):
             return j, token
     raise AssertionError("unreachable")
+
+
+def token_logprobs(logits: torch.Tensor,   # [n, vocab], the target's logits at n emitted tokens
+                   tokens: list[int],      # the n tokens emitted there
+                   sampling: Sampling,
+                   top_n: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Per emitted token: its logprob and the top_n most likely (token, logprob), most likely first.
+
+    The distribution is the one the token was sampled from (logits_to_probs: temperature, top-k, top-p;
+    -inf outside them). A greedy request's is one-hot, so it gets the model's raw log_softmax instead."""
+    logits = logits.float()
+    logprobs = torch.log_softmax(logits, -1) if sampling.greedy else logits_to_probs(logits, sampling).log()
+    chosen = logprobs.gather(-1, torch.tensor(tokens, device=logprobs.device).view(-1, 1)).squeeze(-1).tolist()
+    top = logprobs.topk(top_n, dim=-1) if top_n else None
+    return [(chosen[i], list(zip(top.indices[i].tolist(), top.values[i].tolist())) if top_n else [])
+            for i in range(len(tokens))]

@@ -4,12 +4,14 @@
     specpool generate "The meaning of life is"        # ask a running server
     specpool demo --config deploy/local.yaml "Hello"  # serve, answer one request, stop
     specpool reload --config deploy/local.yaml         # hot-reload the speculation section
-    specpool status                                    # active config and live K statistics
+    specpool status --config deploy/local.yaml         # active config and live K statistics
+    echo "def f(" | specpool generate -                # the prompt from stdin (or --prompt-file PATH)
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -24,6 +26,7 @@ from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, genera
 from router.service import Service, reload_from_file  # noqa: E402
 from settings.schema import ConfigError, SpecpoolConfig, load_config  # noqa: E402
 
+DEFAULT_ADDRESS = "127.0.0.1:50051"
 FINISH_NAMES = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FINISH_REASON_STOP: "stop",
                 generation_pb2.FINISH_REASON_EOS: "eos"}
 
@@ -32,9 +35,9 @@ class StartFailed(Exception):
     """Ray or the pools did not come up; the message is one line (the cause's first)."""
 
 
-async def start_service(config: SpecpoolConfig) -> Service:
+async def start_service(config: SpecpoolConfig, quiet: bool = False) -> Service:
     try:
-        return await Service(config).start()
+        return await Service(config, quiet).start()
     except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception when its processes start too slowly
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise StartFailed(f"{type(exc).__name__}: {first}") from exc
@@ -58,8 +61,17 @@ async def _serve(config: SpecpoolConfig, path: str) -> None:
     await service.stop(config.router.shutdown_grace_s)
 
 
+def with_ports(config: SpecpoolConfig, port: int | None, http_port: int | None) -> SpecpoolConfig:
+    """serve --port / --http-port over the config's router.port / http.port."""
+    if port is not None:
+        config = dataclasses.replace(config, router=dataclasses.replace(config.router, port=port))
+    if http_port is not None:
+        config = dataclasses.replace(config, http=dataclasses.replace(config.http, port=http_port))
+    return config
+
+
 def make_request(args) -> generation_pb2.GenerateRequest:
-    request = generation_pb2.GenerateRequest(prompt=args.prompt, max_new_tokens=args.max_new_tokens)
+    request = generation_pb2.GenerateRequest(prompt=args.prompt, max_new_tokens=args.max_new_tokens, stop=args.stop)
     request.sampling.temperature = args.temperature
     request.sampling.top_k = args.top_k
     if args.top_p is not None:
@@ -91,23 +103,20 @@ def open_channel(args) -> grpc.Channel:
     return grpc.secure_channel(args.address, credentials)
 
 
-def run_generate(args, out=sys.stdout) -> int:
+def run_generate(args, out=None) -> int:
+    """Send the request; print the prompt, then the completion (streamed as it comes with --stream)."""
+    out = out or sys.stdout
     request = make_request(args)
     started = time.monotonic()
     with open_channel(args) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         try:
-            if args.stream:
-                tokens, last = 0, None
-                for last in stub.GenerateStream(request):
-                    out.write(last.text)
-                    out.flush()
-                    tokens += len(last.token_ids)
-                response = last
-            else:
-                response = stub.Generate(request)
-                tokens = len(response.token_ids)
-                out.write(response.text)
+            responses = stub.GenerateStream(request) if args.stream else [stub.Generate(request)]
+            tokens, response = 0, None
+            for i, response in enumerate(responses):
+                out.write((args.prompt if i == 0 else "") + response.text)
+                out.flush()
+                tokens += len(response.token_ids)
         except grpc.RpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
@@ -116,7 +125,7 @@ def run_generate(args, out=sys.stdout) -> int:
 
 
 async def _demo(config: SpecpoolConfig, args) -> int:
-    service = await start_service(config)
+    service = await start_service(config, quiet=True)
     try:
         args.address = f"127.0.0.1:{service.port}"
         return await asyncio.to_thread(run_generate, args)
@@ -142,55 +151,121 @@ def run_admin(args) -> int:
     return 0
 
 
+def int_in(low: int, high: int):
+    """An argparse type: an integer in [low, high], else a one-line usage error naming the option."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer (got {text!r})") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low}, {high}] (got {value})")
+        return value
+    return parse
+
+
+UINT32, UINT64 = 2 ** 32 - 1, 2 ** 64 - 1
+
+
 def _add_generate_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("prompt", nargs="?", help="the prompt; - reads it from stdin")
+    parser.add_argument("--prompt-file", help="read the prompt from this file")
+    parser.add_argument("--max-new-tokens", type=int_in(1, UINT32), default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--k", type=int, default=None, help="fix K for this request (0: no speculation)")
+    parser.add_argument("--top-k", type=int_in(0, 2 ** 31 - 1), default=0)
+    parser.add_argument("--seed", type=int_in(0, UINT64), default=None)
+    parser.add_argument("--k", type=int_in(0, UINT32), default=None, help="fix K for this request (0: no speculation)")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--stream", action="store_true")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specpool", description="distributed speculative decoding")
+def read_prompt(parser: argparse.ArgumentParser, args) -> None:
+    """args.prompt from the argument, stdin (`-`) or --prompt-file; exactly one of them."""
+    if (args.prompt is None) == (args.prompt_file is None):
+        parser.error("give the prompt as an argument, - (stdin) or --prompt-file, exactly one of them")
+    if args.prompt_file is not None:
+        try:
+            args.prompt = Path(args.prompt_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            parser.error(f"argument --prompt-file: cannot read {args.prompt_file}: {exc}")
+    elif args.prompt == "-":
+        args.prompt = sys.stdin.read()
+
+
+def admin_address(args) -> str:
+    """--address, else the router address in --config, else the default."""
+    if args.address:
+        return args.address
+    if getattr(args, "config", None):
+        router = load_config(args.config).router
+        return f"{'127.0.0.1' if router.host in ('0.0.0.0', '') else router.host}:{router.port}"
+    return DEFAULT_ADDRESS
+
+
+class Parser(argparse.ArgumentParser):
+    """Argument errors are one line naming the option (no usage block); --help still shows it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    """The parser, and its subcommands' parsers by name."""
+    parser = Parser(prog="specpool", description="distributed speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="place the pools on Ray and serve gRPC")
+    serve = sub.add_parser("serve", help="place the pools on Ray and serve gRPC (and HTTP)")
     serve.add_argument("--config", required=True)
+    serve.add_argument("--port", type=int_in(0, 65535), help="public gRPC port (overrides router.port)")
+    serve.add_argument("--http-port", type=int_in(-1, 65535),
+                       help="OpenAI-compatible HTTP port (overrides http.port; -1: off)")
     gen = sub.add_parser("generate", help="send one request to a running server")
-    gen.add_argument("--address", default="127.0.0.1:50051")
+    gen.add_argument("--address", default=DEFAULT_ADDRESS)
     _add_generate_args(gen)
     demo = sub.add_parser("demo", help="serve the config, answer one request, stop")
     demo.add_argument("--config", default="deploy/local.yaml")
     _add_generate_args(demo)
     reload = sub.add_parser("reload", help="hot-reload the speculation section of a running server")
-    reload.add_argument("--config", required=True)
+    reload.add_argument("--config", required=True, help="the new config (its router.port is the address)")
     status = sub.add_parser("status", help="print the active config and live statistics")
+    status.add_argument("--config", help="the server's config (its router.port is the address)")
     for admin in (reload, status):
-        admin.add_argument("--address", default="127.0.0.1:50051")
+        admin.add_argument("--address", help=f"the server (default: from --config, else {DEFAULT_ADDRESS})")
     for client in (gen, reload, status):
         client.add_argument("--tls-ca", help="CA bundle: connect with TLS")
         client.add_argument("--tls-cert", help="client certificate (mutual TLS)")
         client.add_argument("--tls-key", help="client private key (mutual TLS)")
+    return parser, sub.choices
+
+
+def run_server(args, config: SpecpoolConfig) -> int:
+    """`serve` (its --port / --http-port over the config) or `demo` (gRPC only)."""
+    try:
+        if args.command == "serve":
+            asyncio.run(_serve(with_ports(config, args.port, args.http_port), args.config))
+            return 0
+        return asyncio.run(_demo(with_ports(config, None, -1), args))
+    except StartFailed as exc:
+        print(f"specpool: could not start: {exc}", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, commands = build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("generate", "demo"):
+        read_prompt(commands[args.command], args)
     if args.command == "generate":
         return run_generate(args)
-    if args.command in ("reload", "status"):
-        return run_admin(args)
     try:
+        if args.command in ("reload", "status"):
+            args.address = admin_address(args)
+            return run_admin(args)
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    try:
-        if args.command == "serve":
-            asyncio.run(_serve(config, args.config))
-            return 0
-        return asyncio.run(_demo(config, args))
-    except StartFailed as exc:
-        print(f"specpool: could not start: {exc}", file=sys.stderr)
-        return 1
+    return run_server(args, config)
 
 
 if __name__ == "__main__":

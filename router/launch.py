@@ -4,6 +4,7 @@ resources named in the config (e.g. draft_gpu / target_gpu). No torch is importe
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -36,12 +37,14 @@ class Pools:
             remove_placement_group(group)
 
 
-def connect(config: SpecpoolConfig) -> None:
-    """Join RAY_ADDRESS / ray.address, or start a local instance with the configured resources."""
+def connect(config: SpecpoolConfig, quiet: bool = False) -> None:
+    """Join RAY_ADDRESS / ray.address, or start a local instance with the configured resources. `quiet`: only
+    Ray's errors on this terminal, and the workers' output (model loading) left in Ray's log files."""
     if ray.is_initialized():
         return
     address = config.ray.address or os.environ.get("RAY_ADDRESS") or "local"   # "local": never join by accident
-    kwargs = {"namespace": config.ray.namespace, "log_to_driver": True}
+    kwargs = {"namespace": config.ray.namespace, "log_to_driver": not quiet,
+              "logging_level": logging.ERROR if quiet else logging.INFO}
     if address != "local":
         ray.init(address=address, **kwargs)
         return

@@ -24,7 +24,7 @@ from router.k_selection import KSelector
 from router.metrics import Metrics
 from router.ngram import NgramIndex
 from router.speculation import DRAFT_MODES, RequestState, generate
-from router.text import IncrementalDetokenizer
+from router.stopping import output_chunks
 from router.validation import ModelLimits, RequestError, validate
 from router.worker_client import DraftClient, TargetClient, least_loaded
 
@@ -93,7 +93,9 @@ class Router:
                             fixed_k=fixed_k, draft_mode=DRAFT_MODES[mode], max_context=self.limits.max_context,
                             stop_ids=frozenset(request.stop_token_ids), eos_ids=self.eos_ids,
                             method=self.config.draft.method,
-                            ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max))
+                            ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max),
+                            stop_strings=tuple(request.stop),
+                            top_logprobs=request.logprobs if request.HasField("logprobs") else None)
 
     async def run(self, state: RequestState):
         """The request's rounds on the least-loaded draft and target replicas (sticky for the request)."""
@@ -153,7 +155,7 @@ def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool 
     """Raise RestartRequired naming the first key a reload cannot change (replicas may only grow; draft.method
     may change, to a method that uses the draft model only if a draft pool runs: `draft_pool`, by default
     whether the old method started one)."""
-    for section in ("router", "ray", "draft", "target", "tls"):
+    for section in ("router", "ray", "draft", "target", "tls", "http"):
         before, after = getattr(old, section), getattr(new, section)
         if section in ("draft", "target"):
             if after.replicas < before.replicas:
@@ -180,8 +182,10 @@ class RestartRequired(ValueError):
     """A reload tried to change something only a restart can change."""
 
 
-def _response(state: RequestState, request_id: str, tokens: list[int], text: str) -> generation_pb2.GenerateResponse:
-    response = generation_pb2.GenerateResponse(token_ids=tokens, text=text, request_id=request_id)
+def _response(state: RequestState, request_id: str, tokens: list[int], text: str,
+              logprobs: list = ()) -> generation_pb2.GenerateResponse:
+    response = generation_pb2.GenerateResponse(token_ids=tokens, text=text, request_id=request_id,
+                                               logprobs=logprobs)
     if state.finish_reason:
         response.finish_reason = state.finish_reason
         response.stats.CopyFrom(state.stats)
@@ -232,18 +236,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def GenerateStream(self, request, context):
         async with self._tracked(context):
             router, state, request_id = await self._admit(request, context)
-            detokenizer = IncrementalDetokenizer(router.tokenizer)
-            async for tokens in router.run(state):
-                text = detokenizer.push(tokens, final=bool(state.finish_reason))
-                yield _response(state, request_id, tokens, text)
+            async for chunk in output_chunks(router.run(state), state, router.tokenizer):
+                yield _response(state, request_id, chunk.token_ids, chunk.text, chunk.logprobs)
 
     async def Generate(self, request, context):
         async with self._tracked(context):
             router, state, request_id = await self._admit(request, context)
-            async for _ in router.run(state):
-                pass
-            output = state.tokens[state.prompt_len:]
-            return _response(state, request_id, output, router.tokenizer.decode(output, skip_special_tokens=True))
+            text = [chunk.text async for chunk in output_chunks(router.run(state), state, router.tokenizer)]
+            return _response(state, request_id, state.tokens[state.prompt_len:], "".join(text), state.logprobs)
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):

@@ -41,9 +41,11 @@ def build_router(config: SpecpoolConfig, pools):
 class Service:
     """A running specpool: public server up at once (NOT_SERVING), pools launched, then SERVING."""
 
-    def __init__(self, config: SpecpoolConfig):
+    def __init__(self, config: SpecpoolConfig, quiet: bool = False):
         self.config = config
+        self.quiet = quiet               # Ray's warnings and the workers' loading output off this terminal
         self.server = self.port = self.pools = self.router = self.metrics_port = self.health = None
+        self.http = self.http_port = None
 
     async def start(self) -> "Service":
         from router import launch
@@ -56,7 +58,8 @@ class Service:
         print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until pools are ready)",
               flush=True)
         try:
-            await asyncio.to_thread(launch.connect, self.config)
+            await self._start_http(servicer)
+            await asyncio.to_thread(launch.connect, self.config, self.quiet)
             self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s)
         except BaseException:
             await self.stop(grace=0)       # the public server goes down with the failed start, on this loop
@@ -70,12 +73,23 @@ class Service:
               f"target replica(s) (TP={self.config.target.tensor_parallel_size})", flush=True)
         return self
 
+    async def _start_http(self, servicer) -> None:
+        """The OpenAI-compatible HTTP API on router.host:http.port (503 until the pools are ready)."""
+        if self.config.http.port < 0:
+            return
+        from openai_api.app import create_app
+        from openai_api.server import HttpServer
+        self.http = HttpServer(create_app(self.config.http, lambda: servicer.router), self.config.router.host,
+                               self.config.http.port)
+        self.http_port = await self.http.start()
+        print(f"[specpool] OpenAI-compatible HTTP on http://{self.config.router.host}:{self.http_port}/v1",
+              flush=True)
+
     async def stop(self, grace: float = 5.0) -> None:
         """Health NOT_SERVING, refuse new requests, give in-flight ones `grace` seconds, stop the pools."""
         if self.health:
             await self.health.enter_graceful_shutdown()
-        if self.server:
-            await self.server.stop(grace)
+        await asyncio.gather(*(server.stop(grace) for server in (self.http, self.server) if server))
         if self.router:
             await self.router.close()
         if self.pools:

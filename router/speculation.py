@@ -61,6 +61,9 @@ class RequestState:
     method: str = "model"                  # draft.method: model | ngram | model+ngram
     ngram: NgramIndex | None = None        # the request's prompt-lookup index (None: no n-gram proposals, not
                                            # even as the fallback while the draft worker is down)
+    stop_strings: tuple = ()               # matched on the decoded output by router.stopping
+    top_logprobs: int | None = None        # set: the target answers each committed token's logprobs
+    logprobs: list = field(default_factory=list)   # ... generation_pb2.TokenLogprob per output token
 
     @property
     def generated(self) -> int:
@@ -102,6 +105,7 @@ class Round:
     predraft_sent: bool = False      # this round pre-drafted the next one while the target verified
     parts: dict = field(default_factory=dict)   # where the round's wall time went (seconds), see PARTS
     source: int = MODEL              # the drafts' source (for a round with no drafts: the one it planned)
+    logprobs: list = field(default_factory=list)  # of `committed`, when the request asked for them
 
     @property
     def k(self) -> int:
@@ -201,8 +205,9 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
     """One target pass over the new tokens + the drafts: (verdict, the target's queue + thread hop seconds,
     the round's RoundTimings)."""
     started = time.perf_counter()
+    logprobs = {} if state.top_logprobs is None else {"top_logprobs": state.top_logprobs}   # only when asked
     verdict, wire = await target.verify(state.session_id, state.tokens, state.target_synced, proposal.tokens,
-                                        proposal.hidden, state.sampling, state.timeout(target.timeout))
+                                        proposal.hidden, state.sampling, state.timeout(target.timeout), **logprobs)
     state.stats.wire_bytes += wire
     verify_s, rtt_s, worker_s = split_time(started, verdict)
     return verdict, worker_s, RoundTimings(
@@ -250,7 +255,8 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
         raise
     drafts, accepted = proposal.tokens, verdict.num_accepted
     round_ = Round(drafts, accepted, drafts[:accepted] + [verdict.next_token_id], timings, ready is not None,
-                   ahead is not None, source=proposal.source if drafts else source)
+                   ahead is not None, source=proposal.source if drafts else source,
+                   logprobs=list(verdict.logprobs))
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
     settling = time.perf_counter()
@@ -367,7 +373,9 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source)
             policy.observe(state, round_)
-            yield commit(state, round_.committed)
+            committed = commit(state, round_.committed)
+            state.logprobs.extend(round_.logprobs[:len(committed)])
+            yield committed
             planned = next_k if overlap else None
     finally:
         await release(state.session_id, [w for w in (draft, target) if w is not None])

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from protos.specpool.v1 import generation_pb2
 
 MAX_REQUEST_ID_CHARS = 256
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
+MAX_TOP_LOGPROBS = 20
 
 
 class RequestError(ValueError):
@@ -68,5 +70,17 @@ def validate(request: generation_pb2.GenerateRequest, prompt_ids: list[int], lim
     if request.speculation.HasField("k") and request.speculation.k > limits.k_max:
         raise RequestError("speculation.k", f"must be <= k_max={limits.k_max} (got {request.speculation.k})")
     check_token_ids("stop_token_ids", request.stop_token_ids, limits.vocab_size)
+    check_outputs(request)
     if len(request.request_id) > MAX_REQUEST_ID_CHARS:
         raise RequestError("request_id", f"must be at most {MAX_REQUEST_ID_CHARS} characters")
+
+
+def check_outputs(request: generation_pb2.GenerateRequest) -> None:
+    """Stop strings and logprobs."""
+    if len(request.stop) > MAX_STOP_STRINGS:
+        raise RequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings (got {len(request.stop)})")
+    for i, stop in enumerate(request.stop):
+        if not 1 <= len(stop) <= MAX_STOP_CHARS:
+            raise RequestError(f"stop[{i}]", f"must be 1 to {MAX_STOP_CHARS} characters (got {len(stop)})")
+    if request.HasField("logprobs") and request.logprobs > MAX_TOP_LOGPROBS:
+        raise RequestError("logprobs", f"must be <= {MAX_TOP_LOGPROBS} (got {request.logprobs})")

@@ -240,11 +240,12 @@ class TargetClient(WorkerClient):
                          timeout, recover, tls)
 
     async def verify(self, session_id: int, tokens: list[int], synced: int, drafts: list[int],
-                     hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float):
+                     hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float,
+                     top_logprobs: int | None = None):
         def make(position, new, start):
             return worker_pb2.VerifyRequest(session_id=session_id, position=position, new_token_ids=new,
                                             draft_token_ids=drafts, draft_hidden_states=hidden,
-                                            sampling=sampling if start else None)
+                                            sampling=sampling if start else None, top_logprobs=top_logprobs)
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
 

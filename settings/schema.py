@@ -237,6 +237,23 @@ class RayConfig:
 
 
 @dataclass
+class HttpConfig:
+    """The `http:` section: the OpenAI-compatible HTTP API, served on router.host next to gRPC."""
+    port: int = -1                   # -1: off; 0: any free port
+    api_keys: list = field(default_factory=list)   # bearer keys accepted on /v1/* ([]: no auth)
+    chat_template: str = ""          # a Jinja chat template file, for a model whose tokenizer has none
+    model_name: str = ""             # the model's id in /v1/models ("": the target model folder's name)
+
+    def validate(self, section: str = "http") -> None:
+        if not -1 <= self.port <= 65535:
+            raise ConfigError(f"{section}.port: must be a port number or -1 (got {self.port!r})")
+        if not all(isinstance(key, str) and key for key in self.api_keys):
+            raise ConfigError(f"{section}.api_keys: must be a list of non-empty strings (got {self.api_keys!r})")
+        if self.chat_template and not Path(self.chat_template).is_file():
+            raise ConfigError(f"{section}.chat_template: no such file (got {self.chat_template!r})")
+
+
+@dataclass
 class SpecpoolConfig:
     router: RouterConfig = field(default_factory=RouterConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -244,6 +261,7 @@ class SpecpoolConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
 
 
 def _coerce(value, kind, key: str):

@@ -11,7 +11,7 @@ import torch
 from protos.specpool.v1 import worker_pb2
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
 from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
-from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample
+from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample, token_logprobs
 from engine.sessions import SessionStore, open_sessions
 
 
@@ -22,6 +22,20 @@ def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, 
     hidden = raw.view(weight.dtype).view(k, -1).to(weight.device)
     with torch.inference_mode():
         return logits_to_probs(head(hidden), sampling)
+
+
+def add_logprobs(response: worker_pb2.VerifyResponse, request: worker_pb2.VerifyRequest, logits: torch.Tensor,
+                 sampling: Sampling) -> None:
+    """If the call asks for them, the logprobs of the tokens it commits (the accepted drafts and the next
+    token), from the very logits that verified them."""
+    if not request.HasField("top_logprobs"):
+        return
+    committed = list(request.draft_token_ids)[:response.num_accepted] + [response.next_token_id]
+    for token, (logprob, top) in zip(committed, token_logprobs(logits[:len(committed)], committed, sampling,
+                                                               request.top_logprobs)):
+        entry = response.logprobs.add(token_id=token, logprob=logprob)
+        for alternative, alternative_logprob in top:
+            entry.top.add(token_id=alternative, logprob=alternative_logprob)
 
 
 class TargetEngine:
@@ -68,6 +82,7 @@ class TargetEngine:
         for (i, session), row_logits, start in zip(rows, logits, starts):
             try:
                 results[i] = self._sample_row(requests[i], session, row_logits, start)
+                add_logprobs(results[i], requests[i], row_logits, session.sampling)
             except Exception as exc:  # noqa: BLE001 - a bad row fails alone
                 results[i] = exc
                 continue

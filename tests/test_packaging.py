@@ -17,7 +17,7 @@ def test_committed_stubs_match_protos():
 
 
 def test_router_imports_no_torch():
-    code = ("import sys, router.cli, router.server, router.launch, router.speculation, router.worker_client; "
+    code = ("import sys, router.cli, router.server, router.launch, router.speculation, router.worker_client, openai_api.app; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"

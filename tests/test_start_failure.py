@@ -8,7 +8,7 @@ from router import cli, launch
 
 
 def test_failed_start_is_one_line_and_frees_the_public_server(tmp_path, monkeypatch, capsys):
-    def slow_ray(config):
+    def slow_ray(config, quiet=False):
         raise Exception("The current node timed out during startup.\nThis could happen because ...")
     monkeypatch.setattr(launch, "connect", slow_ray)
     path = tmp_path / "specpool.yaml"

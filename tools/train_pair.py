@@ -33,6 +33,9 @@ from pathlib import Path
 
 from engine.model_pair import EOS_TOKEN, PairSpec, build_tokenizer, new_llama
 
+# The pair continues Python code, so a chat turns into Python comments and the answer is the code after them.
+CHAT_TEMPLATE = ("{% for message in messages %}# {{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}# assistant:\n{% endif %}")
 SKIP_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
@@ -115,7 +118,9 @@ def train_bpe(texts: list[str], vocab_size: int):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer, length=len(texts))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN)
+    tokenizer.chat_template = CHAT_TEMPLATE       # saved as chat_template.jinja: chat works out of the box
+    return tokenizer
 
 
 def make_tokenizer(cfg: TrainConfig, texts: list[str]):

@@ -54,7 +54,7 @@ class ProposeResponse(_message.Message):
     def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel")
+    __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class VerifyRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     position: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -71,10 +72,11 @@ class VerifyRequest(_message.Message):
     sampling: _generation_pb2.SamplingParams
     call_id: int
     cancel: bool
-    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ...) -> None: ...
+    top_logprobs: int
+    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status")
+    __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status", "logprobs")
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +86,7 @@ class VerifyResponse(_message.Message):
     HANDLER_US_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     num_accepted: int
     next_token_id: int
     compute_us: int
@@ -93,7 +96,8 @@ class VerifyResponse(_message.Message):
     handler_us: int
     call_id: int
     status: CallStatus
-    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_generation_pb2.TokenLogprob]
+    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class CallStatus(_message.Message):
     __slots__ = ("code", "message")

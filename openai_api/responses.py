@@ -1,0 +1,84 @@
+"""Response bodies of the OpenAI API: completions and chat completions, whole or as stream chunks, with
+usage, logprobs in each endpoint's format, and a `specpool` object carrying the spec-decode stats."""
+from __future__ import annotations
+
+import math
+import time
+
+from protos.specpool.v1 import generation_pb2
+
+FINISH = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FINISH_REASON_STOP: "stop",
+          generation_pb2.FINISH_REASON_EOS: "stop"}
+NO_LOGPROB = -9999.0     # JSON has no -inf (a token outside top-k / top-p), as vLLM answers
+
+
+def finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else NO_LOGPROB
+
+
+def usage(states: list) -> dict:
+    prompt, completion = states[0].prompt_len, sum(state.generated for state in states)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def spec_stats(states: list) -> dict:
+    passes, drafted, accepted = (sum(getattr(s.stats, name) for s in states)
+                                 for name in ("target_passes", "draft_tokens", "accepted_tokens"))
+    return {"target_passes": passes, "draft_tokens": drafted, "accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0}
+
+
+class Completions:
+    """/v1/completions: choices carry `text`; logprobs in the legacy format."""
+    object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
+
+    def __init__(self, decode):
+        self.decode = decode           # token ID -> its text
+
+    def logprobs(self, entries: list) -> dict:
+        tokens = [self.decode(e.token_id) for e in entries]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": [finite(e.logprob) for e in entries],
+                "top_logprobs": [{self.decode(t.token_id): finite(t.logprob) for t in e.top} for e in entries],
+                "text_offset": offsets}
+
+    def choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
+        return {"index": index, "text": text, "logprobs": self.logprobs(entries) if entries is not None else None,
+                "finish_reason": finish_reason}
+
+    def chunk_choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
+        return self.choice(index, text, entries, finish_reason)
+
+    def opening(self, index: int) -> list[dict]:
+        return []
+
+
+class ChatCompletions(Completions):
+    """/v1/chat/completions: choices carry a `message` (a `delta` when streaming); logprobs per token."""
+    object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+
+    def _token(self, token_id: int, logprob: float) -> dict:
+        text = self.decode(token_id)
+        return {"token": text, "logprob": finite(logprob), "bytes": list(text.encode())}
+
+    def logprobs(self, entries: list) -> dict:
+        return {"content": [{**self._token(e.token_id, e.logprob),
+                             "top_logprobs": [self._token(t.token_id, t.logprob) for t in e.top]} for e in entries]}
+
+    def choice(self, index: int, text: str, entries: list | None, finish_reason: str | None,
+               key: str = "message") -> dict:
+        message = {"role": "assistant", "content": text} if key == "message" else ({"content": text} if text else {})
+        return {"index": index, key: message, "logprobs": self.logprobs(entries) if entries is not None else None,
+                "finish_reason": finish_reason}
+
+    def chunk_choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
+        return self.choice(index, text, entries, finish_reason, key="delta")
+
+    def opening(self, index: int) -> list[dict]:
+        return [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": None}]
+
+
+def envelope(kind: Completions, request_id: str, model: str, choices: list, chunk: bool = False) -> dict:
+    return {"id": kind.id_prefix + request_id, "object": kind.chunk_object if chunk else kind.object,
+            "created": int(time.time()), "model": model, "choices": choices}

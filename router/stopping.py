@@ -1,0 +1,83 @@
+"""Stop strings: matched on the decoded output, across token boundaries, as the tokens arrive.
+
+The text is cut before the first stop string, which is never returned; the tokens end with the one that
+completed it. While streaming, only text that could still be the start of a stop string is held back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from protos.specpool.v1 import generation_pb2
+from router.text import IncrementalDetokenizer
+
+
+@dataclass
+class Piece:
+    """What a batch of committed tokens adds to the output: how many of them count (all, unless a stop
+    string ended the output inside the batch), the text to send, and whether a stop string matched."""
+    kept: int
+    text: str
+    stopped: bool = False
+
+
+@dataclass
+class StopStrings:
+    """The output text of one request, decoded incrementally and checked against its stop strings."""
+    detokenizer: IncrementalDetokenizer
+    stops: tuple = ()
+    held: str = ""                      # decoded text not sent yet (it could begin a stop string)
+    _longest: int = field(init=False, default=0)
+
+    def __post_init__(self):
+        self._longest = max((len(s) for s in self.stops), default=0)
+
+    def push(self, tokens: list[int], final: bool) -> Piece:
+        """Decode `tokens` one at a time (so a match knows which token completed it); `final`: the
+        output ends after them, so nothing more is held back."""
+        for i, token in enumerate(tokens):
+            last = final and i == len(tokens) - 1
+            self.held += self.detokenizer.push([token], final=last)
+            cut = self._first_match()
+            if cut is not None:
+                text, self.held = self.held[:cut], ""
+                return Piece(i + 1, text, stopped=True)
+        keep = 0 if final else self._prefix_len()
+        text, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return Piece(len(tokens), text)
+
+    def _first_match(self) -> int | None:
+        found = [at for at in (self.held.find(stop) for stop in self.stops) if at >= 0]
+        return min(found) if found else None
+
+    def _prefix_len(self) -> int:
+        """Length of the longest end of the held text that begins some stop string."""
+        for size in range(min(self._longest - 1, len(self.held)), 0, -1):
+            tail = self.held[-size:]
+            if any(stop.startswith(tail) for stop in self.stops):
+                return size
+        return 0
+
+
+@dataclass
+class Chunk:
+    """Output sent to the client: tokens committed since the last chunk, their text, their logprobs."""
+    token_ids: list[int]
+    text: str
+    logprobs: list           # generation_pb2.TokenLogprob per token (empty unless the request asked)
+    finish_reason: int = 0   # set on the request's last chunk
+
+
+async def output_chunks(rounds: AsyncIterator[list[int]], state, tokenizer) -> AsyncIterator[Chunk]:
+    """A request's committed tokens (`rounds`: Router.run) as chunks of output with its stop strings
+    applied. A stop string ends the request: state.finish_reason becomes STOP and the tokens after the one
+    that completed it are dropped, so the loop stops at its next round and frees the workers' caches."""
+    output = StopStrings(IncrementalDetokenizer(tokenizer), tuple(state.stop_strings))
+    async for tokens in rounds:
+        start = state.generated - len(tokens)
+        piece = output.push(tokens, final=bool(state.finish_reason))
+        if piece.stopped:
+            end = state.prompt_len + start + piece.kept
+            del state.tokens[end:], state.logprobs[start + piece.kept:]
+            state.finish_reason = generation_pb2.FINISH_REASON_STOP
+        yield Chunk(tokens[:piece.kept], piece.text, state.logprobs[start:start + piece.kept], state.finish_reason)

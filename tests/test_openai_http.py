@@ -1,0 +1,292 @@
+"""The OpenAI-compatible HTTP API against a served demo pair, with the real `openai` SDK (sync, async,
+streaming) and raw HTTP: greedy text identical to gRPC and to the target alone, usage, SSE framing and
+[DONE], stop strings across token boundaries, logprobs equal to the target's own forward, every error
+status, and a client that disconnects mid-stream freeing the workers' sessions."""
+import asyncio
+import json
+import types
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+
+from protos.specpool.v1 import generation_pb2
+from tests.conftest import service_config
+from tests.test_e2e_sessions import active_sessions, wait_for_no_sessions
+
+DEMO = Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair"
+PROMPT = "def __init__(self"
+
+
+@pytest.fixture(scope="module")
+def served(start_service):
+    pair = (str(DEMO / "draft"), str(DEMO / "target"))
+    running = start_service(service_config(pair, http={"port": 0}, speculation={"k": 3},
+                                           router={"max_active_requests": 2, "max_queued_requests": 0}))
+    running.base_url = f"http://127.0.0.1:{running.service.http_port}/v1"
+    running.client = openai.OpenAI(base_url=running.base_url, api_key="unused", max_retries=0)
+    running.model = running.client.models.list().data[0].id
+    return running
+
+
+@pytest.fixture(scope="module")
+def target():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    return (AutoModelForCausalLM.from_pretrained(DEMO / "target").eval(), AutoTokenizer.from_pretrained(DEMO / "target"))
+
+
+def greedy_alone(target, prompt: str, max_new_tokens: int) -> list[int]:
+    model, tokenizer = target
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)[0, ids.shape[1]:].tolist()
+    eos = tokenizer.eos_token_id
+    return out[:out.index(eos) + 1] if eos in out else out
+
+
+def requests_counted(served, code: str) -> float:
+    return served.service.router.metrics.requests.labels(code)._value.get()
+
+
+def test_models_and_health(served):
+    assert served.model == "target"
+    assert httpx.get(served.base_url.removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_sdk_completion_greedy_matches_grpc_and_target_alone(served, target):
+    tokens = greedy_alone(target, PROMPT, 24)
+    ok = requests_counted(served, "OK")
+    answer = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=24, temperature=0)
+    assert requests_counted(served, "OK") == ok + 1                # the same metrics as gRPC
+    grpc_answer = served.stub.Generate(generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=24))
+    assert answer.choices[0].text == target[1].decode(tokens, skip_special_tokens=True) == grpc_answer.text
+    prompt_len = len(target[1](PROMPT).input_ids)
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens) == (
+        prompt_len, len(tokens), prompt_len + len(tokens))
+    stats = answer.model_extra["specpool"]
+    assert stats["target_passes"] == grpc_answer.stats.target_passes and stats["draft_tokens"] > 0
+    assert answer.choices[0].finish_reason == "length"
+
+
+def test_sdk_streaming_completion_and_n(served, target):
+    expected = target[1].decode(greedy_alone(target, PROMPT, 20), skip_special_tokens=True)
+    chunks = list(served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=20, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    two = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=12, temperature=0.9,
+                                           seed=7, n=2)
+    again = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=12, temperature=0.9,
+                                             seed=7, n=2)
+    assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == 24
+    assert [c.text for c in two.choices] == [c.text for c in again.choices]     # seed, seed + 1
+
+
+def test_async_sdk_chat_streaming_and_unary(served, target):
+    messages = [{"role": "user", "content": "a class with an init"}]
+    prompt = target[1].apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    expected = target[1].decode(greedy_alone(target, prompt, 16), skip_special_tokens=True)
+
+    async def ask():
+        client = openai.AsyncOpenAI(base_url=served.base_url, api_key="unused", max_retries=0)
+        unary = await client.chat.completions.create(model=served.model, messages=messages, max_tokens=16,
+                                                     temperature=0)
+        stream = await client.chat.completions.create(model=served.model, messages=messages, max_tokens=16,
+                                                      temperature=0, stream=True,
+                                                      stream_options={"include_usage": True})
+        chunks = [chunk async for chunk in stream]
+        await client.close()
+        return unary, chunks
+    unary, chunks = asyncio.run(ask())
+    assert unary.choices[0].message.content == expected and unary.choices[0].message.role == "assistant"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].usage.prompt_tokens == unary.usage.prompt_tokens == len(target[1](prompt).input_ids)
+
+
+def sse_events(response: httpx.Response) -> list[str]:
+    body = response.read().decode()
+    assert body.endswith("\n\n")
+    events = body.split("\n\n")[:-1]
+    assert all(e.startswith("data: ") and "\n" not in e for e in events)
+    return [e.removeprefix("data: ") for e in events]
+
+
+def test_raw_sse_framing(served):
+    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stream": True}
+    with httpx.stream("POST", served.base_url + "/completions", json=body) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    payloads = [json.loads(e) for e in events[:-1]]
+    assert all(p["object"] == "text_completion" and "usage" not in p for p in payloads)
+    assert payloads[-1]["choices"][0]["finish_reason"] == "length"
+    with httpx.stream("POST", served.base_url + "/chat/completions", json={
+            **body, "prompt": None, "messages": [{"role": "user", "content": "x"}], "n": 2, "temperature": 0.7,
+            "stream_options": {"include_usage": True}}) as response:
+        payloads = [json.loads(e) for e in sse_events(response)[:-1]]
+    finished = [c["index"] for p in payloads for c in p["choices"] if c["finish_reason"] == "length"]
+    assert sorted(finished) == [0, 1] and payloads[-1]["usage"]["completion_tokens"] == 16    # n=2 interleaved
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 10 ** 6}, "max_tokens"), ({"logprobs": 50}, "logprobs"), ({"stop": [""]}, "stop"),
+    ({"n": 0}, "n"), ({"prompt": ""}, "prompt"), ({"speculation": {"k": 99}}, "speculation.k"),
+    ({"prompt": [10 ** 6]}, "prompt"),
+])
+def test_400_names_the_parameter(served, body, param):
+    response = httpx.post(served.base_url + "/completions",
+                          json={"model": served.model, "prompt": PROMPT, "max_tokens": 4, **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_404_unknown_model_and_sdk_errors(served):
+    with pytest.raises(openai.NotFoundError):
+        served.client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        served.client.chat.completions.create(model=served.model, messages=[{"role": "user", "content": "x"}],
+                                              temperature=-2)
+
+
+def test_429_when_overloaded_and_disconnect_frees_sessions(served):
+    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 900, "temperature": 0, "stream": True,
+            "speculation": {"k": 1}}
+    with httpx.Client(timeout=60) as first, httpx.Client(timeout=60) as second:
+        with first.stream("POST", served.base_url + "/completions", json=body) as a, \
+                second.stream("POST", served.base_url + "/completions", json=body) as b:
+            lines = [a.iter_lines(), b.iter_lines()]   # kept: a dropped line iterator closes its connection
+            assert [next(line).startswith("data: ") for line in lines] == [True, True]   # both slots taken
+            refused = requests_counted(served, "RESOURCE_EXHAUSTED")
+            third = httpx.post(served.base_url + "/completions", json={**body, "stream": False}, timeout=60)
+            assert third.status_code == 429 and third.json()["error"]["type"] == "rate_limit_exceeded"
+            assert requests_counted(served, "RESOURCE_EXHAUSTED") == refused + 1
+            assert active_sessions(served) == [2, 2]
+    assert wait_for_no_sessions(served, timeout=20) == [0, 0]     # both clients went away mid-stream
+
+
+def test_plain_request_disconnect_frees_sessions(served):
+    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 900, "temperature": 0, "speculation": {"k": 1}}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(served.base_url + "/completions", json=body, timeout=1.0)
+    assert wait_for_no_sessions(served, timeout=20) == [0, 0]
+
+
+def boundary_stop(tokenizer, tokens: list[int]) -> tuple[str, int]:
+    """A stop string that spans a token boundary (its first occurrence in the output), and how many tokens
+    the output keeps (up to the one that completes it)."""
+    text = tokenizer.decode(tokens)
+    for i in range(2, len(tokens) - 1):
+        before = tokenizer.decode(tokens[:i])
+        if len(tokenizer.decode(tokens[i - 1:i])) >= 1 and len(tokenizer.decode(tokens[i:i + 1])) >= 2:
+            stop = before[-1] + text[len(before):len(before) + 2]
+            if text.find(stop) == len(before) - 1 and text.startswith(before):
+                return stop, i + 1
+    raise AssertionError("no boundary-spanning stop string found")
+
+
+def test_stop_strings_across_token_boundaries(served, target):
+    tokens = greedy_alone(target, PROMPT, 40)
+    text = target[1].decode(tokens)
+    stop, kept = boundary_stop(target[1], tokens)
+    expected = text[:text.find(stop)]
+    grpc_request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=40, stop=[stop, "never-seen"])
+    unary = served.stub.Generate(grpc_request)
+    assert (unary.text, list(unary.token_ids)) == (expected, tokens[:kept])
+    assert unary.finish_reason == generation_pb2.FINISH_REASON_STOP
+    streamed = list(served.stub.GenerateStream(grpc_request))
+    assert "".join(m.text for m in streamed) == expected and sum(len(m.token_ids) for m in streamed) == kept
+    http = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=40, temperature=0,
+                                            stop=stop)
+    assert (http.choices[0].text, http.choices[0].finish_reason, http.usage.completion_tokens) == (expected, "stop",
+                                                                                                    kept)
+    chunks = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=40, temperature=0,
+                                              stop=[stop], stream=True)
+    pieces = [c.choices[0].text for c in chunks]
+    assert "".join(pieces) == expected and all(stop not in p for p in pieces)
+    assert wait_for_no_sessions(served) == [0, 0]
+
+
+def reference_logprobs(target, prompt_ids: list[int], output: list[int], sampling) -> torch.Tensor:
+    """The target alone: log of the distribution each output token was sampled from ([n, vocab])."""
+    from engine.sampling import logits_to_probs
+    with torch.inference_mode():
+        logits = target[0](torch.tensor([prompt_ids + output])).logits[0, len(prompt_ids) - 1:-1].float()
+    return torch.log_softmax(logits, -1) if sampling.greedy else logits_to_probs(logits, sampling).log()
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, 0, 1.0), (0.8, 0, 1.0), (1.3, 40, 0.9)])
+def test_logprobs_equal_the_target_alone(served, target, temperature, top_k, top_p):
+    from engine.sampling import Sampling
+    request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=30, logprobs=5)
+    request.sampling.temperature, request.sampling.top_k, request.sampling.top_p = temperature, top_k, top_p
+    request.sampling.seed = 11
+    answer = served.stub.Generate(request)
+    assert answer.stats.draft_tokens > 0                      # speculation stayed on
+    output = list(answer.token_ids)
+    assert [e.token_id for e in answer.logprobs] == output
+    expected = reference_logprobs(target, target[1](PROMPT).input_ids, output,
+                                  Sampling(temperature, top_p, top_k))
+    got = torch.tensor([e.logprob for e in answer.logprobs])
+    chosen = expected.gather(-1, torch.tensor(output).view(-1, 1)).squeeze(-1)
+    assert torch.allclose(got, chosen, atol=1e-4)
+    top = expected.topk(5, -1)
+    for entry, values in zip(answer.logprobs, top.values):
+        assert torch.allclose(torch.tensor([t.logprob for t in entry.top]), values, atol=1e-4)
+    http = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=30, temperature=temperature,
+                                            top_p=top_p, seed=11, logprobs=5, extra_body={"top_k": top_k})
+    finite = torch.where(torch.isfinite(chosen), chosen, torch.tensor(-9999.0))
+    assert torch.allclose(torch.tensor(http.choices[0].logprobs.token_logprobs), finite, atol=1e-4)
+
+
+def test_chat_logprobs_format(served):
+    answer = served.client.chat.completions.create(model=served.model, messages=[{"role": "user", "content": "x"}],
+                                                   max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    content = answer.choices[0].logprobs.content
+    assert len(content) == answer.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.logprob == c.top_logprobs[0].logprob for c in content)          # greedy: the argmax
+
+
+def asgi_client(http_overrides: dict, router) -> httpx.AsyncClient:
+    from openai_api.app import create_app
+    from settings.schema import HttpConfig
+    app = create_app(HttpConfig(**http_overrides), lambda: router)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+def test_401_503_and_no_chat_template(byte_pair):
+    async def run():
+        async with asgi_client({}, None) as loading:
+            assert (await loading.get("/health")).status_code == 503
+            response = await loading.post("/v1/completions", json={"model": "m", "prompt": "x"})
+            assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
+        async with asgi_client({"api_keys": ["k1"]}, None) as keyed:
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                response = await keyed.get("/v1/models", headers=headers)
+                assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+            assert (await keyed.get("/v1/models", headers={"Authorization": "Bearer k1"})).status_code == 503
+        no_template = types.SimpleNamespace(model_info={"model_path": byte_pair[1]}, eos_ids=frozenset(),
+                                            tokenizer=None)
+        async with asgi_client({}, no_template) as client:
+            response = await client.post("/v1/chat/completions", json={
+                "model": Path(byte_pair[1]).name, "messages": [{"role": "user", "content": "hi"}]})
+            assert response.status_code == 400 and "http.chat_template" in response.json()["error"]["message"]
+    asyncio.run(run())
+
+
+def test_cli_generate_from_stdin_and_status_from_config(served, target, tmp_path, monkeypatch, capsys):
+    import io
+    import yaml
+    from router import cli
+    monkeypatch.setattr("sys.stdin", io.StringIO(PROMPT))
+    assert cli.main(["generate", "-", "--address", served.address, "--max-new-tokens", "12", "--stream"]) == 0
+    completion = target[1].decode(greedy_alone(target, PROMPT, 12), skip_special_tokens=True)
+    assert capsys.readouterr().out.startswith(PROMPT + completion + "\n[12 tokens, finish=length")
+    path = tmp_path / "served.yaml"
+    path.write_text(yaml.safe_dump({"router": {"port": served.service.port}}))
+    assert cli.main(["status", "--config", str(path)]) == 0
+    assert "active_requests" in capsys.readouterr().out
