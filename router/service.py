@@ -44,6 +44,7 @@ class Service:
     def __init__(self, config: SpecpoolConfig):
         self.config = config
         self.server = self.port = self.pools = self.router = self.metrics_port = self.health = None
+        self.owns_ray = False          # this service started the local Ray instance (and stops it)
 
     async def start(self) -> "Service":
         from router import launch
@@ -55,10 +56,14 @@ class Service:
             self.config.router.host, self.config.router.port, credentials)
         print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until pools are ready)",
               flush=True)
+        connecting = True
         try:
-            await asyncio.to_thread(launch.connect, self.config)
-            self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s)
+            self.owns_ray = await asyncio.to_thread(launch.connect, self.config)
+            connecting = False
+            self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s,
+                                                 self.owns_ray)
         except BaseException:
+            self.owns_ray = self.owns_ray or (connecting and launch.local(self.config))   # half up: it goes too
             await self.stop(grace=0)       # the public server goes down with the failed start, on this loop
             raise
         self.router = build_router(self.config, self.pools)
@@ -80,6 +85,9 @@ class Service:
             await self.router.close()
         if self.pools:
             await asyncio.to_thread(self.pools.shutdown)
+        if self.owns_ray:
+            from router import launch
+            await asyncio.to_thread(launch.disconnect)      # Ray's processes (and their agents) end with us
 
 
 async def reload_from_file(service: Service, path: str) -> None:
