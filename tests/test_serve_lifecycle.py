@@ -13,40 +13,14 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
-import psutil
 import pytest
 import yaml
 
 from router import launch
 from settings.schema import config_from_dict
-from tests.conftest import service_config
-
-
-@pytest.fixture
-def ray_tmp():
-    path = tempfile.mkdtemp(prefix="sp-", dir="/tmp")     # short: Ray's socket paths must fit in 107 bytes
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def processes_under(path: str) -> list[str]:
-    """Command lines of the processes that name `path` (Ray's session dir is on all of theirs)."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(process.info["cmdline"] or [])
-        if path in cmdline:
-            found.append(cmdline[:160])
-    return found
-
-
-def wait_gone(path: str, timeout: float) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while (left := processes_under(path)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
+from tests.conftest import service_config, wait_gone
 
 
 def serve(config: dict, tmp_path, ray_tmp: str, timeout: float = 240) -> subprocess.CompletedProcess:
