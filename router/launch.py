@@ -11,6 +11,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
+import psutil
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -40,7 +41,7 @@ class Pools:
 
 def connect(config: SpecpoolConfig) -> bool:
     """Join RAY_ADDRESS / ray.address, or start a local instance with the configured resources (logical CPUs:
-    `ray.num_cpus`, else enough for every actor the config asks for). True if this started a local instance."""
+    `local_num_cpus`). True if this started a local instance (then `disconnect` stops it)."""
     if ray.is_initialized():
         return False
     address = config.ray.address or os.environ.get("RAY_ADDRESS") or "local"
@@ -68,8 +69,6 @@ def local(config: SpecpoolConfig) -> bool:
 def disconnect() -> None:
     """Stop the local Ray instance this process started, and every process it started: its agents, which Ray
     leaves to notice their raylet's death on their own (for up to a minute), are ended here, by PID."""
-    import psutil
-
     node = getattr(ray._private.worker, "_global_node", None)
     started = [info.process.pid for infos in (node.all_processes.values() if node else ()) for info in infos]
     processes = []
@@ -114,7 +113,8 @@ def shortfall(config: SpecpoolConfig, available: dict[str, float]) -> str:
     def show(resources):
         return ", ".join(f"{name} {amount:g}" for name, amount in sorted(resources.items()))
     return (f"the pools ask for {show(asked)} ({config.draft.replicas} draft, {config.target.replicas} target "
-            f"x TP {config.target.tensor_parallel_size}); the cluster has {show(available) or 'nothing'}: "
+            f"x TP {config.target.tensor_parallel_size}); the cluster has "
+            f"{show({name: available.get(name, 0) for name in asked})}: "
             f"short of {show({name: asked[name] - available.get(name, 0) for name in short})}")
 
 

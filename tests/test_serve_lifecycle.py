@@ -39,7 +39,7 @@ def test_unplaceable_pools_are_refused_at_once_with_what_they_lack(tmp_path, ray
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("specpool: could not start: Unplaceable: cannot place the worker pools: "
                            "the pools ask for CPU 2, draft_gpu 1"), line
-    assert "the cluster has CPU 4" in line and "short of draft_gpu 1" in line, line
+    assert "the cluster has CPU 4, draft_gpu 0: short of draft_gpu 1" in line, line
     assert wait_gone(ray_tmp, 10) == []
 
 
