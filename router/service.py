@@ -41,8 +41,9 @@ def build_router(config: SpecpoolConfig, pools):
 class Service:
     """A running specpool: public server up at once (NOT_SERVING), pools launched, then SERVING."""
 
-    def __init__(self, config: SpecpoolConfig):
+    def __init__(self, config: SpecpoolConfig, keep_ray: bool = False):
         self.config = config
+        self.keep_ray = keep_ray       # leave a local Ray instance it started running (the next service reuses it)
         self.server = self.port = self.pools = self.router = self.metrics_port = self.health = None
         self.owns_ray = False          # this service started the local Ray instance (and stops it)
 
@@ -85,7 +86,7 @@ class Service:
             await self.router.close()
         if self.pools:
             await asyncio.to_thread(self.pools.shutdown)
-        if self.owns_ray:
+        if self.owns_ray and not self.keep_ray:
             from router import launch
             await asyncio.to_thread(launch.disconnect)      # Ray's processes (and their agents) end with us
 
