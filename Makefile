@@ -22,10 +22,10 @@ demo: install
 serve: install
 	$(VENV)/bin/specpool serve --config deploy/local.yaml
 
-# The ray-up test runs a real sshd on 127.0.0.1; install it where it is missing (as root).
+# The ray-up test runs a real sshd on 127.0.0.1: install sshd and rsync where missing, with root or
+# passwordless sudo only, no service started or enabled (else the test skips, saying why).
 sysdeps:
-	command -v sshd >/dev/null && command -v rsync >/dev/null || \
-	  { apt-get update && apt-get install -y openssh-server rsync; }
+	@sh tools/ssh_tools.sh
 
 test: install sysdeps
 	$(PY) -m pytest -q

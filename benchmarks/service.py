@@ -75,7 +75,8 @@ class InProcessService:
         self.data = data
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        self.service = asyncio.run_coroutine_threadsafe(Service(config_from_dict(data)).start(), self.loop).result()
+        self.service = asyncio.run_coroutine_threadsafe(Service(config_from_dict(data), keep_ray=True).start(),
+                                                        self.loop).result()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.port}")
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
         self.admin = admin_pb2_grpc.AdminStub(self.channel)

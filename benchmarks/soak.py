@@ -23,6 +23,7 @@ import ray
 import yaml
 
 from benchmarks.service import log, running
+from router.launch import disconnect
 from protos.specpool.v1 import generation_pb2
 
 PROMPTS = [[3, 14, 15, 92], [65, 35, 89], [79, 32, 38, 46, 26], [43, 38, 32, 79, 50, 28]]
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         summary = run(cfg)
     finally:
-        ray.shutdown()      # the local Ray instance the service started, with its agents
+        disconnect()        # the local Ray instance the service started, with its agents
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "soak.json").write_text(json.dumps(summary, indent=2))

@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         results, trace = run(cfg)
     finally:
-        import ray
-        ray.shutdown()      # the local Ray instance the services started, with its agents
+        from router.launch import disconnect
+        disconnect()        # the local Ray instance the services started, with its agents
     write_outputs(results, trace, Path(cfg.out))
 
 

@@ -3,12 +3,16 @@ placement group of tensor-parallel rank actors. Pools are steered to their nodes
 resources named in the config (e.g. draft_gpu / target_gpu). No torch is imported here."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import math
 import os
+import threading
 import uuid
 from dataclasses import dataclass, field
 
+import psutil
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -37,26 +41,90 @@ class Pools:
             remove_placement_group(group)
 
 
-def connect(config: SpecpoolConfig, quiet: bool = False) -> None:
-    """Join RAY_ADDRESS / ray.address, or start a local instance with the configured resources. `quiet`: only
-    Ray's errors on this terminal, and the workers' output (model loading) left in Ray's log files."""
+def connect(config: SpecpoolConfig, quiet: bool = False) -> bool:
+    """Join RAY_ADDRESS / ray.address, or start a local instance with the configured resources (logical CPUs:
+    `local_num_cpus`). True if this started a local instance (then `disconnect` stops it). `quiet`: only Ray's
+    errors on this terminal, and the workers' output (model loading) left in Ray's log files."""
     if ray.is_initialized():
-        return
+        return False
     address = config.ray.address or os.environ.get("RAY_ADDRESS") or "local"   # "local": never join by accident
     kwargs = {"namespace": config.ray.namespace, "log_to_driver": not quiet,
               "logging_level": logging.ERROR if quiet else logging.INFO}
-    if address != "local":
+    if not local(config):
         ray.init(address=address, **kwargs)
-        return
-    kwargs.update(include_dashboard=False, resources=config.ray.resources or None,
-                  num_cpus=config.ray.num_cpus or None, _node_ip_address=config.ray.node_ip or None)
+        return False
+    kwargs.update(include_dashboard=False, resources=config.ray.resources or None, num_cpus=local_num_cpus(config),
+                  _node_ip_address=config.ray.node_ip or None)
     try:
         ray.init(address=address, **kwargs)
     except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception when its processes start too slowly
         print(f"[specpool] the local Ray instance did not start ({str(exc).splitlines()[0]}); trying once more",
               flush=True)
-        ray.shutdown()
+        disconnect()
         ray.init(address=address, **kwargs)
+    return True
+
+
+def local(config: SpecpoolConfig) -> bool:
+    """Whether `connect` starts a local instance (no cluster named), rather than joining one."""
+    return not (config.ray.address or os.environ.get("RAY_ADDRESS"))
+
+
+def disconnect() -> None:
+    """Stop the local Ray instance this process started, and every process it started: its agents, which Ray
+    leaves to notice their raylet's death on their own (for up to a minute), are ended here, by PID."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    started = [info.process.pid for infos in (node.all_processes.values() if node else ()) for info in infos]
+    processes = []
+    for pid in started:
+        try:
+            process = psutil.Process(pid)
+            processes += [process, *process.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    ray.shutdown()
+    _, alive = psutil.wait_procs(processes, timeout=1)
+    for signal_name in ("terminate", "kill"):
+        for process in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                getattr(process, signal_name)()
+        _, alive = psutil.wait_procs(alive, timeout=2)
+
+
+def draft_replicas(config: SpecpoolConfig) -> int:
+    """The draft pool's replicas: none with draft.method ngram (proposals come from the router)."""
+    return config.draft.replicas if config.draft.uses_model else 0
+
+
+def demand(config: SpecpoolConfig) -> dict[str, float]:
+    """Ray resources every replica of both pools asks for, summed by resource name."""
+    asks = [(draft_replicas(config), config.draft), (config.target.replicas * config.target.tensor_parallel_size,
+                                                    config.target)]
+    total: dict[str, float] = {}
+    for count, pool in asks:
+        for name, amount in {"CPU": pool.num_cpus, "GPU": pool.num_gpus, **pool.resources}.items():
+            total[name] = total.get(name, 0) + count * amount
+    return {name: amount for name, amount in total.items() if amount}
+
+
+def local_num_cpus(config: SpecpoolConfig) -> int:
+    """A local instance's logical CPUs: `ray.num_cpus`, else this machine's cores or, if the pools ask for more,
+    that many (logical CPUs only schedule; a minimal TP=2 config must place on a 2-core machine)."""
+    return config.ray.num_cpus or max(os.cpu_count() or 1, math.ceil(demand(config).get("CPU", 0)))
+
+
+def shortfall(config: SpecpoolConfig, available: dict[str, float]) -> str:
+    """'' if `available` covers what the pools ask for, else what they ask and what there is."""
+    asked = demand(config)
+    short = {name: amount for name, amount in asked.items() if amount > available.get(name, 0) + 1e-9}
+    if not short:
+        return ""
+    def show(resources):
+        return ", ".join(f"{name} {amount:g}" for name, amount in sorted(resources.items()))
+    return (f"the pools ask for {show(asked)} ({draft_replicas(config)} draft, {config.target.replicas} target "
+            f"x TP {config.target.tensor_parallel_size}); the cluster has "
+            f"{show({name: available.get(name, 0) for name in asked})}: "
+            f"short of {show({name: asked[name] - available.get(name, 0) for name in short})}")
 
 
 def _bundle(pool: PoolConfig) -> dict:
@@ -85,15 +153,26 @@ def start_target(config: SpecpoolConfig, index: int, tag: str):
     return group, ranks
 
 
+class WorkerFailed(RuntimeError):
+    """A worker raised while loading its model; the message names the worker and its exception, in one line."""
+
+
+def get_started(refs, worker: str, timeout: float | None = None):
+    """ray.get of workers' start() calls, a worker's own exception raised as WorkerFailed naming it."""
+    try:
+        return ray.get(refs, timeout=timeout)
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
+        if isinstance(cause, ModelRefused):
+            raise cause from None                   # its own one line names the model, the TP size and why
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        raise WorkerFailed(f"{worker}: {type(cause).__name__}: {first}") from None
+
+
 def start_group(ranks: list, host: str | None, timeout: float | None = None) -> list[dict]:
     """Rendezvous at rank 0, then start every rank; returns their infos (rank 0's has the address)."""
-    master = ray.get(ranks[0].rendezvous.remote(host), timeout=timeout)
-    try:
-        return ray.get([rank.start.remote(master, host) for rank in ranks], timeout=timeout)
-    except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, ModelRefused):
-            raise exc.cause from None               # its one line, not the actor's traceback
-        raise
+    master = get_started(ranks[0].rendezvous.remote(host), "target rank 0", timeout)
+    return get_started([rank.start.remote(master, host) for rank in ranks], "target", timeout)
 
 
 def recover_draft(actor, host: str | None, timeout: float | None = None) -> str:
@@ -118,7 +197,7 @@ def start_drafts(config: SpecpoolConfig, pools: "Pools", count: int) -> list:
 
 def await_drafts(pools: "Pools", refs: list, timeout: float | None = None) -> list:
     """Wait for drafts started by start_drafts; append their addresses; return the new actors."""
-    pools.draft_addresses.extend(info["address"] for info in ray.get(refs, timeout=timeout))
+    pools.draft_addresses.extend(info["address"] for info in get_started(refs, "draft", timeout))
     return pools.draft_actors[-len(refs):] if refs else []
 
 
@@ -141,16 +220,41 @@ def launch_more(config: SpecpoolConfig, pools: "Pools", pool: str, count: int,
     return groups
 
 
-def launch(config: SpecpoolConfig, timeout: float | None = None) -> Pools:
-    """Start every replica of both pools and wait until all have loaded their models.
+class Unplaceable(RuntimeError):
+    """A fixed (local) Ray instance has fewer resources than the pools ask for: they would wait forever."""
+
+
+def check_placement(config: SpecpoolConfig, fixed: bool) -> str:
+    """What the pools lack ('' if nothing); on a `fixed` instance (it cannot grow) that is Unplaceable, at once."""
+    short = shortfall(config, ray.cluster_resources())
+    if short and fixed:
+        raise Unplaceable(f"cannot place the worker pools: {short}")
+    return short
+
+
+def report_placement(config: SpecpoolConfig, done: threading.Event, every: float = 30.0) -> None:
+    """While the pools wait on a cluster that lacks what they ask for, say what is missing every `every` s."""
+    while (short := check_placement(config, fixed=False)) and not done.is_set():
+        print(f"[specpool] waiting for the cluster to place the pools: {short}", flush=True)
+        if done.wait(every):
+            return
+
+
+def launch(config: SpecpoolConfig, timeout: float | None = None, fixed: bool = False) -> Pools:
+    """Start every replica of both pools and wait until all have loaded their models. `fixed`: the cluster
+    cannot grow (a local instance), so pools it cannot place are an error at once.
     Actors are named specpool-<tag>-draft-<i> and specpool-<tag>-target-<i>-rank-<r>."""
+    check_placement(config, fixed)
+    done = threading.Event()
+    threading.Thread(target=report_placement, args=(config, done), daemon=True).start()
     pools = Pools(tag=uuid.uuid4().hex[:6])
-    drafts = config.draft.replicas if config.draft.uses_model else 0   # draft.method ngram: no draft pool
     try:
-        draft_refs = start_drafts(config, pools, drafts)                # drafts load while targets start
+        draft_refs = start_drafts(config, pools, draft_replicas(config))     # drafts load while targets start
         launch_more(config, pools, "target", config.target.replicas, timeout)
         await_drafts(pools, draft_refs, timeout)
+        return pools
     except BaseException:
         pools.shutdown()                            # a failed start leaves no actor or placement group behind
         raise
-    return pools
+    finally:
+        done.set()

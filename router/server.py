@@ -13,22 +13,25 @@ import time
 import uuid
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 import yaml
 from grpc_reflection.v1alpha import reflection
 
-from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc
+from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
 from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
 from router.k_selection import KSelector
 from router.metrics import Metrics
 from router.ngram import NgramIndex
 from router.speculation import DRAFT_MODES, RequestState, generate
 from router.stopping import output_chunks
-from router.validation import ModelLimits, RequestError, validate
+from router.text import encode, max_token_chars
+from router.validation import ModelLimits, RequestError, check_prompt_text, validate
 from router.worker_client import DraftClient, TargetClient, least_loaded
 
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024           # a request over this gets RESOURCE_EXHAUSTED (counted)
+TRANSPORT_MAX_BYTES = 2 * MAX_MESSAGE_BYTES   # ... and one over this is cut off by gRPC before it is read
 
 
 class Router:
@@ -40,6 +43,7 @@ class Router:
         self._scale_up = scale_up        # (pool name, count) -> factories of new clients; blocking (Ray)
         self.drafts, self.targets = drafts, targets
         self.tokenizer = tokenizer
+        self._max_token_chars = max_token_chars(tokenizer)
         self.eos_ids = frozenset(model_info["eos_token_ids"])
         self.model_info = model_info
         self._rng = rng or random.Random()
@@ -69,12 +73,16 @@ class Router:
     def limits(self) -> ModelLimits:
         return ModelLimits(self.model_info["vocab_size"], self.model_info["max_context"],
                            self.config.speculation.k_max, self.config.router.max_prompt_tokens,
-                           self.config.router.max_new_tokens)
+                           self.config.router.max_new_tokens, self._max_token_chars)
 
-    def admit(self, request: generation_pb2.GenerateRequest) -> RequestState:
-        """Validate and normalise a request into the router's state for it (raises RequestError)."""
-        prompt_ids = (self.tokenizer.encode(request.prompt).ids if request.prompt and not request.prompt_token_ids
-                      else list(request.prompt_token_ids))
+    async def admit(self, request: generation_pb2.GenerateRequest) -> RequestState:
+        """Validate and normalise a request into the router's state for it (raises RequestError). A text
+        prompt's size is checked before it is encoded, and it is encoded off the event loop."""
+        if request.prompt and not request.prompt_token_ids:
+            check_prompt_text(request, self.limits)
+            prompt_ids = await encode(self.tokenizer, request.prompt)
+        else:
+            prompt_ids = list(request.prompt_token_ids)
         validate(request, prompt_ids, self.limits)
         sampling = generation_pb2.SamplingParams()
         sampling.CopyFrom(request.sampling)
@@ -192,16 +200,45 @@ def _response(state: RequestState, request_id: str, tokens: list[int], text: str
     return response
 
 
-class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+def _ended(context) -> str:
+    """The status of a call that ended under the handler: its deadline passed, or the client cancelled it."""
+    remaining = context.time_remaining()
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+
+
+class GenerationServicer:
+    """Generate and GenerateStream. Each reads its request itself, as raw bytes (see `add_generation`), so every
+    call is answered and counted under its final status: one cancelled before its message was read, one whose
+    message does not parse (INVALID_ARGUMENT), one past its deadline (DEADLINE_EXCEEDED)."""
+
     def __init__(self):
         self.router: Router | None = None
 
-    async def _admit(self, request, context) -> tuple[Router, RequestState, str]:
+    async def _read(self, context) -> generation_pb2.GenerateRequest:
+        raw = await context.read()
+        if raw is grpc.aio.EOF:
+            try:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request: no GenerateRequest was sent")
+            except grpc.aio.AbortError:
+                raise
+            except Exception:   # noqa: BLE001 - no status can be sent: the call had ended (a cancel, its deadline)
+                raise asyncio.CancelledError from None
+        if len(raw) > MAX_MESSAGE_BYTES:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"request: {len(raw)} bytes is over the limit of {MAX_MESSAGE_BYTES}")
+        try:
+            return generation_pb2.GenerateRequest.FromString(raw)
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request: not a specpool.v1.GenerateRequest ({exc})")
+
+    async def _admit(self, context) -> tuple[Router, RequestState, str]:
+        request = await self._read(context)
         router = self.router
         if router is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "specpool is still loading its worker pools")
         try:
-            state = router.admit(request)
+            state = await router.admit(request)
         except RequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         remaining = context.time_remaining()
@@ -211,18 +248,19 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     @contextlib.asynccontextmanager
     async def _tracked(self, context):
-        """Count the request by its final status; a worker failure becomes UNAVAILABLE."""
+        """Count the request by its final status; a worker failure becomes UNAVAILABLE (or DEADLINE_EXCEEDED, if
+        the client's deadline is what cut the worker's call short)."""
         code, started = "OK", time.perf_counter()
         try:
             yield
         except grpc.aio.AioRpcError as exc:
-            code = "UNAVAILABLE"
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"a worker failed: {exc.code().name}: {exc.details()}")
+            code = "UNAVAILABLE" if _ended(context) == "CANCELLED" else "DEADLINE_EXCEEDED"
+            await context.abort(grpc.StatusCode[code], f"a worker failed: {exc.code().name}: {exc.details()}")
         except Overloaded as exc:
             code = "RESOURCE_EXHAUSTED"
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except asyncio.CancelledError:
-            code = "CANCELLED"
+        except (asyncio.CancelledError, GeneratorExit):     # grpc.aio closes a cancelled stream's generator
+            code = _ended(context)
             raise
         except BaseException:
             code = context.code().name if context.code() else "UNKNOWN"
@@ -233,17 +271,29 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 if code == "OK":
                     self.router.metrics.e2e.observe(time.perf_counter() - started)
 
-    async def GenerateStream(self, request, context):
+    async def GenerateStream(self, request_iterator, context):
         async with self._tracked(context):
-            router, state, request_id = await self._admit(request, context)
+            router, state, request_id = await self._admit(context)
             async for chunk in output_chunks(router.run(state), state, router.tokenizer):
                 yield _response(state, request_id, chunk.token_ids, chunk.text, chunk.logprobs)
 
-    async def Generate(self, request, context):
+    async def Generate(self, request_iterator, context):
         async with self._tracked(context):
-            router, state, request_id = await self._admit(request, context)
+            router, state, request_id = await self._admit(context)
             text = [chunk.text async for chunk in output_chunks(router.run(state), state, router.tokenizer)]
             return _response(state, request_id, state.tokens[state.prompt_len:], "".join(text), state.logprobs)
+
+
+def add_generation(servicer: GenerationServicer, server: grpc.aio.Server) -> None:
+    """Register Generation with its requests left as bytes for the handlers to read (client-streaming handlers
+    on the wire of unary-request methods: a client sends one message either way). A handler then starts as
+    its call arrives, not once gRPC has read and parsed the message, which it would answer with UNKNOWN."""
+    serialize = generation_pb2.GenerateResponse.SerializeToString
+    handlers = {"Generate": grpc.stream_unary_rpc_method_handler(servicer.Generate, response_serializer=serialize),
+                "GenerateStream": grpc.stream_stream_rpc_method_handler(servicer.GenerateStream,
+                                                                        response_serializer=serialize)}
+    name = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
@@ -277,10 +327,10 @@ async def start_public_server(host: str, port: int, credentials: grpc.ServerCred
                               ) -> tuple[grpc.aio.Server, int, GenerationServicer, health_async.HealthServicer]:
     """Start Generation + Admin + health (NOT_SERVING) + reflection; attach a Router later.
     With `credentials` the port speaks TLS."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", TRANSPORT_MAX_BYTES),
                                       ("grpc.so_reuseport", 0)])
     servicer = GenerationServicer()
-    generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
+    add_generation(servicer, server)
     admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(servicer), server)
     health = health_async.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -41,11 +41,13 @@ def build_router(config: SpecpoolConfig, pools):
 class Service:
     """A running specpool: public server up at once (NOT_SERVING), pools launched, then SERVING."""
 
-    def __init__(self, config: SpecpoolConfig, quiet: bool = False):
+    def __init__(self, config: SpecpoolConfig, quiet: bool = False, keep_ray: bool = False):
         self.config = config
-        self.quiet = quiet               # Ray's warnings and the workers' loading output off this terminal
+        self.quiet = quiet             # Ray's warnings and the workers' loading output off this terminal
+        self.keep_ray = keep_ray       # leave a local Ray instance it started running (the next service reuses it)
         self.server = self.port = self.pools = self.router = self.metrics_port = self.health = None
         self.http = self.http_port = None
+        self.owns_ray = False          # this service started the local Ray instance (and stops it)
 
     async def start(self) -> "Service":
         from router import launch
@@ -57,11 +59,15 @@ class Service:
             self.config.router.host, self.config.router.port, credentials)
         print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until pools are ready)",
               flush=True)
+        connecting = True
         try:
             await self._start_http(servicer)
-            await asyncio.to_thread(launch.connect, self.config, self.quiet)
-            self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s)
+            self.owns_ray = await asyncio.to_thread(launch.connect, self.config, self.quiet)
+            connecting = False
+            self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s,
+                                                 self.owns_ray)
         except BaseException:
+            self.owns_ray = self.owns_ray or (connecting and launch.local(self.config))   # half up: it goes too
             await self.stop(grace=0)       # the public server goes down with the failed start, on this loop
             raise
         self.router = build_router(self.config, self.pools)
@@ -94,6 +100,9 @@ class Service:
             await self.router.close()
         if self.pools:
             await asyncio.to_thread(self.pools.shutdown)
+        if self.owns_ray and not self.keep_ray:
+            from router import launch
+            await asyncio.to_thread(launch.disconnect)      # Ray's processes (and their agents) end with us
 
 
 async def reload_from_file(service: Service, path: str) -> None:

@@ -1,6 +1,8 @@
-"""Text <-> token IDs on the router, with the target's tokenizer.json and no torch."""
+"""Text <-> token IDs on the router, with the target's tokenizer.json and no torch. Work that grows with a
+request's size (a prompt's encoding, a whole output's decoding) runs on a thread, never on the event loop."""
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -13,6 +15,21 @@ def load_tokenizer(model: str) -> Tokenizer:
         from huggingface_hub import hf_hub_download
         path = Path(hf_hub_download(model, "tokenizer.json"))
     return Tokenizer.from_file(str(path))
+
+
+def max_token_chars(tokenizer: Tokenizer) -> int:
+    """The most characters one token can stand for: its longest vocabulary entry (added tokens included;
+    a byte-level entry has one character per byte, so this bounds characters from above). A text of n
+    characters is at least n / max_token_chars tokens, which bounds a prompt's size before it is encoded."""
+    return max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1)
+
+
+async def encode(tokenizer: Tokenizer, text: str) -> list[int]:
+    return (await asyncio.to_thread(tokenizer.encode, text)).ids
+
+
+async def decode(tokenizer: Tokenizer, token_ids: list[int]) -> str:
+    return await asyncio.to_thread(tokenizer.decode, token_ids, skip_special_tokens=True)
 
 
 class IncrementalDetokenizer:

@@ -25,6 +25,13 @@ class ModelLimits:
     k_max: int
     max_prompt_tokens: int = 0  # 0: only the context window limits it
     max_new_tokens: int = 0     # 0: only the context window limits it
+    max_token_chars: int = 0    # most characters one token stands for (0: unknown, no check before encoding)
+
+    @property
+    def prompt_token_limit(self) -> int:
+        """Most prompt tokens: max_prompt_tokens, and room for one new token in the context (0: no limit)."""
+        limits = [n for n in (self.max_prompt_tokens, self.max_context - 1 if self.max_context else 0) if n > 0]
+        return min(limits, default=0)
 
 
 def check_token_ids(field: str, token_ids, vocab_size: int) -> None:
@@ -33,14 +40,26 @@ def check_token_ids(field: str, token_ids, vocab_size: int) -> None:
             raise RequestError(f"{field}[{i}]", f"{token} is outside the vocabulary [0, {vocab_size})")
 
 
+def check_prompt_text(request: generation_pb2.GenerateRequest, limits: ModelLimits) -> None:
+    """Before encoding: a text so long that even at the longest token it is over the limit is refused
+    without being tokenized (tokenizing 4 MB takes seconds)."""
+    limit = limits.prompt_token_limit
+    if limits.max_token_chars and limit and len(request.prompt) > limit * limits.max_token_chars:
+        raise RequestError("prompt", f"{len(request.prompt)} characters is over the limit of {limit} tokens "
+                           f"(a token here is at most {limits.max_token_chars} characters)")
+
+
 def check_prompt(request: generation_pb2.GenerateRequest, prompt_ids: list[int], limits: ModelLimits) -> None:
     if request.prompt and request.prompt_token_ids:
         raise RequestError("prompt", "set prompt or prompt_token_ids, not both")
     if not prompt_ids:
         raise RequestError("prompt", "must not be empty (set prompt or prompt_token_ids)")
+    limit = limits.prompt_token_limit
+    if limit and len(prompt_ids) > limit:       # before the per-token check, which is O(length)
+        raise RequestError("prompt", f"{len(prompt_ids)} tokens is over the limit of {limit} "
+                           f"(router.max_prompt_tokens {limits.max_prompt_tokens or 'unset'}, "
+                           f"the model's context {limits.max_context})")
     check_token_ids("prompt_token_ids", prompt_ids, limits.vocab_size)
-    if limits.max_prompt_tokens and len(prompt_ids) > limits.max_prompt_tokens:
-        raise RequestError("prompt", f"{len(prompt_ids)} tokens is over the limit of {limits.max_prompt_tokens}")
 
 
 def check_lengths(request: generation_pb2.GenerateRequest, prompt_len: int, limits: ModelLimits) -> None:

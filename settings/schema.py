@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,8 @@ DRAFT_SAMPLING_MODES = ("greedy", "sampled")
 DRAFT_METHODS = ("model", "ngram", "model+ngram")
 POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
+BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)
+HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")  # huggingface_hub's rule
 
 
 class ConfigError(ValueError):
@@ -296,18 +299,23 @@ def _build(cls, data: dict, prefix: str):
     return cls(**kwargs)
 
 
-def config_from_dict(data: dict) -> SpecpoolConfig:
-    """Build and validate a config from its parsed YAML, with model paths taken as they are."""
+def config_from_dict(data: dict, base_dir: str | os.PathLike | None = None) -> SpecpoolConfig:
+    """Build and validate a config from its parsed YAML. Model paths are resolved (`resolve_model`) against
+    `base_dir` (the YAML file's folder), then the working directory, so a missing folder is refused here,
+    before anything starts."""
     config = _build(SpecpoolConfig, data or {}, "")
     for section in dataclasses.fields(SpecpoolConfig):
         getattr(config, section.name).validate(section.name)
+    for section in ("draft", "target"):
+        pool = getattr(config, section)
+        pool.model = resolve_model(pool.model, f"{section}.model", base_dir)
     return config
 
 
 def parse_config(data, base_dir: str | os.PathLike | None) -> SpecpoolConfig:
     """The one way a YAML document becomes a config: `load_config`, `specpool reload` and SIGHUP all come
     here, so a relative model path means the same folder (next to the YAML file, `base_dir`) everywhere."""
-    return config_from_dict(with_model_paths_from(data, Path(base_dir)) if base_dir is not None else data)
+    return config_from_dict(data, base_dir)
 
 
 def load_config(path: str | os.PathLike) -> SpecpoolConfig:
@@ -323,14 +331,31 @@ def read_yaml(path: str | os.PathLike):
         raise ConfigError(f"{path}: cannot read config: {exc}") from exc
 
 
+def resolve_model(model: str, key: str, base_dir: str | os.PathLike | None = None) -> str:
+    """A model folder as an absolute path: a relative one is looked for in `base_dir`, then the working
+    directory. A name that is no existing folder is taken as a Hugging Face hub ID only if it has that form
+    (`name` or `namespace/name`); otherwise ConfigError names the key and the paths tried."""
+    if model.startswith(BUILTIN_PREFIX):
+        return model
+    path = Path(model).expanduser()
+    folders = [] if path.is_absolute() else [Path(base_dir)] if base_dir is not None else []
+    tried = [path] if path.is_absolute() else [(folder / path).absolute() for folder in folders + [Path.cwd()]]
+    for candidate in tried:
+        if candidate.is_dir():
+            return str(candidate.resolve())
+    if not path.is_absolute() and HUB_ID.fullmatch(model):
+        return model
+    raise ConfigError(f"{key}: no model folder {model!r} (tried {', '.join(map(str, dict.fromkeys(tried)))}), "
+                      "and it is not a hub ID (name or namespace/name)")
+
+
 def with_model_paths_from(data, folder: Path):
-    """A relative model path that names a folder next to the YAML file is read from there (so a config
-    works from any directory); anything else (hub IDs, builtin: pairs, absolute paths) is left alone."""
+    """The YAML document with its model paths resolved as load_config resolves them (`resolve_model`)."""
     for section in ("draft", "target"):
         pool = data.get(section) if isinstance(data, dict) else None
         model = pool.get("model") if isinstance(pool, dict) else None
-        if isinstance(model, str) and model and not Path(model).is_absolute() and (folder / model).is_dir():
-            pool["model"] = str((folder / model).resolve())
+        if isinstance(model, str) and model:
+            pool["model"] = resolve_model(model, f"{section}.model", folder)
     return data
 
 

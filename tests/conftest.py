@@ -4,7 +4,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shutil
+import tempfile
 import threading
+import time
 
 import grpc
 import pytest
@@ -131,3 +134,28 @@ def reference_generate(byte_pair):
     return generate
 
 
+@pytest.fixture
+def ray_tmp():
+    """A Ray temp dir (RAY_TMPDIR) for one `specpool serve` process: every process its Ray instance starts
+    names it on its command line, so they can be found afterwards."""
+    path = tempfile.mkdtemp(prefix="sp-", dir="/tmp")     # short: Ray's socket paths must fit in 107 bytes
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def processes_under(path: str) -> list[str]:
+    """Command lines of the processes that name `path` (Ray's session dir is on all of theirs)."""
+    import psutil
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if path in cmdline:
+            found.append(cmdline[:160])
+    return found
+
+
+def wait_gone(path: str, timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := processes_under(path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left

@@ -160,14 +160,15 @@ def test_readme_reload_command_and_sighup_accept_relative_model_paths(service, a
     from router.cli import main
     from router.service import reload_from_file
     original = config_file.read_text()
-    monkeypatch.chdir(config_file.parent)             # relative --config, as in the README
     name = config_file.name
-    # Without its folder the same document names other models ("pair/draft" as it is): refused, K kept.
+    # Without its folder, and from a working directory without pair/, the same document names other models
+    # ("pair/draft" is taken as a hub ID): refused, K kept.
     with pytest.raises(grpc.RpcError) as info:
         admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(with_speculation(config, k=3))))
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert info.value.details().startswith("draft.model:")
     assert_k_in_force(service, admin, 1)
+    monkeypatch.chdir(config_file.parent)             # relative --config, as in the README
     try:
         write_config(config_file, with_speculation(config, k=3))
         capsys.readouterr()
