@@ -27,7 +27,8 @@ from settings.schema import PoolConfig
 @dataclass
 class Pools:
     tag: str = ""                                          # names this deployment's actors
-    draft_addresses: list[str] = field(default_factory=list)
+    draft_addresses: list[str] = field(default_factory=list)   # of drafts waited for (launch_more)
+    draft_starts: list = field(default_factory=list)       # launch(): the first drafts' start() refs, still loading
     target_addresses: list[str] = field(default_factory=list)
     target_info: dict = field(default_factory=dict)        # rank 0 of the first target replica
     draft_actors: list = field(default_factory=list)
@@ -195,6 +196,22 @@ def start_drafts(config: SpecpoolConfig, pools: "Pools", count: int) -> list:
     return [ref for _, ref in started]
 
 
+def load_draft(start_ref, name: str, timeout: float | None = None) -> str:
+    """The address of a draft replica launch() left loading, once it has loaded (blocking). WorkerFailed if it
+    raised while loading, or did not load within `timeout` seconds."""
+    try:
+        return get_started(start_ref, name, timeout)["address"]
+    except ray.exceptions.GetTimeoutError:
+        raise WorkerFailed(f"{name}: not loaded within {timeout:g} s (router.ready_timeout_s)") from None
+
+
+def check_drafts(refs: list) -> None:
+    """WorkerFailed if a draft replica has already failed to load (the others may still be loading)."""
+    if refs:
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        get_started(done, "draft")
+
+
 def await_drafts(pools: "Pools", refs: list, timeout: float | None = None) -> list:
     """Wait for drafts started by start_drafts; append their addresses; return the new actors."""
     pools.draft_addresses.extend(info["address"] for info in get_started(refs, "draft", timeout))
@@ -241,17 +258,19 @@ def report_placement(config: SpecpoolConfig, done: threading.Event, every: float
 
 
 def launch(config: SpecpoolConfig, timeout: float | None = None, fixed: bool = False) -> Pools:
-    """Start every replica of both pools and wait until all have loaded their models. `fixed`: the cluster
-    cannot grow (a local instance), so pools it cannot place are an error at once.
+    """Start every replica of both pools; return once the target replicas have loaded their models. The draft
+    replicas load meanwhile and may still be loading (`pools.draft_starts`, their start() refs: see load_draft);
+    one that has already failed fails the launch. `fixed`: the cluster cannot grow (a local instance), so pools
+    it cannot place are an error at once.
     Actors are named specpool-<tag>-draft-<i> and specpool-<tag>-target-<i>-rank-<r>."""
     check_placement(config, fixed)
     done = threading.Event()
     threading.Thread(target=report_placement, args=(config, done), daemon=True).start()
     pools = Pools(tag=uuid.uuid4().hex[:6])
     try:
-        draft_refs = start_drafts(config, pools, draft_replicas(config))     # drafts load while targets start
+        pools.draft_starts = start_drafts(config, pools, draft_replicas(config))   # drafts load while targets start
         launch_more(config, pools, "target", config.target.replicas, timeout)
-        await_drafts(pools, draft_refs, timeout)
+        check_drafts(pools.draft_starts)
         return pools
     except BaseException:
         pools.shutdown()                            # a failed start leaves no actor or placement group behind

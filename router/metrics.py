@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+WORKER_STATES = ("loading", "ready", "down", "failed")     # router.worker_client.WorkerClient.state
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -55,6 +56,16 @@ class Metrics:
         self.source_accepted_per_pos = Counter("specpool_spec_decode_source_num_accepted_tokens_per_pos",
                                                "Draft tokens accepted, by proposal source and draft position",
                                                ["source", "position"], registry=r)
+
+    def count_replicas(self, pools: dict) -> None:
+        """specpool_worker_replicas{pool, state}: each pool's replicas (lists of worker clients, read at each scrape)
+        by state: loading, ready, down (recovering) or failed (did not load)."""
+        gauge = Gauge("specpool_worker_replicas", "Worker replicas by pool and state (loading, ready, down, failed)",
+                      ["pool", "state"], registry=self.registry)
+        for pool, clients in pools.items():
+            for state in WORKER_STATES:
+                gauge.labels(pool, state).set_function(
+                    lambda clients=clients, state=state: sum(c.state == state for c in clients))
 
     def observe_round(self, round_) -> None:
         """One round (router.speculation.Round)."""

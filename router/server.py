@@ -1,6 +1,7 @@
 """The router's public gRPC server: specpool.v1.Generation, grpc.health.v1 and server reflection.
 
-Health for service "" is NOT_SERVING until every pool has loaded (`Router` attached), then SERVING.
+Health for service "" is NOT_SERVING until the target pool has loaded (`Router` attached), then SERVING; draft
+replicas join as they load (Admin.GetStatus `workers`, metric specpool_worker_replicas{pool,state}).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class Router:
         self.model_info = model_info
         self._rng = rng or random.Random()
         self.metrics = Metrics()
+        self.metrics.count_replicas({"draft": self.drafts, "target": self.targets})
         self.k_selector = KSelector(config.speculation, self.metrics, random.Random(self._rng.getrandbits(64)),
                                     config.draft.ngram_max_tokens)
         self._slots = asyncio.Semaphore(config.router.max_active_requests)
@@ -156,7 +158,9 @@ class Router:
         return {"pool": self.k_selector.pool.snapshot(), "pools": self.k_selector.snapshot(),
                 "active_requests": len(self.k_selector.active),
                 "replicas": {"draft": [c.outstanding for c in self.drafts],
-                             "target": [c.outstanding for c in self.targets]}}
+                             "target": [c.outstanding for c in self.targets]},
+                "workers": {"draft": [c.describe() for c in self.drafts],
+                            "target": [c.describe() for c in self.targets]}}
 
 
 def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool | None = None) -> None:

@@ -13,14 +13,17 @@ from settings.schema import SpecpoolConfig, read_yaml
 
 
 def build_router(config: SpecpoolConfig, pools):
-    from router.launch import launch_more, recover_draft, recover_target
+    from router.launch import launch_more, load_draft, recover_draft, recover_target
     from router.server import Router
     from router.text import load_tokenizer
     from router.worker_client import DraftClient, TargetClient
 
     timeout, ready, host = config.router.worker_timeout_s, config.router.ready_timeout_s, config.ray.node_ip or None
-    drafts = [DraftClient(address, timeout, partial(recover_draft, actor, host, ready), config.tls)
-              for address, actor in zip(pools.draft_addresses, pools.draft_actors)]
+    # The first drafts may still be loading: their clients join the pool as each one loads (until then, rounds
+    # use n-gram proposals where the context matches, else K=0).
+    drafts = [DraftClient(None, timeout, partial(recover_draft, actor, host, ready), config.tls,
+                          load=partial(load_draft, start, f"draft {i}", ready), name=f"draft {i}")
+              for i, (actor, start) in enumerate(zip(pools.draft_actors, pools.draft_starts))]
     targets = [TargetClient(address, timeout, partial(recover_target, ranks, host, ready), config.tls)
                for address, ranks in zip(pools.target_addresses, pools.target_actors)]
 
@@ -39,7 +42,8 @@ def build_router(config: SpecpoolConfig, pools):
 
 
 class Service:
-    """A running specpool: public server up at once (NOT_SERVING), pools launched, then SERVING."""
+    """A running specpool: public server up at once (NOT_SERVING), pools launched, SERVING once the targets have
+    loaded (the drafts join as they load)."""
 
     def __init__(self, config: SpecpoolConfig, quiet: bool = False, keep_ray: bool = False):
         self.config = config
@@ -57,7 +61,7 @@ class Service:
         credentials = server_credentials(self.config.tls, self.config.tls.client_auth)
         self.server, self.port, servicer, self.health = await start_public_server(
             self.config.router.host, self.config.router.port, credentials)
-        print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until pools are ready)",
+        print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until the target pool is ready)",
               flush=True)
         connecting = True
         try:
@@ -75,8 +79,9 @@ class Service:
             self.metrics_port = self.router.metrics.serve(self.config.router.host, self.config.router.metrics_port)
             print(f"[specpool] metrics on http://{self.config.router.host}:{self.metrics_port}/metrics", flush=True)
         await mark_ready(servicer, self.health, self.router)
-        print(f"[specpool] SERVING: {len(self.pools.draft_addresses)} draft, {len(self.pools.target_addresses)} "
-              f"target replica(s) (TP={self.config.target.tensor_parallel_size})", flush=True)
+        print(f"[specpool] SERVING: {len(self.pools.target_addresses)} target replica(s) (TP="
+              f"{self.config.target.tensor_parallel_size}); {len(self.pools.draft_starts)} draft replica(s) join as "
+              f"they load", flush=True)
         return self
 
     async def _start_http(self, servicer) -> None:

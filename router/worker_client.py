@@ -157,12 +157,17 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 class WorkerClient:
     """One worker replica's channel, the number of sessions the router has routed to it, and its
     recovery: after a failure, `recover()` (blocking; it restarts or re-finds the worker through Ray
-    and returns its new address) runs in the background until the worker is back."""
+    and returns its new address) runs in the background until the worker is back.
+
+    `state`: "ready"; "down" (recovering); "loading": made with no address, its first start is still loading its
+    model (`load()`, blocking, returns the address) and it joins once that returns; "failed": it did not load
+    (`error` says why) and stays out of the pool. Only a ready worker is `healthy`."""
 
     RETRY_PAUSE_S = 0.5
 
-    def __init__(self, address: str, stub_class, stream: tuple[str, type], timeout: float,
-                 recover: Callable[[], str] | None = None, tls: TlsConfig | None = None):
+    def __init__(self, address: str | None, stub_class, stream: tuple[str, type], timeout: float,
+                 recover: Callable[[], str] | None = None, tls: TlsConfig | None = None,
+                 load: Callable[[], str] | None = None, name: str = ""):
         self.timeout = timeout
         self._tls = tls
         self.outstanding = 0
@@ -170,7 +175,13 @@ class WorkerClient:
         self._stream_method, self._request_type = stream      # e.g. ("VerifyStream", VerifyRequest)
         self._recover_fn = recover
         self._recovering: asyncio.Task | None = None
-        self._connect(address)
+        self.name, self.error = name or address, ""
+        if address is None:
+            self.state, self.address, self.channel = "loading", "", None
+            self._recovering = asyncio.get_running_loop().create_task(self._load(load))
+        else:
+            self.state = "ready"
+            self._connect(address)
 
     def _connect(self, address: str) -> None:
         self.address = address
@@ -180,11 +191,32 @@ class WorkerClient:
 
     @property
     def healthy(self) -> bool:
-        return self._recovering is None
+        return self.state == "ready"
+
+    def describe(self) -> dict:
+        """For Admin.GetStatus: its state, its address once known and, if it did not load, why."""
+        return {"name": self.name, "state": self.state, "address": self.address,
+                **({"error": self.error} if self.error else {})}
+
+    async def _load(self, load: Callable[[], str]) -> None:
+        """Wait (off the event loop) for the first start to load; then connect, or stay out with the error."""
+        try:
+            address = await in_daemon_thread(load)
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the pool serves on without this worker
+            self.state, self.error = "failed", str(exc)
+            print(f"[specpool] {self.name} did not load and stays out of the pool (restart to retry): {exc}",
+                  flush=True)
+            return
+        finally:
+            self._recovering = None
+        self._connect(address)
+        self.state = "ready"
+        print(f"[specpool] {self.name} loaded, at {address}: it joins the pool", flush=True)
 
     def mark_failed(self) -> None:
         """Start recovering this worker (once, however many requests saw it fail)."""
-        if self._recover_fn is not None and self._recovering is None:
+        if self._recover_fn is not None and self.state == "ready":
+            self.state = "down"
             self._recovering = asyncio.get_running_loop().create_task(self._recover())
 
     async def _recover(self) -> None:
@@ -198,6 +230,7 @@ class WorkerClient:
                     await asyncio.sleep(self.RETRY_PAUSE_S)
             old, old_stream = self.channel, self.stream
             self._connect(address)
+            self.state = "ready"
             old_stream.close()
             await old.close()
         finally:
@@ -209,21 +242,24 @@ class WorkerClient:
             await asyncio.wait_for(asyncio.shield(self._recovering), timeout)
 
     async def release(self, session_id: int) -> None:
+        if self.channel is None:          # still loading (or never loaded): it holds no session
+            return
         await self.stub.Release(worker_pb2.ReleaseRequest(session_id=session_id), timeout=self.timeout)
 
     async def close(self) -> None:
         """Stop any recovery in progress and close the channel (the router is shutting down)."""
         if self._recovering is not None:
             self._recovering.cancel()
-        self.stream.close()
-        await self.channel.close()
+        if self.channel is not None:
+            self.stream.close()
+            await self.channel.close()
 
 
 class DraftClient(WorkerClient):
-    def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None,
-                 tls: TlsConfig | None = None):
+    def __init__(self, address: str | None, timeout: float = 30.0, recover: Callable[[], str] | None = None,
+                 tls: TlsConfig | None = None, load: Callable[[], str] | None = None, name: str = ""):
         super().__init__(address, worker_pb2_grpc.DraftWorkerStub, ("ProposeStream", worker_pb2.ProposeRequest),
-                         timeout, recover, tls)
+                         timeout, recover, tls, load, name)
 
     async def propose(self, session_id: int, tokens: list[int], synced: int, k: int,
                       sampling: generation_pb2.SamplingParams, mode: int, timeout: float):
@@ -250,5 +286,5 @@ class TargetClient(WorkerClient):
 
 
 def least_loaded(clients: list[WorkerClient]) -> WorkerClient:
-    """The replica with the fewest outstanding sessions (first one on ties)."""
-    return min(clients, key=lambda client: client.outstanding)
+    """The replica with the fewest outstanding sessions (first one on ties), a healthy one if any is."""
+    return min(clients, key=lambda client: (not client.healthy, client.outstanding))
