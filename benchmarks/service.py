@@ -77,6 +77,8 @@ class InProcessService:
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.service = asyncio.run_coroutine_threadsafe(Service(config_from_dict(data), keep_ray=True).start(),
                                                         self.loop).result()
+        # measure with the draft pool in, not while it loads (serve starts serving before that)
+        asyncio.run_coroutine_threadsafe(self.service.drafts_loaded(), self.loop).result()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.port}")
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
         self.admin = admin_pb2_grpc.AdminStub(self.channel)

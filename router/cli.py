@@ -127,6 +127,7 @@ def run_generate(args, out=None) -> int:
 async def _demo(config: SpecpoolConfig, args) -> int:
     service = await start_service(config, quiet=True)
     try:
+        await service.drafts_loaded()          # the one request shows speculation with the draft model
         args.address = f"127.0.0.1:{service.port}"
         return await asyncio.to_thread(run_generate, args)
     finally:

@@ -84,6 +84,10 @@ class Service:
               f"they load", flush=True)
         return self
 
+    async def drafts_loaded(self) -> None:
+        """Wait until no draft replica is still loading (each has joined the pool, or failed to load)."""
+        await asyncio.gather(*(draft.wait_recovered(None) for draft in self.router.drafts))
+
     async def _start_http(self, servicer) -> None:
         """The OpenAI-compatible HTTP API on router.host:http.port (503 until the pools are ready)."""
         if self.config.http.port < 0:

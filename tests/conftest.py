@@ -79,14 +79,17 @@ def service_config(pair, **overrides) -> dict:
 
 
 class RunningService:
-    """A specpool Service on its own event loop thread, as `specpool serve` runs it."""
+    """A specpool Service on its own event loop thread, as `specpool serve` runs it; by default it is returned once
+    its draft replicas have loaded too (`specpool serve` serves while they load)."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, drafts_loaded: bool = True):
         from router.service import Service
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.service = self._run(Service(config_from_dict(config)).start())
+        if drafts_loaded:
+            self._run(self.service.drafts_loaded())
         self.address = f"127.0.0.1:{self.service.port}"
         self.channel = grpc.insecure_channel(self.address)
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
@@ -106,8 +109,8 @@ def start_service(ray_local):
     """Start services for one test module; they stop (and free their Ray resources) after it."""
     running = []
 
-    def start(config: dict) -> RunningService:
-        service = RunningService(config)
+    def start(config: dict, drafts_loaded: bool = True) -> RunningService:
+        service = RunningService(config, drafts_loaded)
         running.append(service)
         return service
     yield start

@@ -99,7 +99,7 @@ def test_a_draft_that_fails_to_load_after_serving_stays_out(ray_local, byte_pair
     holder = hold_draft_pool(ray_local)
     # A draft device this machine cannot give: only the draft replica fails (the target holds the draft's LM head
     # on its own device).
-    running = RunningService(config(byte_pair, device="cuda:99"))
+    running = RunningService(config(byte_pair, device="cuda:99"), drafts_loaded=False)
     try:
         assert draft_states(running) == ["loading"]
         release(ray_local, holder)                               # now it loads, after SERVING, and fails
@@ -119,7 +119,7 @@ def test_a_draft_that_fails_to_load_after_serving_stays_out(ray_local, byte_pair
 def test_stop_while_the_draft_is_loading_leaves_no_draft_actor(ray_local, byte_pair):
     holder = hold_draft_pool(ray_local)
     try:
-        running = RunningService(config(byte_pair))
+        running = RunningService(config(byte_pair), drafts_loaded=False)
         assert draft_states(running) == ["loading"]
         tag = running.service.pools.tag
         running.stop()                                           # returns: nothing waits for the draft's load
@@ -144,7 +144,7 @@ def holder(ray_local):
 
 @pytest.fixture(scope="module")
 def service(start_service, byte_pair, holder):
-    return start_service(config(byte_pair))
+    return start_service(config(byte_pair), drafts_loaded=False)
 
 
 def test_served_while_the_draft_loads_with_ngram_rounds_then_the_draft_joins(service, holder, ray_local,
