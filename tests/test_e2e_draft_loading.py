@@ -12,9 +12,11 @@ while a draft's node comes up or its model loads. Freeing the resource lets it l
 - A draft that fails to load after SERVING stays out ("failed", with its error, logged in one line) and requests
   are still served; Service.stop does not wait for a draft that is still loading, and leaves no draft actor.
 """
+import asyncio
 import contextlib
 import dataclasses
 import json
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +25,7 @@ import grpc
 import pytest
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
+from router.worker_client import DraftClient, least_loaded
 from tests.conftest import RunningService, service_config
 
 NONE, MODEL, NGRAM = (generation_pb2.PROPOSAL_SOURCE_NONE, generation_pb2.PROPOSAL_SOURCE_MODEL,
@@ -93,6 +96,30 @@ def check_identical(responses, prompts, reference_generate) -> set:
         assert list(response.token_ids) == reference_generate(prompt, MAX_NEW), prompt
         sources |= set(response.stats.source_per_round)
     return sources
+
+
+def test_a_loading_client_joins_once_loaded_and_one_that_fails_stays_out():
+    """The client's states without Ray: loading (not healthy, not chosen while a ready replica exists), then ready
+    at the address its load returned; a failed load stays out, with the error, and is not recovered."""
+    def broken() -> str:
+        raise RuntimeError("draft 1: no model")
+
+    async def main():
+        gate = threading.Event()
+        joins = DraftClient(None, load=lambda: "127.0.0.1:9" if gate.wait(60) else "", name="draft 0")
+        fails = DraftClient(None, recover=lambda: "127.0.0.1:9", load=broken, name="draft 1")
+        assert (joins.state, joins.healthy, joins.address) == ("loading", False, "")
+        await fails.wait_recovered(10)
+        assert (fails.state, fails.healthy, fails.describe()["error"]) == ("failed", False, "draft 1: no model")
+        fails.mark_failed()                                        # nothing to recover: it never loaded
+        assert fails.state == "failed" and least_loaded([fails, joins]) is fails   # neither healthy: the first
+        gate.set()
+        await joins.wait_recovered(10)
+        assert (joins.state, joins.healthy, joins.address) == ("ready", True, "127.0.0.1:9")
+        assert least_loaded([fails, joins]) is joins
+        await fails.release(1)                                     # holds no session: nothing to call
+        await asyncio.gather(joins.close(), fails.close())
+    asyncio.run(main())
 
 
 def test_a_draft_that_fails_to_load_after_serving_stays_out(ray_local, byte_pair, capfd, reference_generate):
