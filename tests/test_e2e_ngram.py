@@ -1,7 +1,8 @@
 """End to end with prompt-lookup proposals (draft.method ngram and model+ngram) through gRPC, Ray actors and
 the router: greedy output token-for-token identical to transformers generate() of the target alone at TP 1 and
 TP 2, one at a time and concurrently (batched); per-source stats; sampled requests (sampled-draft mode, n-gram
-rounds verified as greedy drafts beside sampled model rounds) follow the target's exact distribution."""
+rounds verified as greedy drafts beside sampled model rounds) follow the target's exact distribution.
+(model+ngram at TP 1, one at a time and batched: tests/test_e2e_draft_loading.py, on its TP 1 service.)"""
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
