@@ -73,18 +73,31 @@ def local(config: SpecpoolConfig) -> bool:
 
 def disconnect() -> None:
     """Stop the local Ray instance this process started, and every process it started: its agents, which Ray
-    leaves to notice their raylet's death on their own (for up to a minute), are ended here, by PID."""
+    leaves to notice their raylet's death on their own (for up to a minute), are ended here, by PID. If one of
+    them has already died (a SIGTERM sent to serve's whole process group reaches Ray's processes too), Ray's own
+    shutdown would wait on it for seconds: then they are all ended first."""
     node = getattr(ray._private.worker, "_global_node", None)
     started = [info.process.pid for infos in (node.all_processes.values() if node else ()) for info in infos]
     processes = []
     for pid in started:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             process = psutil.Process(pid)
             processes += [process, *process.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
+    if any(not running(process) for process in processes):
+        end(processes)
     ray.shutdown()
-    _, alive = psutil.wait_procs(processes, timeout=1)
+    end(processes, wait=1)
+
+
+def running(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return process.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def end(processes: list, wait: float = 0) -> None:
+    """Wait up to `wait` s for `processes` to exit, then terminate and at last kill those still running."""
+    _, alive = psutil.wait_procs(processes, timeout=wait)
     for signal_name in ("terminate", "kill"):
         for process in alive:
             with contextlib.suppress(psutil.NoSuchProcess):

@@ -6,6 +6,7 @@ that joins them. The CLI, the tests and the benchmarks all start one through `Se
 from __future__ import annotations
 
 import asyncio
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -107,11 +108,33 @@ class Service:
         await asyncio.gather(*(server.stop(grace) for server in (self.http, self.server) if server))
         if self.router:
             await self.router.close()
-        if self.pools:
-            await asyncio.to_thread(self.pools.shutdown)
-        if self.owns_ray and not self.keep_ray:
-            from router import launch
-            await asyncio.to_thread(launch.disconnect)      # Ray's processes (and their agents) end with us
+        from router import launch
+        if self.owns_ray and not self.keep_ray:      # Ray's processes, workers and agents end with us, by PID
+            await in_daemon_thread(launch.disconnect, RAY_STOP_S)
+        elif self.pools and not await in_daemon_thread(self.pools.shutdown, RAY_STOP_S):
+            print(f"[specpool] Ray did not remove the pools within {RAY_STOP_S:g}s; going on", flush=True)
+
+
+RAY_STOP_S = 10.0      # how long stopping waits on one call into Ray
+
+
+async def in_daemon_thread(fn, timeout: float) -> bool:
+    """Run fn() on a daemon thread and wait up to `timeout` s; False if it has not returned by then. A call into
+    Ray blocks for good once Ray's GCS or raylet is gone (a SIGTERM sent to serve's whole process group, as
+    systemd and `timeout` do, reaches them too): a daemon thread stuck there does not hold the process open."""
+    loop, done = asyncio.get_running_loop(), asyncio.Event()
+
+    def run() -> None:
+        try:
+            fn()
+        finally:
+            loop.call_soon_threadsafe(done.set)
+    threading.Thread(target=run, name=getattr(fn, "__name__", "ray-call"), daemon=True).start()
+    try:
+        await asyncio.wait_for(done.wait(), timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
 
 
 async def reload_from_file(service: Service, path: str) -> None:

@@ -38,14 +38,14 @@ def wait_for(predicate, timeout: float) -> bool:
     return False
 
 
-def start_serve(path, log_path, channel, ray_tmp: str, attempts: int = 2) -> subprocess.Popen:
+def start_serve(path, log_path, channel, ray_tmp: str, attempts: int = 2, own_group: bool = False) -> subprocess.Popen:
     """`specpool serve` in its own process, once health says SERVING. A serve that dies while its
     local Ray instance starts (seen on an overloaded 2-core machine) is started once more."""
     env = {**os.environ, "RAY_ADDRESS": "", "RAY_TMPDIR": ray_tmp, "RAY_gcs_server_port_wait_time_s": "120"}
     for attempt in range(attempts):
         with open(log_path, "w") as log:
             server = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(path)],
-                                      env=env, stdout=log, stderr=subprocess.STDOUT)
+                                      env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group)
         if wait_for(lambda: server.poll() is not None or health(channel) == health_pb2.HealthCheckResponse.SERVING,
                     240) and server.poll() is None:
             return server
@@ -103,4 +103,29 @@ def test_sigterm_drains_in_flight_requests(tmp_path, byte_pair, reference_genera
         channel.close()
         if server.poll() is None:
             server.kill()
+            server.wait()
+
+
+def test_sigterm_to_the_whole_process_group_does_not_hang(tmp_path, byte_pair, ray_tmp):
+    """systemd (KillMode=control-group), `timeout` and `kill -- -PGID` signal serve's Ray processes too. Ray's
+    agents die at once, and every later call into Ray blocked for good: serve never exited. Now it ends them by
+    PID and exits."""
+    port = free_port()
+    config = service_config(byte_pair, router={"port": port},
+                            ray={"node_ip": "127.0.0.1", "num_cpus": 8,
+                                 "resources": {"draft_pool": 2, "target_pool": 2}})
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    server = start_serve(path, tmp_path / "serve.log", channel, ray_tmp, own_group=True)
+    try:
+        signalled = time.monotonic()
+        os.killpg(server.pid, signal.SIGTERM)
+        assert server.wait(60) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+        assert wait_gone(ray_tmp, 10) == [], "processes serve started outlived it by 10 s"
+        print(f"serve exited {time.monotonic() - signalled:.1f}s after its process group's SIGTERM")
+    finally:
+        channel.close()
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
             server.wait()
