@@ -48,9 +48,15 @@ from dataclasses import dataclass
 
 from settings.schema import ControllerConfig
 
-_RIDGE = 0.01          # added to the variance of forward tokens in the t_verify fit: slope -> 0 while one size was seen
+_RIDGE = 0.01          # added to the variance of each regressor in the timing fits: its slope -> its prior (0 for
+                       # t_verify and the busy term, the mean seconds per token for drafting) while one value was seen
 _MIN_TIME = 1e-12      # floor of T(K), so a model with no timings yet never divides by zero
-_COST_KEYS = ("w", "x", "y", "xx", "xy", "rtt_target", "load", "load_w", "dw", "draft_s", "draft_k", "rtt_draft",
+_BUSY_RIDGE = 0.002    # ... for the busy term of t_verify (a share of plain rounds near 4 % is enough to see it)
+_PLAIN_PROBE_EVERY = 3  # every 3rd probe (from K > 0) is a K = 0 probe, so T(0) is measured, not extrapolated,
+_PLAIN_PROBE_WORTH = 0.6  # ... when plain decoding's modeled goodput is at least this share of K's (else a probe
+                          # costs more than a doubt about T(0) could be worth)
+_COST_KEYS = ("w", "x", "y", "xx", "xy", "z", "zz", "xz", "zy", "rtt_target", "busy_w", "rtt_plain", "plain_w",
+              "load", "load_w", "dw", "draft_s", "draft_k", "draft_kk", "draft_ks", "rtt_draft",
               "guess_tries", "guess_hits")
 
 
@@ -67,6 +73,7 @@ class RoundTimings:
     queue_depth: int = 0                     # verify calls waiting at the target meanwhile
     guess_hit: bool | None = None            # overlap, all K accepted: was the pre-draft's guess of the
                                              # target's next token right (None: no pre-draft was out)
+    predraft_beside: bool = False            # a pre-draft ran on the draft worker while the target verified
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -87,19 +94,26 @@ def _rate(rates: list[float], j: int) -> float:
     return rates[min(j, len(rates) - 1)] if rates else 0.0
 
 
-def round_time(k: int, costs: dict, hit: float | None = None) -> float:
-    """T(K) from a costs() dict. Sequential (hit None): draft path + verify path, where the draft path is
-    [K>0] * (K * t_draft + rtt_draft) and the verify path a + b * load * (K + 1) + rtt_target.
+def round_time(k: int, costs: dict, hit: float | None = None, settle: float = 1.0) -> float:
+    """T(K) from a costs() dict. K = 0 is plain decoding: plain_a + b * load + rtt_plain (a verify with no drafts
+    and nothing running beside it). K > 0, sequential (hit None): the draft path
+    draft_fixed + K * t_draft + rtt_draft, then the verify path a + b * load * (K + 1) + rtt_target.
     Overlapped, with `hit` = h(K) the chance that a round's drafts were pre-drafted while the previous round
-    verified: every round waits for the longer of its verify and the pre-draft of K + 1 tokens running beside
-    it, and only a miss (1 - h) pays the draft path on the critical path."""
-    draft = k * costs["t_draft"] + costs["rtt_draft"] if k > 0 else 0.0
-    verify = max(costs["t_verify_a"] + costs["t_verify_b"] * costs.get("load", 1.0) * (k + 1), 0.0) \
-        + costs["rtt_target"]
-    if hit is None or k == 0:
+    verified, and `settle` the chance that the round waits for its own pre-draft (of K + 1 tokens, sent beside
+    the verify): a verdict that rejects a draft cancels the pre-draft, one that accepts all K waits for it if it
+    is still running; only a miss (1 - h) pays the draft path on the critical path."""
+    load = costs.get("load", 1.0)
+    if k == 0:
+        plain_a = costs.get("plain_a", costs["t_verify_a"])
+        return max(max(plain_a + costs["t_verify_b"] * load, 0.0) + costs.get("rtt_plain", costs["rtt_target"]),
+                   _MIN_TIME)
+    fixed = costs.get("draft_fixed", 0.0) + costs["rtt_draft"]
+    draft = fixed + k * costs["t_draft"]
+    verify = max(costs["t_verify_a"] + costs["t_verify_b"] * load * (k + 1), 0.0) + costs["rtt_target"]
+    if hit is None:
         return max(draft + verify, _MIN_TIME)
-    predraft = draft + costs["t_draft"]
-    return max(max(verify, predraft) + (1.0 - hit) * draft, _MIN_TIME)
+    predraft = fixed + (k + 1) * costs["t_draft"]
+    return max(verify + settle * max(predraft - verify, 0.0) + (1.0 - hit) * draft, _MIN_TIME)
 
 
 def _decay_add(sums: dict, decay: float, **values: float) -> None:
@@ -113,16 +127,39 @@ def _log_likelihood(successes: int, n: int, p: float) -> float:
     return (successes * math.log(p) if successes else 0.0) + (failures * math.log(1.0 - p) if failures else 0.0)
 
 
-def _fit_line(sums: dict) -> tuple[float, float]:
-    """Weighted ridge least squares of verify seconds on forward tokens: (intercept a, slope b >= 0)."""
-    w = sums["w"]
+def _fit_line(w: float, sx: float, sy: float, sxx: float, sxy: float,
+              prior_slope: float | None = None) -> tuple[float, float]:
+    """Weighted ridge least squares of y on x from decayed sums: (intercept, slope >= 0). The ridge pulls the
+    slope towards `prior_slope` (None: 0) while x has barely varied; a slope towards mean y / mean x (a line
+    through the origin) keeps the intercept >= 0."""
     if w <= 0:
         return 0.0, 0.0
-    mean_x, mean_y = sums["x"] / w, sums["y"] / w
-    var_x = max(sums["xx"] / w - mean_x * mean_x, 0.0)
-    cov_xy = sums["xy"] / w - mean_x * mean_y
-    slope = max(cov_xy / (var_x + _RIDGE), 0.0)
+    mean_x, mean_y = sx / w, sy / w
+    var_x = max(sxx / w - mean_x * mean_x, 0.0)
+    cov_xy = sxy / w - mean_x * mean_y
+    prior = 0.0 if prior_slope is None else prior_slope
+    slope = max((cov_xy + _RIDGE * prior) / (var_x + _RIDGE), 0.0)
+    if prior_slope is not None and mean_x > 0:
+        slope = min(slope, mean_y / mean_x)
     return mean_y - slope * mean_x, slope
+
+
+def _fit_verify(c: dict) -> tuple[float, float, float]:
+    """verify seconds = a + b * (forward tokens) + busy * [drafts in the forward or a pre-draft beside it], by
+    weighted ridge least squares (b clamped >= 0): (a, b, busy). With drafts and verify sharing cores, a
+    verify costs more than its extra tokens explain; this term keeps that out of T(0)."""
+    w = c["w"]
+    if w <= 0:
+        return 0.0, 0.0, 0.0
+    mx, mz, my = c["x"] / w, c["z"] / w, c["y"] / w
+    vxx, vzz = c["xx"] / w - mx * mx + _RIDGE, c["zz"] / w - mz * mz + _BUSY_RIDGE
+    vxz, vxy, vzy = c["xz"] / w - mx * mz, c["xy"] / w - mx * my, c["zy"] / w - mz * my
+    det = vxx * vzz - vxz * vxz
+    b = (vxy * vzz - vxz * vzy) / det
+    if b < 0:
+        b = 0.0
+    busy = (vzy - vxz * b) / vzz
+    return my - b * mx - busy * mz, b, busy
 
 
 class KController:
@@ -134,6 +171,8 @@ class KController:
         self._rng = rng if rng is not None else random.Random()
         self._k = self.config.k
         self._probing = False
+        self._probes = 0
+        self._hold_plain = False
         self._calls = 0
         self._next_probe = 0
         self._rounds = 0
@@ -174,6 +213,9 @@ class KController:
             self._threshold_step()
         elif self._rounds >= max(self.config.warmup_rounds, 1):
             self._goodput_step()
+        if self._hold_plain:                  # the second round of a K = 0 probe with overlap on (see _probe_k)
+            self._hold_plain, self._probing = False, self._k != 0
+            return 0
         if self._probe_due():
             probe = self._probe_k()
             self._probing = probe != self._k
@@ -199,14 +241,19 @@ class KController:
                 for n, s in zip(self._attempts, self._accepts)]
 
     def costs(self) -> dict:
-        """Current cost estimates in seconds: t_draft per token, t_verify = a + b * (forward tokens), both round
-        trips, and the load (rows per target forward)."""
+        """Current cost estimates in seconds: drafting draft_fixed + t_draft per token, t_verify = a + b * (forward
+        tokens) with drafts, plain_a + b with none (K = 0, nothing beside it), both round trips (rtt_plain: the
+        target's at K = 0), and the load (rows per target forward)."""
         c = self._cost
-        a, b = _fit_line(c)
-        return {"t_draft": c["draft_s"] / c["draft_k"] if c["draft_k"] > 0 else 0.0,
-                "t_verify_a": a, "t_verify_b": b,
+        a, b, busy = _fit_verify(c)
+        ratio = c["draft_s"] / c["draft_k"] if c["draft_k"] > 0 else 0.0
+        fixed, t_draft = _fit_line(c["dw"], c["draft_k"], c["draft_s"], c["draft_kk"], c["draft_ks"], ratio)
+        rtt_target = c["rtt_target"] / c["busy_w"] if c["busy_w"] > 0 else 0.0
+        return {"t_draft": t_draft, "draft_fixed": fixed,
+                "t_verify_a": a + busy, "t_verify_b": b, "plain_a": a,
                 "rtt_draft": c["rtt_draft"] / c["dw"] if c["dw"] > 0 else 0.0,
-                "rtt_target": c["rtt_target"] / c["w"] if c["w"] > 0 else 0.0,
+                "rtt_target": rtt_target if c["busy_w"] > 0 or c["plain_w"] <= 0 else c["rtt_plain"] / c["plain_w"],
+                "rtt_plain": c["rtt_plain"] / c["plain_w"] if c["plain_w"] > 0 else rtt_target,
                 "load": c["load"] / c["load_w"] if c["load_w"] > 0 else 1.0}
 
     def guess_rate(self) -> float:
@@ -229,8 +276,10 @@ class KController:
         """Modeled goodput E[K] / T(K) (tokens per second) for each K in [k_min, k_max]; with overlap on,
         T(K) counts the draft path only on a miss (1 - h(K))."""
         rates, costs = self.acceptance(), self.costs()
-        overlap = self.config.overlap
-        return {k: expected_tokens(rates, k) / round_time(k, costs, self.hit_rate(k, rates) if overlap else None)
+        if not self.config.overlap:
+            return {k: expected_tokens(rates, k) / round_time(k, costs)
+                    for k in range(self.config.k_min, self.config.k_max + 1)}
+        return {k: expected_tokens(rates, k) / round_time(k, costs, self.hit_rate(k, rates), all_accepted(rates, k))
                 for k in range(self.config.k_min, self.config.k_max + 1)}
 
     def snapshot(self) -> dict:
@@ -278,12 +327,26 @@ class KController:
         return True
 
     def _probe_k(self) -> int:
+        """K+1 (K-1 at k_max); of the goodput policy, every _PLAIN_PROBE_EVERY-th probe from K > 0 is K = 0 (k_min 0): with overlap on
+        for two rounds, since the first one's verify runs beside the pre-draft its predecessor sent, and only
+        the second is plain decoding as K = 0 would run it (what T(0) must be measured on)."""
         low, high = self.config.k_min, self.config.k_max
         if low == high:
             return self._k
+        self._probes += 1
+        if self._probes % _PLAIN_PROBE_EVERY == 0 and self._plain_in_doubt():
+            self._hold_plain = self.config.overlap
+            return 0
         if self._rng.random() < self.config.random_probe:
             return self._rng.choice([k for k in range(low, high + 1) if k != self._k])
         return self._k + 1 if self._k < high else self._k - 1
+
+    def _plain_in_doubt(self) -> bool:
+        """Whether K = 0 is worth a probe: goodput policy, k_min 0, K > 0, and plain decoding modeled close."""
+        if self.config.policy != "goodput" or not self.config.k_min == 0 < self._k:
+            return False
+        curve = self.goodput_curve()
+        return curve[0] >= _PLAIN_PROBE_WORTH * curve[self._k]
 
     # -- statistics --------------------------------------------------------------------------------------------
 
@@ -325,15 +388,20 @@ class KController:
 
     def _record_costs(self, k: int, t: RoundTimings) -> None:
         decay = 1.0 - 1.0 / self.config.cost_window
-        tokens, verify_s = t.batch_tokens or k + 1, t.verify_seconds
+        tokens, verify_s, busy = t.batch_tokens or k + 1, t.verify_seconds, float(k > 0 or t.predraft_beside)
         _decay_add(self._cost, decay, w=1.0, x=tokens, y=verify_s, xx=tokens * tokens, xy=tokens * verify_s,
-                   rtt_target=t.rtt_seconds)
+                   z=busy, zz=busy, xz=tokens * busy, zy=busy * verify_s)
+        if busy:
+            _decay_add(self._cost, decay, busy_w=1.0, rtt_target=t.rtt_seconds)
+        else:
+            _decay_add(self._cost, decay, plain_w=1.0, rtt_plain=t.rtt_seconds)
         load_decay = 1.0 - 1.0 / self.config.load_window
         _decay_add(self._cost, load_decay, load=max(t.batch_size, 1) + t.queue_depth, load_w=1.0)
         drafted = k if t.draft_tokens is None else t.draft_tokens
         if drafted > 0:
             rtt_draft = t.rtt_seconds if t.draft_rtt_seconds is None else t.draft_rtt_seconds
-            _decay_add(self._cost, decay, dw=1.0, draft_s=t.draft_seconds, draft_k=drafted, rtt_draft=rtt_draft)
+            _decay_add(self._cost, decay, dw=1.0, draft_s=t.draft_seconds, draft_k=drafted, rtt_draft=rtt_draft,
+                       draft_kk=drafted * drafted, draft_ks=drafted * t.draft_seconds)
         if t.guess_hit is not None:
             _decay_add(self._cost, decay, guess_tries=1.0, guess_hits=float(t.guess_hit))
 

@@ -249,6 +249,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
         await cancel(ahead)
         raise
     drafts, accepted = proposal.tokens, verdict.num_accepted
+    timings.predraft_beside = ahead is not None
     round_ = Round(drafts, accepted, drafts[:accepted] + [verdict.next_token_id], timings, ready is not None,
                    ahead is not None, source=proposal.source if drafts else source)
     if ready is not None:
