@@ -165,8 +165,13 @@ def _fit_verify(c: dict) -> tuple[float, float, float]:
 class KController:
     """Chooses K before each round (choose_k) and learns from each round's outcome and timings (observe)."""
 
-    def __init__(self, config: ControllerConfig | None = None, rng: random.Random | None = None):
+    def __init__(self, config: ControllerConfig | None = None, rng: random.Random | None = None,
+                 cost_source: "KController | None" = None):
+        """`cost_source`: another controller whose costs() this one uses instead of learning its own (a request's
+        controller takes its pool's: what a call costs is the deployment's, not the request's, and a short
+        request would not see enough plain rounds to measure T(0))."""
         self.config = config if config is not None else ControllerConfig()
+        self._cost_source = cost_source
         self.config.validate()
         self._rng = rng if rng is not None else random.Random()
         self._k = self.config.k
@@ -230,7 +235,11 @@ class KController:
         self._rounds += 1
         self._drafting += k > 0
         self._record_acceptance(k, num_accepted)
-        self._record_costs(k, timings if timings is not None else RoundTimings())
+        if self._cost_source is None:
+            self._record_costs(k, timings if timings is not None else RoundTimings())
+        elif timings is not None and timings.guess_hit is not None:      # the guess rate is the request's own
+            _decay_add(self._cost, 1.0 - 1.0 / self.config.cost_window, guess_tries=1.0,
+                       guess_hits=float(timings.guess_hit))
 
     def acceptance(self) -> list[float]:
         """Estimated a_j for j in 0..k_max-1, each shrunk towards the rate pooled over all positions."""
@@ -244,6 +253,8 @@ class KController:
         """Current cost estimates in seconds: drafting draft_fixed + t_draft per token, t_verify = a + b * (forward
         tokens) with drafts, plain_a + b with none (K = 0, nothing beside it), both round trips (rtt_plain: the
         target's at K = 0), and the load (rows per target forward)."""
+        if self._cost_source is not None:
+            return self._cost_source.costs()
         c = self._cost
         a, b, busy = _fit_verify(c)
         ratio = c["draft_s"] / c["draft_k"] if c["draft_k"] > 0 else 0.0
