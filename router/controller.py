@@ -55,6 +55,10 @@ _BUSY_RIDGE = 0.002    # ... for the busy term of t_verify (a share of plain rou
 _PLAIN_PROBE_EVERY = 3  # every 3rd probe (from K > 0) is a K = 0 probe, so T(0) is measured, not extrapolated,
 _PLAIN_PROBE_WORTH = 0.6  # ... when plain decoding's modeled goodput is at least this share of K's (else a probe
                           # costs more than a doubt about T(0) could be worth)
+_FAR_BELOW = 0.85      # a probe of a K whose modeled goodput is below this share of the current K's ...
+_FAR_PROBE_SKIP = 0.5  # ... is skipped with this chance, unless the last drafting round accepted all its drafts
+                       # against the model's odds (at K = 0 with a draft that does not pay, probes of K = 1 are most
+                       # of what speculation costs; a rise in acceptance shows as such surprises, and stops skipping)
 _COST_KEYS = ("w", "x", "y", "xx", "xy", "z", "zz", "xz", "zy", "rtt_target", "busy_w", "rtt_plain", "plain_w",
               "load", "load_w", "dw", "draft_s", "draft_k", "draft_kk", "draft_ks", "rtt_draft",
               "guess_tries", "guess_hits")
@@ -178,6 +182,7 @@ class KController:
         self._probing = False
         self._probes = 0
         self._hold_plain = False
+        self._surprised = False               # the last round with K > 0 accepted all its drafts, modeled < 1/2
         self._calls = 0
         self._next_probe = 0
         self._rounds = 0
@@ -223,6 +228,9 @@ class KController:
             return 0
         if self._probe_due():
             probe = self._probe_k()
+            if not self._surprised and self._far_below(probe) and self._rng.random() < _FAR_PROBE_SKIP:
+                self._hold_plain = False
+                return self._k
             self._probing = probe != self._k
             return probe
         return self._k
@@ -234,6 +242,8 @@ class KController:
             raise ValueError(f"observe: need 0 <= num_accepted <= k (got k={k}, num_accepted={num_accepted})")
         self._rounds += 1
         self._drafting += k > 0
+        if k > 0:
+            self._surprised = num_accepted == k and all_accepted(self.acceptance(), k) < 0.5
         self._record_acceptance(k, num_accepted)
         if self._cost_source is None:
             self._record_costs(k, timings if timings is not None else RoundTimings())
@@ -351,6 +361,12 @@ class KController:
         if self._rng.random() < self.config.random_probe:
             return self._rng.choice([k for k in range(low, high + 1) if k != self._k])
         return self._k + 1 if self._k < high else self._k - 1
+
+    def _far_below(self, probe: int) -> bool:
+        if self.config.policy != "goodput" or probe == self._k:
+            return False
+        curve = self.goodput_curve()
+        return curve[probe] < _FAR_BELOW * curve[self._k]
 
     def _plain_in_doubt(self) -> bool:
         """Whether K = 0 is worth a probe: goodput policy, k_min 0, K > 0, and plain decoding modeled close."""

@@ -84,11 +84,16 @@ class KSelector:
         return self.controller(state, source).choose_k()
 
     def choose_source(self, state: RequestState, candidates: list[int]) -> int:
-        """The candidate with the highest modeled goodput; with chance random_probe (a probe) another one."""
+        """The candidate with the highest modeled goodput; with chance random_probe (a probe) another one, or a
+        fifth of that if the other one holds K = 0 (a round it would run as plain decoding teaches it nothing,
+        and that chance only keeps its own K probes going)."""
         best = max(candidates, key=lambda s: max(self.controller(state, s).goodput_curve().values()))
-        if self.config.probe_every and self._rng.random() < self.config.random_probe:
-            return self._rng.choice([s for s in candidates if s != best])
-        return best
+        others = [s for s in candidates if s != best]
+        if not self.config.probe_every or not others:
+            return best
+        other = self._rng.choice(others)
+        chance = self.config.random_probe * (1.0 if self.controller(state, other).k > 0 else 0.2)
+        return other if self._rng.random() < chance else best
 
     @property
     def overlap(self) -> bool:
