@@ -55,11 +55,8 @@ _BUSY_RIDGE = 0.002    # ... for the busy term of t_verify (a share of plain rou
 _PLAIN_PROBE_EVERY = 3  # every 3rd probe (from K > 0) is a K = 0 probe, so T(0) is measured, not extrapolated,
 _PLAIN_PROBE_WORTH = 0.6  # ... when plain decoding's modeled goodput is at least this share of K's (else a probe
                           # costs more than a doubt about T(0) could be worth)
-_FAR_BELOW = 0.85      # a probe of a K whose modeled goodput is below this share of the current K's ...
-_FAR_PROBE_SKIP = 0.5  # ... is skipped with this chance, unless the last drafting round accepted all its drafts
-                       # against the model's odds (at K = 0 with a draft that does not pay, probes of K = 1 are most
-                       # of what speculation costs; a rise in acceptance shows as such surprises, and stops skipping)
 _COST_KEYS = ("w", "x", "y", "xx", "xy", "z", "zz", "xz", "zy", "rtt_target", "busy_w", "rtt_plain", "plain_w",
+              "between", "between_w",
               "load", "load_w", "dw", "draft_s", "draft_k", "draft_kk", "draft_ks", "rtt_draft",
               "guess_tries", "guess_hits")
 
@@ -78,6 +75,8 @@ class RoundTimings:
     guess_hit: bool | None = None            # overlap, all K accepted: was the pre-draft's guess of the
                                              # target's next token right (None: no pre-draft was out)
     predraft_beside: bool = False            # a pre-draft ran on the draft worker while the target verified
+    between_seconds: float | None = None     # the router's time from the request's previous round to this one
+                                             # (commit, stream the tokens out, choose K; None: first round)
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -105,19 +104,23 @@ def round_time(k: int, costs: dict, hit: float | None = None, settle: float = 1.
     Overlapped, with `hit` = h(K) the chance that a round's drafts were pre-drafted while the previous round
     verified, and `settle` the chance that the round waits for its own pre-draft (of K + 1 tokens, sent beside
     the verify): a verdict that rejects a draft cancels the pre-draft, one that accepts all K waits for it if it
-    is still running; only a miss (1 - h) pays the draft path on the critical path."""
+    is still running; only a miss (1 - h) pays the draft path on the critical path. Every K also pays `between`:
+    the router's time between two rounds of a request (more rounds per token at small K pay it more often)."""
+    return max(costs.get("between", 0.0) + _round_path(k, costs, hit, settle), _MIN_TIME)
+
+
+def _round_path(k: int, costs: dict, hit: float | None, settle: float) -> float:
     load = costs.get("load", 1.0)
     if k == 0:
         plain_a = costs.get("plain_a", costs["t_verify_a"])
-        return max(max(plain_a + costs["t_verify_b"] * load, 0.0) + costs.get("rtt_plain", costs["rtt_target"]),
-                   _MIN_TIME)
+        return max(plain_a + costs["t_verify_b"] * load, 0.0) + costs.get("rtt_plain", costs["rtt_target"])
     fixed = costs.get("draft_fixed", 0.0) + costs["rtt_draft"]
     draft = fixed + k * costs["t_draft"]
     verify = max(costs["t_verify_a"] + costs["t_verify_b"] * load * (k + 1), 0.0) + costs["rtt_target"]
     if hit is None:
-        return max(draft + verify, _MIN_TIME)
+        return draft + verify
     predraft = fixed + (k + 1) * costs["t_draft"]
-    return max(verify + settle * max(predraft - verify, 0.0) + (1.0 - hit) * draft, _MIN_TIME)
+    return verify + settle * max(predraft - verify, 0.0) + (1.0 - hit) * draft
 
 
 def _decay_add(sums: dict, decay: float, **values: float) -> None:
@@ -182,7 +185,6 @@ class KController:
         self._probing = False
         self._probes = 0
         self._hold_plain = False
-        self._surprised = False               # the last round with K > 0 accepted all its drafts, modeled < 1/2
         self._calls = 0
         self._next_probe = 0
         self._rounds = 0
@@ -228,9 +230,6 @@ class KController:
             return 0
         if self._probe_due():
             probe = self._probe_k()
-            if not self._surprised and self._far_below(probe) and self._rng.random() < _FAR_PROBE_SKIP:
-                self._hold_plain = False
-                return self._k
             self._probing = probe != self._k
             return probe
         return self._k
@@ -242,8 +241,6 @@ class KController:
             raise ValueError(f"observe: need 0 <= num_accepted <= k (got k={k}, num_accepted={num_accepted})")
         self._rounds += 1
         self._drafting += k > 0
-        if k > 0:
-            self._surprised = num_accepted == k and all_accepted(self.acceptance(), k) < 0.5
         self._record_acceptance(k, num_accepted)
         if self._cost_source is None:
             self._record_costs(k, timings if timings is not None else RoundTimings())
@@ -275,6 +272,7 @@ class KController:
                 "rtt_draft": c["rtt_draft"] / c["dw"] if c["dw"] > 0 else 0.0,
                 "rtt_target": rtt_target if c["busy_w"] > 0 or c["plain_w"] <= 0 else c["rtt_plain"] / c["plain_w"],
                 "rtt_plain": c["rtt_plain"] / c["plain_w"] if c["plain_w"] > 0 else rtt_target,
+                "between": c["between"] / c["between_w"] if c["between_w"] > 0 else 0.0,
                 "load": c["load"] / c["load_w"] if c["load_w"] > 0 else 1.0}
 
     def guess_rate(self) -> float:
@@ -362,12 +360,6 @@ class KController:
             return self._rng.choice([k for k in range(low, high + 1) if k != self._k])
         return self._k + 1 if self._k < high else self._k - 1
 
-    def _far_below(self, probe: int) -> bool:
-        if self.config.policy != "goodput" or probe == self._k:
-            return False
-        curve = self.goodput_curve()
-        return curve[probe] < _FAR_BELOW * curve[self._k]
-
     def _plain_in_doubt(self) -> bool:
         """Whether K = 0 is worth a probe: goodput policy, k_min 0, K > 0, and plain decoding modeled close."""
         if self.config.policy != "goodput" or not self.config.k_min == 0 < self._k:
@@ -422,6 +414,8 @@ class KController:
             _decay_add(self._cost, decay, busy_w=1.0, rtt_target=t.rtt_seconds)
         else:
             _decay_add(self._cost, decay, plain_w=1.0, rtt_plain=t.rtt_seconds)
+        if t.between_seconds is not None:
+            _decay_add(self._cost, decay, between=t.between_seconds, between_w=1.0)
         load_decay = 1.0 - 1.0 / self.config.load_window
         _decay_add(self._cost, load_decay, load=max(t.batch_size, 1) + t.queue_depth, load_w=1.0)
         drafted = k if t.draft_tokens is None else t.draft_tokens

@@ -360,13 +360,16 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
     """Run rounds until the request finishes, yielding each round's committed tokens. With overlap on,
     each model round pre-drafts the next one (its K chosen now) while the target verifies.
     Both workers' caches for this session are released however the request ends."""
-    ready, planned = None, None
+    ready, planned, ended = None, None, None
     try:
         while not state.finish_reason:
+            between = None if ended is None else time.perf_counter() - ended
             source, k = (MODEL, len(ready.tokens)) if ready else plan_round(state, draft, policy, planned)
             overlap = policy.overlap and source == MODEL
             next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source)
+            ended = time.perf_counter()
+            round_.timings.between_seconds = between
             policy.observe(state, round_)
             yield commit(state, round_.committed)
             planned = next_k if overlap else None

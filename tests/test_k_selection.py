@@ -165,9 +165,9 @@ def method_run(method: str, rounds: int = 3000) -> tuple[float, dict]:
         draft_s = MEASURED.draft(k) if k and source == MODEL else 1e-3 * k
         draft_rtt = MEASURED.draft_rtt if k and source == MODEL else 0.0
         verify_s, rtt = MEASURED.verify(k, False)
-        selector.observe(state, Round([0] * k, accepted, [0] * (accepted + 1),
-                                      RoundTimings(draft_s, None, draft_rtt, verify_s, rtt), source=source))
-        tokens, elapsed = tokens + accepted + 1, elapsed + draft_s + draft_rtt + verify_s + rtt
+        timings = RoundTimings(draft_s, None, draft_rtt, verify_s, rtt, between_seconds=MEASURED.between)
+        selector.observe(state, Round([0] * k, accepted, [0] * (accepted + 1), timings, source=source))
+        tokens, elapsed = tokens + accepted + 1, elapsed + MEASURED.between + draft_s + draft_rtt + verify_s + rtt
         used[(source, k > 0)] = used.get((source, k > 0), 0) + 1
     return tokens / elapsed, used
 
