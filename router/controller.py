@@ -51,6 +51,8 @@ from settings.schema import ControllerConfig
 _RIDGE = 0.01          # added to the variance of each regressor in the timing fits: its slope -> its prior (0 for
                        # t_verify and the busy term, the mean seconds per token for drafting) while one value was seen
 _MIN_TIME = 1e-12      # floor of T(K), so a model with no timings yet never divides by zero
+_CATCH_UP = {"draft": 2, "target": 1}   # more than this many tokens to absorb first (a prompt's prefill, a draft
+                                        # back after rounds at K = 0): the call's time says nothing of a round's
 _BUSY_RIDGE = 0.002    # ... for the busy term of t_verify (a share of plain rounds near 4 % is enough to see it)
 _PLAIN_PROBE_EVERY = 3  # every 3rd probe (from K > 0) is a K = 0 probe, so T(0) is measured, not extrapolated,
 _PLAIN_PROBE_WORTH = 0.6  # ... when plain decoding's modeled goodput is at least this share of K's (else a probe
@@ -77,6 +79,8 @@ class RoundTimings:
     predraft_beside: bool = False            # a pre-draft ran on the draft worker while the target verified
     between_seconds: float | None = None     # the router's time from the request's previous round to this one
                                              # (commit, stream the tokens out, choose K; None: first round)
+    draft_catch_up: int = 0                  # committed tokens the draft absorbed before drafting (steady: <= 2)
+    target_catch_up: int = 0                 # committed tokens the target absorbed besides the drafts (steady: 1)
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -406,7 +410,25 @@ class KController:
             self._accepts[j] += sign * (j < accepted)
 
     def _record_costs(self, k: int, t: RoundTimings) -> None:
+        """Learn from the round's timings; a call that first absorbed a backlog of committed tokens (a prompt's
+        prefill, the draft after rounds at K = 0) is left out of its cost estimates: it is paid once, not per
+        round, and counting it would make K = 0 look cheaper the longer the controller stays there."""
         decay = 1.0 - 1.0 / self.config.cost_window
+        if t.target_catch_up <= _CATCH_UP["target"]:
+            self._record_verify(k, t, decay)
+        if t.between_seconds is not None:
+            _decay_add(self._cost, decay, between=t.between_seconds, between_w=1.0)
+        load_decay = 1.0 - 1.0 / self.config.load_window
+        _decay_add(self._cost, load_decay, load=max(t.batch_size, 1) + t.queue_depth, load_w=1.0)
+        drafted = k if t.draft_tokens is None else t.draft_tokens
+        if drafted > 0 and t.draft_catch_up <= _CATCH_UP["draft"]:
+            rtt_draft = t.rtt_seconds if t.draft_rtt_seconds is None else t.draft_rtt_seconds
+            _decay_add(self._cost, decay, dw=1.0, draft_s=t.draft_seconds, draft_k=drafted, rtt_draft=rtt_draft,
+                       draft_kk=drafted * drafted, draft_ks=drafted * t.draft_seconds)
+        if t.guess_hit is not None:
+            _decay_add(self._cost, decay, guess_tries=1.0, guess_hits=float(t.guess_hit))
+
+    def _record_verify(self, k: int, t: RoundTimings, decay: float) -> None:
         tokens, verify_s, busy = t.batch_tokens or k + 1, t.verify_seconds, float(k > 0 or t.predraft_beside)
         _decay_add(self._cost, decay, w=1.0, x=tokens, y=verify_s, xx=tokens * tokens, xy=tokens * verify_s,
                    z=busy, zz=busy, xz=tokens * busy, zy=busy * verify_s)
@@ -414,17 +436,6 @@ class KController:
             _decay_add(self._cost, decay, busy_w=1.0, rtt_target=t.rtt_seconds)
         else:
             _decay_add(self._cost, decay, plain_w=1.0, rtt_plain=t.rtt_seconds)
-        if t.between_seconds is not None:
-            _decay_add(self._cost, decay, between=t.between_seconds, between_w=1.0)
-        load_decay = 1.0 - 1.0 / self.config.load_window
-        _decay_add(self._cost, load_decay, load=max(t.batch_size, 1) + t.queue_depth, load_w=1.0)
-        drafted = k if t.draft_tokens is None else t.draft_tokens
-        if drafted > 0:
-            rtt_draft = t.rtt_seconds if t.draft_rtt_seconds is None else t.draft_rtt_seconds
-            _decay_add(self._cost, decay, dw=1.0, draft_s=t.draft_seconds, draft_k=drafted, rtt_draft=rtt_draft,
-                       draft_kk=drafted * drafted, draft_ks=drafted * t.draft_seconds)
-        if t.guess_hit is not None:
-            _decay_add(self._cost, decay, guess_tries=1.0, guess_hits=float(t.guess_hit))
 
     def _resize_positions(self) -> None:
         """Size the per-position counts for k_max and recount them from the window of rounds."""

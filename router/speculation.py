@@ -239,6 +239,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     with `next_k` > 0 after model drafts, pre-draft the next round meanwhile. Returns the round and the next
     round's drafts if the pre-draft matched the verdict."""
     before, started = len(state.tokens), time.perf_counter()
+    catch_up = (0 if ready is not None else before - state.draft_synced, before - state.target_synced)
     proposal = ready if ready is not None else await propose(state, draft, k, source)
     from_model = proposal.source == MODEL and bool(proposal.tokens)
     ahead = predraft(state, draft, proposal.tokens, clamp_k(state, next_k, len(proposal.tokens) + 1)) \
@@ -250,6 +251,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
         raise
     drafts, accepted = proposal.tokens, verdict.num_accepted
     timings.predraft_beside = ahead is not None
+    timings.draft_catch_up, timings.target_catch_up = catch_up
     round_ = Round(drafts, accepted, drafts[:accepted] + [verdict.next_token_id], timings, ready is not None,
                    ahead is not None, source=proposal.source if drafts else source)
     if ready is not None:
