@@ -177,12 +177,13 @@ class KController:
     """Chooses K before each round (choose_k) and learns from each round's outcome and timings (observe)."""
 
     def __init__(self, config: ControllerConfig | None = None, rng: random.Random | None = None,
-                 cost_source: "KController | None" = None):
-        """`cost_source`: another controller whose costs() this one uses instead of learning its own (a request's
-        controller takes its pool's: what a call costs is the deployment's, not the request's, and a short
-        request would not see enough plain rounds to measure T(0))."""
+                 pool: "KController | None" = None):
+        """`pool`: a controller over more traffic (a request's controller gets its pool's). Then costs() are the
+        pool's (what a call costs is the deployment's, not the request's, and a short request would not see
+        enough plain rounds to measure T(0)), and each a_j is shrunk towards the pool's a_j instead of
+        towards prior_acceptance (a request that has drafted 16 rounds is not a blank slate)."""
         self.config = config if config is not None else ControllerConfig()
-        self._cost_source = cost_source
+        self._pool = pool
         self.config.validate()
         self._rng = rng if rng is not None else random.Random()
         self._k = self.config.k
@@ -246,15 +247,20 @@ class KController:
         self._rounds += 1
         self._drafting += k > 0
         self._record_acceptance(k, num_accepted)
-        if self._cost_source is None:
+        if self._pool is None:
             self._record_costs(k, timings if timings is not None else RoundTimings())
         elif timings is not None and timings.guess_hit is not None:      # the guess rate is the request's own
             _decay_add(self._cost, 1.0 - 1.0 / self.config.cost_window, guess_tries=1.0,
                        guess_hits=float(timings.guess_hit))
 
     def acceptance(self) -> list[float]:
-        """Estimated a_j for j in 0..k_max-1, each shrunk towards the rate pooled over all positions."""
+        """Estimated a_j for j in 0..k_max-1, each shrunk towards the rate pooled over all positions (with a
+        pool: towards the pool's a_j)."""
         weight, prior = self.config.prior_weight, self.config.prior_acceptance
+        if self._pool is not None:
+            priors = self._pool.acceptance()
+            return [(s + weight * _rate(priors, j)) / (n + weight) if n + weight > 0 else _rate(priors, j)
+                    for j, (n, s) in enumerate(zip(self._attempts, self._accepts))]
         attempts, accepts = sum(self._attempts), sum(self._accepts)
         pooled = (accepts + weight * prior) / (attempts + weight) if attempts + weight > 0 else prior
         return [(s + weight * pooled) / (n + weight) if n + weight > 0 else pooled
@@ -264,8 +270,8 @@ class KController:
         """Current cost estimates in seconds: drafting draft_fixed + t_draft per token, t_verify = a + b * (forward
         tokens) with drafts, plain_a + b with none (K = 0, nothing beside it), both round trips (rtt_plain: the
         target's at K = 0), and the load (rows per target forward)."""
-        if self._cost_source is not None:
-            return self._cost_source.costs()
+        if self._pool is not None:
+            return self._pool.costs()
         c = self._cost
         a, b, busy = _fit_verify(c)
         ratio = c["draft_s"] / c["draft_k"] if c["draft_k"] > 0 else 0.0

@@ -6,9 +6,10 @@ are often the target's argmax but rarely its sample at a high temperature). So t
 per (source, regime), and a sampled request is never given a K learned from greedy traffic. A request also keeps
 its own controller per source, and uses it once it has drafted `warmup_rounds` of its own rounds from that source
 (rounds at K = 0 teach no acceptance rate), its regime's pool controller before. Every round feeds both, and the
-metrics. A request's controller learns its own acceptance but takes its costs (what a draft call, a verify, a round
-trip cost) from its pool controller: they belong to the deployment, and a short request would see too few plain
-rounds to measure T(0).
+metrics. A request's controller learns its own acceptance, shrunk towards its pool controller's (not towards a
+fixed prior: 16 rounds are too few to stand alone), and takes its costs (what a draft call, a verify, a round trip
+cost) from the pool controller: they belong to the deployment, and a short request would see too few plain rounds
+to measure T(0).
 
 Source choice (draft.method model+ngram, a round whose context has an n-gram match): the source whose
 controller models the higher goodput at its best K (drafting cost included: an n-gram proposal costs no call),
@@ -66,7 +67,7 @@ class KSelector:
 
     def attach(self, state: RequestState) -> None:
         state.controller = {source: KController(self._config(source), random.Random(self._rng.getrandbits(64)),
-                                                cost_source=self.pools[(source, regime(state))])
+                                                pool=self.pools[(source, regime(state))])
                             for source in SOURCE_NAMES}
         self.active[state.session_id] = state.controller
 
