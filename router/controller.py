@@ -5,8 +5,14 @@ Model. Each round the draft proposes K tokens and the target verifies them in on
 the accepted prefix plus one target token, so
 
     E[K] = sum_{i=0..K} prod_{j<i} a_j                                (E[0] = 1: plain target decoding)
-    T(K) = [K > 0] * (K * t_draft + rtt_draft) + t_verify(K) + rtt_target,   t_verify(K) = a + b * load * (K + 1)
+    T(K) = g + d0 + K * t_draft + rtt_draft + t_verify(K) + rtt_target,      t_verify(K) = a + b * load * (K + 1)
+    T(0) = g + a0 + b * load + rtt0                                   (plain: no drafts, nothing beside the verify)
     goodput(K) = E[K] / T(K)                                          (tokens per second)
+
+g is the router's own time between two rounds (commit, stream out, choose K). With overlap, see round_time().
+Each term was checked against per-round traces of the running system (benchmarks/k_trace.py): a draft call has a
+fixed part d0, a verify with drafts (or with a pre-draft beside it on shared cores) costs a - a0 more than one
+without, and its round trip rtt_target differs from the plain rtt0.
 
 Load. The target verifies the rounds of many requests in one batched forward, so its pass costs a + b * (tokens
 in the batch): each row brings its K drafts plus one committed token. `load` is the rows per forward the target
@@ -19,24 +25,30 @@ accepted), with per-position counts over them: a round with K drafts and n accep
 at positions 0..n-1, "rejected" at n (if n < K) and nothing beyond (never attempted). At least `min_samples` such
 rounds are kept however old, so the sparse data of K = 0 (probes only) is not too noisy. a_j = accepted/attempted
 at j, shrunk with `prior_weight` pseudo-outcomes towards the rate pooled over all positions (itself shrunk
-towards `prior_acceptance`). That pooled prior is how positions beyond the current K stay learnable: an unseen or
+towards `prior_acceptance`), or, for a controller given a `pool`, towards the pool's a_j. That pooled prior is how positions beyond the current K stay learnable: an unseen or
 rarely seen position is assumed to accept like the positions seen, so the controller can jump to a large K as
 soon as the shallow positions look good, and probes at K+1 (below) then measure the next position directly.
 Phase changes: when a_0 over the last `change_recent` drafting rounds differs from the rest of the window by a
 likelihood-ratio test at `change_z` (in standard-error units), the older rounds are forgotten at once.
 
 Cost statistics (all timings are passed in; nothing here reads a clock), exponentially weighted with an effective
-length of `cost_window` rounds: t_draft = sum(draft seconds) / sum(drafted tokens); a and b by ridge-regularised
-weighted least squares of verify seconds on the tokens of the target's forward (K + 1 when a request runs alone),
-so the slope tends to 0 (a constant) while only one size has been seen, and is clamped >= 0; rtt_draft,
-rtt_target are weighted means, and so is the load, over the shorter `load_window`.
+length of `cost_window` rounds: d0 and t_draft by ridge-regularised weighted least squares of draft seconds on
+drafted tokens, the slope pulled towards seconds per token (d0 -> 0) while one size has been seen; a, a0 and b by
+weighted least squares of verify seconds on the tokens of the target's forward (K + 1 when a request runs alone)
+and a "busy" indicator (drafts in the forward or a pre-draft beside it), ridge-regularised so that b tends to 0
+while one size has been seen and a - a0 to 0 while no plain round has; rtt_draft, rtt_target (busy rounds), rtt0
+(plain rounds) and g are weighted means, and so is the load, over the shorter `load_window`. A call that first
+absorbed a backlog of committed tokens (RoundTimings.*_catch_up: a prompt's prefill, the draft after rounds at
+K = 0) is left out: it is paid once, not per round. A controller given a `pool` uses the pool's costs.
 
 Policies. `fixed` always returns `k`. `threshold` moves K by one step every `adjust_every` rounds: up when the
 acceptance rate since its last step is above `raise_above`, down when below `lower_below`. `goodput` starts at
 `k` for `warmup_rounds`, then takes the argmax of goodput(K) over [k_min, k_max], switching only when the best
 beats the current K by the `hysteresis` fraction. Both adaptive policies probe roughly every `probe_every`
 rounds (jittered by the injected RNG): K+1 (K-1 at k_max), or with chance `random_probe` a uniformly random
-other K, so stale statistics refresh and a phase change is noticed even at K = 0.
+other K, so stale statistics refresh and a phase change is noticed even at K = 0. The goodput policy makes every
+third probe from K > 0 a K = 0 probe while plain decoding is modeled within 60 % of K (so T(0) is measured, not
+extrapolated); with overlap it lasts two rounds, since only the second runs with no pre-draft beside it.
 """
 from __future__ import annotations
 
