@@ -63,6 +63,8 @@ from settings.schema import ControllerConfig
 _RIDGE = 0.01          # added to the variance of each regressor in the timing fits: its slope -> its prior (0 for
                        # t_verify and the busy term, the mean seconds per token for drafting) while one value was seen
 _MIN_TIME = 1e-12      # floor of T(K), so a model with no timings yet never divides by zero
+_MIN_SLOPE_SHARE = 0.25  # the drafting slope stays >= this share of seconds per token: a burst of load on a shared
+                         # machine can flatten the fitted line, and a flat one would make every K cost the same
 _CATCH_UP = {"draft": 2, "target": 1}   # more than this many tokens to absorb first (a prompt's prefill, a draft
                                         # back after rounds at K = 0): the call's time says nothing of a round's
 _BUSY_RIDGE = 0.002    # ... for the busy term of t_verify (a share of plain rounds near 4 % is enough to see it)
@@ -153,8 +155,8 @@ def _log_likelihood(successes: int, n: int, p: float) -> float:
 def _fit_line(w: float, sx: float, sy: float, sxx: float, sxy: float,
               prior_slope: float | None = None) -> tuple[float, float]:
     """Weighted ridge least squares of y on x from decayed sums: (intercept, slope >= 0). The ridge pulls the
-    slope towards `prior_slope` (None: 0) while x has barely varied; a slope towards mean y / mean x (a line
-    through the origin) keeps the intercept >= 0."""
+    slope towards `prior_slope` (None: 0) while x has barely varied; with a prior slope of mean y / mean x (a line
+    through the origin) the slope is kept in [_MIN_SLOPE_SHARE, 1] times it, so the intercept is >= 0."""
     if w <= 0:
         return 0.0, 0.0
     mean_x, mean_y = sx / w, sy / w
@@ -163,7 +165,7 @@ def _fit_line(w: float, sx: float, sy: float, sxx: float, sxy: float,
     prior = 0.0 if prior_slope is None else prior_slope
     slope = max((cov_xy + _RIDGE * prior) / (var_x + _RIDGE), 0.0)
     if prior_slope is not None and mean_x > 0:
-        slope = min(slope, mean_y / mean_x)
+        slope = min(max(slope, _MIN_SLOPE_SHARE * prior_slope), mean_y / mean_x)
     return mean_y - slope * mean_x, slope
 
 
