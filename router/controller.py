@@ -5,8 +5,14 @@ Model. Each round the draft proposes K tokens and the target verifies them in on
 the accepted prefix plus one target token, so
 
     E[K] = sum_{i=0..K} prod_{j<i} a_j                                (E[0] = 1: plain target decoding)
-    T(K) = [K > 0] * (K * t_draft + rtt_draft) + t_verify(K) + rtt_target,   t_verify(K) = a + b * load * (K + 1)
+    T(K) = g + d0 + K * t_draft + rtt_draft + t_verify(K) + rtt_target,      t_verify(K) = a + b * load * (K + 1)
+    T(0) = g + a0 + b * load + rtt0                                   (plain: no drafts, nothing beside the verify)
     goodput(K) = E[K] / T(K)                                          (tokens per second)
+
+g is the router's own time between two rounds (commit, stream out, choose K). With overlap, see round_time().
+Each term was checked against per-round traces of the running system (benchmarks/k_trace.py): a draft call has a
+fixed part d0, a verify with drafts (or with a pre-draft beside it on shared cores) costs a - a0 more than one
+without, and its round trip rtt_target differs from the plain rtt0.
 
 Load. The target verifies the rounds of many requests in one batched forward, so its pass costs a + b * (tokens
 in the batch): each row brings its K drafts plus one committed token. `load` is the rows per forward the target
@@ -19,24 +25,30 @@ accepted), with per-position counts over them: a round with K drafts and n accep
 at positions 0..n-1, "rejected" at n (if n < K) and nothing beyond (never attempted). At least `min_samples` such
 rounds are kept however old, so the sparse data of K = 0 (probes only) is not too noisy. a_j = accepted/attempted
 at j, shrunk with `prior_weight` pseudo-outcomes towards the rate pooled over all positions (itself shrunk
-towards `prior_acceptance`). That pooled prior is how positions beyond the current K stay learnable: an unseen or
+towards `prior_acceptance`), or, for a controller given a `pool`, towards the pool's a_j. That pooled prior is how positions beyond the current K stay learnable: an unseen or
 rarely seen position is assumed to accept like the positions seen, so the controller can jump to a large K as
 soon as the shallow positions look good, and probes at K+1 (below) then measure the next position directly.
 Phase changes: when a_0 over the last `change_recent` drafting rounds differs from the rest of the window by a
 likelihood-ratio test at `change_z` (in standard-error units), the older rounds are forgotten at once.
 
 Cost statistics (all timings are passed in; nothing here reads a clock), exponentially weighted with an effective
-length of `cost_window` rounds: t_draft = sum(draft seconds) / sum(drafted tokens); a and b by ridge-regularised
-weighted least squares of verify seconds on the tokens of the target's forward (K + 1 when a request runs alone),
-so the slope tends to 0 (a constant) while only one size has been seen, and is clamped >= 0; rtt_draft,
-rtt_target are weighted means, and so is the load, over the shorter `load_window`.
+length of `cost_window` rounds: d0 and t_draft by ridge-regularised weighted least squares of draft seconds on
+drafted tokens, the slope pulled towards seconds per token (d0 -> 0) while one size has been seen; a, a0 and b by
+weighted least squares of verify seconds on the tokens of the target's forward (K + 1 when a request runs alone)
+and a "busy" indicator (drafts in the forward or a pre-draft beside it), ridge-regularised so that b tends to 0
+while one size has been seen and a - a0 to 0 while no plain round has; rtt_draft, rtt_target (busy rounds), rtt0
+(plain rounds) and g are weighted means, and so is the load, over the shorter `load_window`. A call that first
+absorbed a backlog of committed tokens (RoundTimings.*_catch_up: a prompt's prefill, the draft after rounds at
+K = 0) is left out: it is paid once, not per round. A controller given a `pool` uses the pool's costs.
 
 Policies. `fixed` always returns `k`. `threshold` moves K by one step every `adjust_every` rounds: up when the
 acceptance rate since its last step is above `raise_above`, down when below `lower_below`. `goodput` starts at
 `k` for `warmup_rounds`, then takes the argmax of goodput(K) over [k_min, k_max], switching only when the best
 beats the current K by the `hysteresis` fraction. Both adaptive policies probe roughly every `probe_every`
 rounds (jittered by the injected RNG): K+1 (K-1 at k_max), or with chance `random_probe` a uniformly random
-other K, so stale statistics refresh and a phase change is noticed even at K = 0.
+other K, so stale statistics refresh and a phase change is noticed even at K = 0. The goodput policy makes every
+third probe from K > 0 a K = 0 probe while plain decoding is modeled within 60 % of K (so T(0) is measured, not
+extrapolated); with overlap it lasts two rounds, since only the second runs with no pre-draft beside it.
 """
 from __future__ import annotations
 
@@ -48,9 +60,20 @@ from dataclasses import dataclass
 
 from settings.schema import ControllerConfig
 
-_RIDGE = 0.01          # added to the variance of forward tokens in the t_verify fit: slope -> 0 while one size was seen
+_RIDGE = 0.01          # added to the variance of each regressor in the timing fits: its slope -> its prior (0 for
+                       # t_verify and the busy term, the mean seconds per token for drafting) while one value was seen
 _MIN_TIME = 1e-12      # floor of T(K), so a model with no timings yet never divides by zero
-_COST_KEYS = ("w", "x", "y", "xx", "xy", "rtt_target", "load", "load_w", "dw", "draft_s", "draft_k", "rtt_draft",
+_MIN_SLOPE_SHARE = 0.25  # the drafting slope stays >= this share of seconds per token: a burst of load on a shared
+                         # machine can flatten the fitted line, and a flat one would make every K cost the same
+_CATCH_UP = {"draft": 2, "target": 1}   # more than this many tokens to absorb first (a prompt's prefill, a draft
+                                        # back after rounds at K = 0): the call's time says nothing of a round's
+_BUSY_RIDGE = 0.002    # ... for the busy term of t_verify (a share of plain rounds near 4 % is enough to see it)
+_PLAIN_PROBE_EVERY = 3  # every 3rd probe (from K > 0) is a K = 0 probe, so T(0) is measured, not extrapolated,
+_PLAIN_PROBE_WORTH = 0.6  # ... when plain decoding's modeled goodput is at least this share of K's (else a probe
+                          # costs more than a doubt about T(0) could be worth)
+_COST_KEYS = ("w", "x", "y", "xx", "xy", "z", "zz", "xz", "zy", "rtt_target", "busy_w", "rtt_plain", "plain_w",
+              "between", "between_w",
+              "load", "load_w", "dw", "draft_s", "draft_k", "draft_kk", "draft_ks", "rtt_draft",
               "guess_tries", "guess_hits")
 
 
@@ -67,6 +90,11 @@ class RoundTimings:
     queue_depth: int = 0                     # verify calls waiting at the target meanwhile
     guess_hit: bool | None = None            # overlap, all K accepted: was the pre-draft's guess of the
                                              # target's next token right (None: no pre-draft was out)
+    predraft_beside: bool = False            # a pre-draft ran on the draft worker while the target verified
+    between_seconds: float | None = None     # the router's time from the request's previous round to this one
+                                             # (commit, stream the tokens out, choose K; None: first round)
+    draft_catch_up: int = 0                  # committed tokens the draft absorbed before drafting (steady: <= 2)
+    target_catch_up: int = 0                 # committed tokens the target absorbed besides the drafts (steady: 1)
 
 
 def expected_tokens(rates: list[float], k: int) -> float:
@@ -87,19 +115,30 @@ def _rate(rates: list[float], j: int) -> float:
     return rates[min(j, len(rates) - 1)] if rates else 0.0
 
 
-def round_time(k: int, costs: dict, hit: float | None = None) -> float:
-    """T(K) from a costs() dict. Sequential (hit None): draft path + verify path, where the draft path is
-    [K>0] * (K * t_draft + rtt_draft) and the verify path a + b * load * (K + 1) + rtt_target.
+def round_time(k: int, costs: dict, hit: float | None = None, settle: float = 1.0) -> float:
+    """T(K) from a costs() dict. K = 0 is plain decoding: plain_a + b * load + rtt_plain (a verify with no drafts
+    and nothing running beside it). K > 0, sequential (hit None): the draft path
+    draft_fixed + K * t_draft + rtt_draft, then the verify path a + b * load * (K + 1) + rtt_target.
     Overlapped, with `hit` = h(K) the chance that a round's drafts were pre-drafted while the previous round
-    verified: every round waits for the longer of its verify and the pre-draft of K + 1 tokens running beside
-    it, and only a miss (1 - h) pays the draft path on the critical path."""
-    draft = k * costs["t_draft"] + costs["rtt_draft"] if k > 0 else 0.0
-    verify = max(costs["t_verify_a"] + costs["t_verify_b"] * costs.get("load", 1.0) * (k + 1), 0.0) \
-        + costs["rtt_target"]
-    if hit is None or k == 0:
-        return max(draft + verify, _MIN_TIME)
-    predraft = draft + costs["t_draft"]
-    return max(max(verify, predraft) + (1.0 - hit) * draft, _MIN_TIME)
+    verified, and `settle` the chance that the round waits for its own pre-draft (of K + 1 tokens, sent beside
+    the verify): a verdict that rejects a draft cancels the pre-draft, one that accepts all K waits for it if it
+    is still running; only a miss (1 - h) pays the draft path on the critical path. Every K also pays `between`:
+    the router's time between two rounds of a request (more rounds per token at small K pay it more often)."""
+    return max(costs.get("between", 0.0) + _round_path(k, costs, hit, settle), _MIN_TIME)
+
+
+def _round_path(k: int, costs: dict, hit: float | None, settle: float) -> float:
+    load = costs.get("load", 1.0)
+    if k == 0:
+        plain_a = costs.get("plain_a", costs["t_verify_a"])
+        return max(plain_a + costs["t_verify_b"] * load, 0.0) + costs.get("rtt_plain", costs["rtt_target"])
+    fixed = costs.get("draft_fixed", 0.0) + costs["rtt_draft"]
+    draft = fixed + k * costs["t_draft"]
+    verify = max(costs["t_verify_a"] + costs["t_verify_b"] * load * (k + 1), 0.0) + costs["rtt_target"]
+    if hit is None:
+        return draft + verify
+    predraft = fixed + (k + 1) * costs["t_draft"]
+    return verify + settle * max(predraft - verify, 0.0) + (1.0 - hit) * draft
 
 
 def _decay_add(sums: dict, decay: float, **values: float) -> None:
@@ -113,27 +152,58 @@ def _log_likelihood(successes: int, n: int, p: float) -> float:
     return (successes * math.log(p) if successes else 0.0) + (failures * math.log(1.0 - p) if failures else 0.0)
 
 
-def _fit_line(sums: dict) -> tuple[float, float]:
-    """Weighted ridge least squares of verify seconds on forward tokens: (intercept a, slope b >= 0)."""
-    w = sums["w"]
+def _fit_line(w: float, sx: float, sy: float, sxx: float, sxy: float,
+              prior_slope: float | None = None) -> tuple[float, float]:
+    """Weighted ridge least squares of y on x from decayed sums: (intercept, slope >= 0). The ridge pulls the
+    slope towards `prior_slope` (None: 0) while x has barely varied; with a prior slope of mean y / mean x (a line
+    through the origin) the slope is kept in [_MIN_SLOPE_SHARE, 1] times it, so the intercept is >= 0."""
     if w <= 0:
         return 0.0, 0.0
-    mean_x, mean_y = sums["x"] / w, sums["y"] / w
-    var_x = max(sums["xx"] / w - mean_x * mean_x, 0.0)
-    cov_xy = sums["xy"] / w - mean_x * mean_y
-    slope = max(cov_xy / (var_x + _RIDGE), 0.0)
+    mean_x, mean_y = sx / w, sy / w
+    var_x = max(sxx / w - mean_x * mean_x, 0.0)
+    cov_xy = sxy / w - mean_x * mean_y
+    prior = 0.0 if prior_slope is None else prior_slope
+    slope = max((cov_xy + _RIDGE * prior) / (var_x + _RIDGE), 0.0)
+    if prior_slope is not None and mean_x > 0:
+        slope = min(max(slope, _MIN_SLOPE_SHARE * prior_slope), mean_y / mean_x)
     return mean_y - slope * mean_x, slope
+
+
+def _fit_verify(c: dict) -> tuple[float, float, float]:
+    """verify seconds = a + b * (forward tokens) + busy * [drafts in the forward or a pre-draft beside it], by
+    weighted ridge least squares (b clamped >= 0): (a, b, busy). With drafts and verify sharing cores, a
+    verify costs more than its extra tokens explain; this term keeps that out of T(0)."""
+    w = c["w"]
+    if w <= 0:
+        return 0.0, 0.0, 0.0
+    mx, mz, my = c["x"] / w, c["z"] / w, c["y"] / w
+    vxx, vzz = c["xx"] / w - mx * mx + _RIDGE, c["zz"] / w - mz * mz + _BUSY_RIDGE
+    vxz, vxy, vzy = c["xz"] / w - mx * mz, c["xy"] / w - mx * my, c["zy"] / w - mz * my
+    det = vxx * vzz - vxz * vxz
+    b = (vxy * vzz - vxz * vzy) / det
+    if b < 0:
+        b = 0.0
+    busy = (vzy - vxz * b) / vzz
+    return my - b * mx - busy * mz, b, busy
 
 
 class KController:
     """Chooses K before each round (choose_k) and learns from each round's outcome and timings (observe)."""
 
-    def __init__(self, config: ControllerConfig | None = None, rng: random.Random | None = None):
+    def __init__(self, config: ControllerConfig | None = None, rng: random.Random | None = None,
+                 pool: "KController | None" = None):
+        """`pool`: a controller over more traffic (a request's controller gets its pool's). Then costs() are the
+        pool's (what a call costs is the deployment's, not the request's, and a short request would not see
+        enough plain rounds to measure T(0)), and each a_j is shrunk towards the pool's a_j instead of
+        towards prior_acceptance (a request that has drafted 16 rounds is not a blank slate)."""
         self.config = config if config is not None else ControllerConfig()
+        self._pool = pool
         self.config.validate()
         self._rng = rng if rng is not None else random.Random()
         self._k = self.config.k
         self._probing = False
+        self._probes = 0
+        self._hold_plain = False
         self._calls = 0
         self._next_probe = 0
         self._rounds = 0
@@ -174,6 +244,9 @@ class KController:
             self._threshold_step()
         elif self._rounds >= max(self.config.warmup_rounds, 1):
             self._goodput_step()
+        if self._hold_plain:                  # the second round of a K = 0 probe with overlap on (see _probe_k)
+            self._hold_plain, self._probing = False, self._k != 0
+            return 0
         if self._probe_due():
             probe = self._probe_k()
             self._probing = probe != self._k
@@ -188,25 +261,42 @@ class KController:
         self._rounds += 1
         self._drafting += k > 0
         self._record_acceptance(k, num_accepted)
-        self._record_costs(k, timings if timings is not None else RoundTimings())
+        if self._pool is None:
+            self._record_costs(k, timings if timings is not None else RoundTimings())
+        elif timings is not None and timings.guess_hit is not None:      # the guess rate is the request's own
+            _decay_add(self._cost, 1.0 - 1.0 / self.config.cost_window, guess_tries=1.0,
+                       guess_hits=float(timings.guess_hit))
 
     def acceptance(self) -> list[float]:
-        """Estimated a_j for j in 0..k_max-1, each shrunk towards the rate pooled over all positions."""
+        """Estimated a_j for j in 0..k_max-1, each shrunk towards the rate pooled over all positions (with a
+        pool: towards the pool's a_j)."""
         weight, prior = self.config.prior_weight, self.config.prior_acceptance
+        if self._pool is not None:
+            priors = self._pool.acceptance()
+            return [(s + weight * _rate(priors, j)) / (n + weight) if n + weight > 0 else _rate(priors, j)
+                    for j, (n, s) in enumerate(zip(self._attempts, self._accepts))]
         attempts, accepts = sum(self._attempts), sum(self._accepts)
         pooled = (accepts + weight * prior) / (attempts + weight) if attempts + weight > 0 else prior
         return [(s + weight * pooled) / (n + weight) if n + weight > 0 else pooled
                 for n, s in zip(self._attempts, self._accepts)]
 
     def costs(self) -> dict:
-        """Current cost estimates in seconds: t_draft per token, t_verify = a + b * (forward tokens), both round
-        trips, and the load (rows per target forward)."""
+        """Current cost estimates in seconds: drafting draft_fixed + t_draft per token, t_verify = a + b * (forward
+        tokens) with drafts, plain_a + b with none (K = 0, nothing beside it), both round trips (rtt_plain: the
+        target's at K = 0), and the load (rows per target forward)."""
+        if self._pool is not None:
+            return self._pool.costs()
         c = self._cost
-        a, b = _fit_line(c)
-        return {"t_draft": c["draft_s"] / c["draft_k"] if c["draft_k"] > 0 else 0.0,
-                "t_verify_a": a, "t_verify_b": b,
+        a, b, busy = _fit_verify(c)
+        ratio = c["draft_s"] / c["draft_k"] if c["draft_k"] > 0 else 0.0
+        fixed, t_draft = _fit_line(c["dw"], c["draft_k"], c["draft_s"], c["draft_kk"], c["draft_ks"], ratio)
+        rtt_target = c["rtt_target"] / c["busy_w"] if c["busy_w"] > 0 else 0.0
+        return {"t_draft": t_draft, "draft_fixed": fixed,
+                "t_verify_a": a + busy, "t_verify_b": b, "plain_a": a,
                 "rtt_draft": c["rtt_draft"] / c["dw"] if c["dw"] > 0 else 0.0,
-                "rtt_target": c["rtt_target"] / c["w"] if c["w"] > 0 else 0.0,
+                "rtt_target": rtt_target if c["busy_w"] > 0 or c["plain_w"] <= 0 else c["rtt_plain"] / c["plain_w"],
+                "rtt_plain": c["rtt_plain"] / c["plain_w"] if c["plain_w"] > 0 else rtt_target,
+                "between": c["between"] / c["between_w"] if c["between_w"] > 0 else 0.0,
                 "load": c["load"] / c["load_w"] if c["load_w"] > 0 else 1.0}
 
     def guess_rate(self) -> float:
@@ -229,8 +319,10 @@ class KController:
         """Modeled goodput E[K] / T(K) (tokens per second) for each K in [k_min, k_max]; with overlap on,
         T(K) counts the draft path only on a miss (1 - h(K))."""
         rates, costs = self.acceptance(), self.costs()
-        overlap = self.config.overlap
-        return {k: expected_tokens(rates, k) / round_time(k, costs, self.hit_rate(k, rates) if overlap else None)
+        if not self.config.overlap:
+            return {k: expected_tokens(rates, k) / round_time(k, costs)
+                    for k in range(self.config.k_min, self.config.k_max + 1)}
+        return {k: expected_tokens(rates, k) / round_time(k, costs, self.hit_rate(k, rates), all_accepted(rates, k))
                 for k in range(self.config.k_min, self.config.k_max + 1)}
 
     def snapshot(self) -> dict:
@@ -278,12 +370,26 @@ class KController:
         return True
 
     def _probe_k(self) -> int:
+        """K+1 (K-1 at k_max); of the goodput policy, every _PLAIN_PROBE_EVERY-th probe from K > 0 is K = 0 (k_min 0): with overlap on
+        for two rounds, since the first one's verify runs beside the pre-draft its predecessor sent, and only
+        the second is plain decoding as K = 0 would run it (what T(0) must be measured on)."""
         low, high = self.config.k_min, self.config.k_max
         if low == high:
             return self._k
+        self._probes += 1
+        if self._probes % _PLAIN_PROBE_EVERY == 0 and self._plain_in_doubt():
+            self._hold_plain = self.config.overlap
+            return 0
         if self._rng.random() < self.config.random_probe:
             return self._rng.choice([k for k in range(low, high + 1) if k != self._k])
         return self._k + 1 if self._k < high else self._k - 1
+
+    def _plain_in_doubt(self) -> bool:
+        """Whether K = 0 is worth a probe: goodput policy, k_min 0, K > 0, and plain decoding modeled close."""
+        if self.config.policy != "goodput" or not self.config.k_min == 0 < self._k:
+            return False
+        curve = self.goodput_curve()
+        return curve[0] >= _PLAIN_PROBE_WORTH * curve[self._k]
 
     # -- statistics --------------------------------------------------------------------------------------------
 
@@ -324,18 +430,32 @@ class KController:
             self._accepts[j] += sign * (j < accepted)
 
     def _record_costs(self, k: int, t: RoundTimings) -> None:
+        """Learn from the round's timings; a call that first absorbed a backlog of committed tokens (a prompt's
+        prefill, the draft after rounds at K = 0) is left out of its cost estimates: it is paid once, not per
+        round, and counting it would make K = 0 look cheaper the longer the controller stays there."""
         decay = 1.0 - 1.0 / self.config.cost_window
-        tokens, verify_s = t.batch_tokens or k + 1, t.verify_seconds
-        _decay_add(self._cost, decay, w=1.0, x=tokens, y=verify_s, xx=tokens * tokens, xy=tokens * verify_s,
-                   rtt_target=t.rtt_seconds)
+        if t.target_catch_up <= _CATCH_UP["target"]:
+            self._record_verify(k, t, decay)
+        if t.between_seconds is not None:
+            _decay_add(self._cost, decay, between=t.between_seconds, between_w=1.0)
         load_decay = 1.0 - 1.0 / self.config.load_window
         _decay_add(self._cost, load_decay, load=max(t.batch_size, 1) + t.queue_depth, load_w=1.0)
         drafted = k if t.draft_tokens is None else t.draft_tokens
-        if drafted > 0:
+        if drafted > 0 and t.draft_catch_up <= _CATCH_UP["draft"]:
             rtt_draft = t.rtt_seconds if t.draft_rtt_seconds is None else t.draft_rtt_seconds
-            _decay_add(self._cost, decay, dw=1.0, draft_s=t.draft_seconds, draft_k=drafted, rtt_draft=rtt_draft)
+            _decay_add(self._cost, decay, dw=1.0, draft_s=t.draft_seconds, draft_k=drafted, rtt_draft=rtt_draft,
+                       draft_kk=drafted * drafted, draft_ks=drafted * t.draft_seconds)
         if t.guess_hit is not None:
             _decay_add(self._cost, decay, guess_tries=1.0, guess_hits=float(t.guess_hit))
+
+    def _record_verify(self, k: int, t: RoundTimings, decay: float) -> None:
+        tokens, verify_s, busy = t.batch_tokens or k + 1, t.verify_seconds, float(k > 0 or t.predraft_beside)
+        _decay_add(self._cost, decay, w=1.0, x=tokens, y=verify_s, xx=tokens * tokens, xy=tokens * verify_s,
+                   z=busy, zz=busy, xz=tokens * busy, zy=busy * verify_s)
+        if busy:
+            _decay_add(self._cost, decay, busy_w=1.0, rtt_target=t.rtt_seconds)
+        else:
+            _decay_add(self._cost, decay, plain_w=1.0, rtt_plain=t.rtt_seconds)
 
     def _resize_positions(self) -> None:
         """Size the per-position counts for k_max and recount them from the window of rounds."""

@@ -6,7 +6,10 @@ are often the target's argmax but rarely its sample at a high temperature). So t
 per (source, regime), and a sampled request is never given a K learned from greedy traffic. A request also keeps
 its own controller per source, and uses it once it has drafted `warmup_rounds` of its own rounds from that source
 (rounds at K = 0 teach no acceptance rate), its regime's pool controller before. Every round feeds both, and the
-metrics.
+metrics. A request's controller learns its own acceptance, shrunk towards its pool controller's (not towards a
+fixed prior: 16 rounds are too few to stand alone), and takes its costs (what a draft call, a verify, a round trip
+cost) from the pool controller: they belong to the deployment, and a short request would see too few plain rounds
+to measure T(0).
 
 Source choice (draft.method model+ngram, a round whose context has an n-gram match): the source whose
 controller models the higher goodput at its best K (drafting cost included: an n-gram proposal costs no call),
@@ -63,7 +66,8 @@ class KSelector:
         return source_config(self.config, source, self.ngram_tokens)
 
     def attach(self, state: RequestState) -> None:
-        state.controller = {source: KController(self._config(source), random.Random(self._rng.getrandbits(64)))
+        state.controller = {source: KController(self._config(source), random.Random(self._rng.getrandbits(64)),
+                                                pool=self.pools[(source, regime(state))])
                             for source in SOURCE_NAMES}
         self.active[state.session_id] = state.controller
 
@@ -81,11 +85,16 @@ class KSelector:
         return self.controller(state, source).choose_k()
 
     def choose_source(self, state: RequestState, candidates: list[int]) -> int:
-        """The candidate with the highest modeled goodput; with chance random_probe (a probe) another one."""
+        """The candidate with the highest modeled goodput; with chance random_probe (a probe) another one, or a
+        fifth of that if the other one holds K = 0 (a round it would run as plain decoding teaches it nothing,
+        and that chance only keeps its own K probes going)."""
         best = max(candidates, key=lambda s: max(self.controller(state, s).goodput_curve().values()))
-        if self.config.probe_every and self._rng.random() < self.config.random_probe:
-            return self._rng.choice([s for s in candidates if s != best])
-        return best
+        others = [s for s in candidates if s != best]
+        if not self.config.probe_every or not others:
+            return best
+        other = self._rng.choice(others)
+        chance = self.config.random_probe * (1.0 if self.controller(state, other).k > 0 else 0.2)
+        return other if self._rng.random() < chance else best
 
     @property
     def overlap(self) -> bool:

@@ -244,6 +244,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     with `next_k` > 0 after model drafts, pre-draft the next round meanwhile. Returns the round and the next
     round's drafts if the pre-draft matched the verdict."""
     before, started = len(state.tokens), time.perf_counter()
+    catch_up = (0 if ready is not None else before - state.draft_synced, before - state.target_synced)
     proposal = ready if ready is not None else await propose(state, draft, k, source)
     from_model = proposal.source == MODEL and bool(proposal.tokens)
     ahead = predraft(state, draft, proposal.tokens, clamp_k(state, next_k, len(proposal.tokens) + 1)) \
@@ -254,6 +255,8 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
         await cancel(ahead)
         raise
     drafts, accepted = proposal.tokens, verdict.num_accepted
+    timings.predraft_beside = ahead is not None
+    timings.draft_catch_up, timings.target_catch_up = catch_up
     round_ = Round(drafts, accepted, drafts[:accepted] + [verdict.next_token_id], timings, ready is not None,
                    ahead is not None, source=proposal.source if drafts else source,
                    logprobs=list(verdict.logprobs))
@@ -365,13 +368,16 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
     """Run rounds until the request finishes, yielding each round's committed tokens. With overlap on,
     each model round pre-drafts the next one (its K chosen now) while the target verifies.
     Both workers' caches for this session are released however the request ends."""
-    ready, planned = None, None
+    ready, planned, ended = None, None, None
     try:
         while not state.finish_reason:
+            between = None if ended is None else time.perf_counter() - ended
             source, k = (MODEL, len(ready.tokens)) if ready else plan_round(state, draft, policy, planned)
             overlap = policy.overlap and source == MODEL
             next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source)
+            ended = time.perf_counter()
+            round_.timings.between_seconds = between
             policy.observe(state, round_)
             committed = commit(state, round_.committed)
             state.logprobs.extend(round_.logprobs[:len(committed)])
