@@ -97,6 +97,13 @@ class RunningService:
     def _run(self, coro, timeout=600):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
+    def reload_draft_method(self, method: str) -> None:
+        """Hot-reload the running config with draft.method = `method` (as Admin.Reload would)."""
+        router = self.service.router
+        data = dataclasses.asdict(router.config)
+        data["draft"]["method"] = method
+        self._run(router.reload(data))
+
     def stop(self):
         self.channel.close()
         self._run(self.service.stop(grace=1.0))

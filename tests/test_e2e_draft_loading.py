@@ -14,7 +14,6 @@ while a draft's node comes up or its model loads. Freeing the resource lets it l
 """
 import asyncio
 import contextlib
-import dataclasses
 import json
 import threading
 import time
@@ -196,18 +195,12 @@ def test_model_plus_ngram_at_tp1_batched_identical(service, holder, ray_local, r
     """model+ngram at TP 1 (the loading service, once its draft has loaded, reloaded to model+ngram)."""
     release(ray_local, holder)
     wait_for_draft(service, "ready")
-    router = service.service.router
-
-    def reload(method: str) -> None:
-        data = dataclasses.asdict(router.config)
-        data["draft"]["method"] = method
-        service._run(router.reload(data))
-    reload("model+ngram")
+    service.reload_draft_method("model+ngram")
     try:
         alone = [generate_all(service, [prompt], k)[0] for prompt in PROMPTS]
         batched = generate_all(service, PROMPTS * 3, k)
     finally:
-        reload("model")
+        service.reload_draft_method("model")
     sources = check_identical(alone, PROMPTS, reference_generate) | \
         check_identical(batched, PROMPTS * 3, reference_generate)
     assert {MODEL, NGRAM} <= sources

@@ -98,21 +98,15 @@ def test_sampled_first_tokens_follow_target_distribution(start_service, tiny_pai
 
 def test_reloaded_to_ngram_on_a_draft_pool_service(service, reference_generate):
     """draft.method is hot-reloadable while a draft pool runs: the TP 2 model+ngram service serves ngram too."""
-    import dataclasses
     router = service.service.router
     if not router.drafts:
         pytest.skip("started with method ngram: no draft pool to switch back to")
-
-    def reload(method: str) -> None:
-        data = dataclasses.asdict(router.config)
-        data["draft"]["method"] = method
-        service._run(router.reload(data))
-    reload("ngram")
+    service.reload_draft_method("ngram")
     try:
         for prompt in PROMPTS:
             response = service.stub.Generate(greedy_request(prompt))
             assert list(response.token_ids) == reference_generate(prompt, MAX_NEW)
             check_sources(response.stats, "ngram")
     finally:
-        reload("model+ngram")
+        service.reload_draft_method("model+ngram")
     assert router.config.draft.method == "model+ngram"
