@@ -125,7 +125,7 @@ def test_raw_sse_framing(served):
     assert payloads[-1]["choices"][0]["finish_reason"] == "length"
     with httpx.stream("POST", served.base_url + "/chat/completions", json={
             **body, "prompt": None, "messages": [{"role": "user", "content": "x"}], "n": 2, "temperature": 0.7,
-            "stream_options": {"include_usage": True}}) as response:
+            "seed": 3, "stream_options": {"include_usage": True}}) as response:
         payloads = [json.loads(e) for e in sse_events(response)[:-1]]
     finished = [c["index"] for p in payloads for c in p["choices"] if c["finish_reason"] == "length"]
     assert sorted(finished) == [0, 1] and payloads[-1]["usage"]["completion_tokens"] == 16    # n=2 interleaved
