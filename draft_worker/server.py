@@ -18,7 +18,8 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         return await answer(context, self._batcher.submit(request))
 
     async def ProposeStream(self, requests, context):
-        async for response in serve_stream(requests, self._batcher.submit, worker_pb2.ProposeResponse):
+        async for response in serve_stream(requests, lambda request, _: self._batcher.submit(request),
+                                           worker_pb2.ProposeResponse):
             yield response
 
     async def Release(self, request, context):

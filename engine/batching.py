@@ -79,6 +79,7 @@ class Batcher:
             raise ValueError(f"need max_batch >= 1 and max_wait_s >= 0 (got {max_batch}, {max_wait_s})")
         self._run_batch, self._max_batch, self._max_wait_s = run_batch, max_batch, max_wait_s
         self._pending: list[tuple[object, asyncio.Future]] = []
+        self.waiting = 0                  # calls submitted and not yet answered (read from other threads too)
         self._arrived: asyncio.Event | None = None
         self._full: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -94,7 +95,11 @@ class Batcher:
         self._arrived.set()
         if len(self._pending) >= self._max_batch:
             self._full.set()
-        return await future
+        self.waiting += 1
+        try:
+            return await future
+        finally:
+            self.waiting -= 1
 
     async def _serve(self) -> None:
         while True:

@@ -47,7 +47,7 @@ async def engine_answer(call: Awaitable):
         raise CallFailed(grpc.StatusCode.NOT_FOUND, str(exc)) from exc
     except ValueError as exc:
         raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-    if hasattr(response, "handler_us"):
+    if hasattr(response, "handler_us") and not response.handler_us:    # a decode run stamps each step itself
         response.handler_us = int((time.perf_counter() - started) * 1e6)
     return response
 
@@ -60,16 +60,20 @@ async def answer(context: grpc.aio.ServicerContext, call: Awaitable):
         await context.abort(exc.code, exc.message)
 
 
-async def serve_stream(requests, submit: Callable[[object], Awaitable], response_type) -> AsyncIterator:
+async def serve_stream(requests, submit: Callable[[object, Callable], Awaitable], response_type) -> AsyncIterator:
     """Answer the calls of one router connection's stream (ProposeStream / VerifyStream): each request runs as
-    `submit(request)` would for a unary call, concurrently, so calls of many sessions batch as before; answers
-    go out tagged with their call_id as they finish, a failure as its status; `cancel` withdraws a call."""
+    `submit(request, emit)` would for a unary call, concurrently, so calls of many sessions batch as before;
+    answers go out tagged with their call_id as they finish, a failure as its status; `cancel` withdraws a
+    call. A call that answers more than once (a decode run) hands its earlier answers to `emit` as it goes."""
     answers: asyncio.Queue = asyncio.Queue()
     calls: dict[int, asyncio.Task] = {}
 
     async def run(request) -> None:
+        def emit(partial) -> None:
+            partial.call_id = request.call_id
+            answers.put_nowait(partial)
         try:
-            response = await engine_answer(submit(request))
+            response = await engine_answer(submit(request, emit))
         except CallFailed as exc:
             response = failed(response_type, exc.code, exc.message)
         except Exception as exc:  # noqa: BLE001 - what a unary handler's crash answers, for this call only

@@ -102,6 +102,11 @@ class KSelector:
         return self.config.overlap
 
     @property
+    def decode_steps(self) -> int:
+        """The most tokens a round at K = 0 decodes in one target call (speculation.decode_steps)."""
+        return self.config.decode_steps
+
+    @property
     def predraft_k(self) -> int:
         """The most drafts a pre-draft may carry after its guess (speculation.overlap_tokens - 1)."""
         return (self.config.overlap_tokens or self.config.k_max + 1) - 1

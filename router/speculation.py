@@ -23,6 +23,7 @@ use n-gram proposals where the context has a match (instead of plain decoding).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
@@ -114,6 +115,7 @@ class Round:
 
 class KPolicy(Protocol):
     overlap: bool                    # pre-draft the next round while the target verifies
+    decode_steps: int                # a round at K = 0 decodes up to this many tokens in one target call
     predraft_k: int                  # ... with at most this many drafts after the guess
     def choose_k(self, state: "RequestState", source: int = ...) -> int: ...
     def choose_source(self, state: "RequestState", candidates: list[int]) -> int: ...
@@ -209,11 +211,37 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
     verdict, wire = await target.verify(state.session_id, state.tokens, state.target_synced, proposal.tokens,
                                         proposal.hidden, state.sampling, state.timeout(target.timeout), **logprobs)
     state.stats.wire_bytes += wire
+    state.stats.target_calls += 1
     verify_s, rtt_s, worker_s = split_time(started, verdict)
     return verdict, worker_s, RoundTimings(
         draft_seconds=proposal.seconds, draft_rtt_seconds=proposal.rtt_seconds, verify_seconds=verify_s,
         rtt_seconds=rtt_s, batch_size=verdict.batch_size, batch_tokens=verdict.batch_tokens,
         queue_depth=verdict.queue_depth)
+
+
+async def decode_run(state: RequestState, target: TargetClient, steps: int, source: int) -> AsyncIterator[Round]:
+    """Plain decoding (K = 0) of up to `steps` tokens in one target call, with no round trip between the target's
+    steps: each token is answered as soon as it is sampled and is a round with no drafts here, timed from the
+    previous answer (so the K controller learns what a token costs in a run). The caller commits each round's
+    token before asking for the next; closing the iterator early withdraws the call."""
+    logprobs = {} if state.top_logprobs is None else {"top_logprobs": state.top_logprobs}
+    answers = target.decode_run(state.session_id, state.tokens, state.target_synced, steps,
+                                state.stop_ids | state.eos_ids, state.sampling, state.timeout(target.timeout),
+                                **logprobs)
+    state.stats.target_calls += 1
+    started = time.perf_counter()
+    async with contextlib.aclosing(answers):
+        async for verdict, wire in answers:
+            state.stats.wire_bytes += wire
+            verify_s, rtt_s, worker_s = split_time(started, verdict)
+            timings = RoundTimings(verify_seconds=verify_s, rtt_seconds=rtt_s, batch_size=verdict.batch_size,
+                                   batch_tokens=verdict.batch_tokens, queue_depth=verdict.queue_depth)
+            round_ = Round([], 0, [verdict.next_token_id], timings, source=source, logprobs=list(verdict.logprobs))
+            round_.parts = round_parts(time.perf_counter() - started, NO_DRAFTS, False, timings, worker_s, 0.0)
+            state.target_synced = len(state.tokens)       # it holds every committed token but this one
+            record(state.stats, round_)
+            started = time.perf_counter()
+            yield round_
 
 
 async def settle(ahead: asyncio.Task | None, round_: Round) -> Proposal | None:
@@ -328,18 +356,42 @@ async def resilient_round(state: RequestState, draft: DraftClient | None, target
         try:
             return await speculative_round(state, draft, target, k, ready, next_k, source)
         except grpc.aio.AioRpcError as exc:
-            now = time.monotonic()
-            give_up = give_up if give_up is not None else now + recovery_s
-            left = min(state.timeout(recovery_s), give_up - now)
-            if exc.code() not in WORKER_DOWN or left <= 0:
-                raise
-            target.mark_failed()
-            state.target_synced = 0
-            try:
-                await target.wait_recovered(left)
-            except asyncio.TimeoutError:
-                raise exc from None
+            give_up = await recover_target(state, target, exc, give_up, recovery_s)
 
+
+async def resilient_run(state: RequestState, target: TargetClient, steps: int, recovery_s: float,
+                        source: int) -> AsyncIterator[Round]:
+    """decode_run surviving a target failure as resilient_round does: the run goes on, re-prefilled, for the
+    steps it has left."""
+    give_up = None
+    while steps > 0:
+        try:
+            async with contextlib.aclosing(decode_run(state, target, steps, source)) as rounds:
+                async for round_ in rounds:
+                    steps -= 1
+                    yield round_
+            return
+        except grpc.aio.AioRpcError as exc:
+            give_up = await recover_target(state, target, exc, give_up, recovery_s)
+
+
+async def recover_target(state: RequestState, target: TargetClient, exc: grpc.aio.AioRpcError,
+                         give_up: float | None, recovery_s: float) -> float:
+    """After a target call failed with `exc`: wait for the target to be back (its cache is gone: the next call
+    re-prefills) and return the time to give up at; re-raise `exc` when the failure is not the worker being
+    down or the time to give up (recovery_s after the first failure, or the client's deadline) has come."""
+    now = time.monotonic()
+    give_up = give_up if give_up is not None else now + recovery_s
+    left = min(state.timeout(recovery_s), give_up - now)
+    if exc.code() not in WORKER_DOWN or left <= 0:
+        raise exc
+    target.mark_failed()
+    state.target_synced = 0
+    try:
+        await target.wait_recovered(left)
+    except asyncio.TimeoutError:
+        raise exc from None
+    return give_up
 
 def choose_k(state: RequestState, policy: KPolicy, source: int = MODEL) -> int:
     return state.fixed_k if state.fixed_k is not None else policy.choose_k(state, source)
@@ -351,7 +403,7 @@ def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
     draft worker is reachable) and prompt lookup (methods ngram and model+ngram, or as the fallback while the
     draft worker is not), when the context's suffix occurred before. `planned`: a model K already chosen."""
     model = state.method != "ngram" and draft is not None and draft.healthy
-    lookup = state.ngram is not None and (state.method != "model" or not model)
+    lookup = lookup_allowed(state, draft)
     candidates = [s for s, ok in ((MODEL, model), (NGRAM, lookup and state.ngram.match(state.tokens))) if ok]
     if not candidates:
         return (MODEL if state.method != "ngram" else NGRAM), 0
@@ -363,24 +415,57 @@ def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
     return source, clamp_k(state, k)
 
 
+def lookup_allowed(state: RequestState, draft: DraftClient | None) -> bool:
+    """Whether rounds may take prompt-lookup drafts: methods ngram and model+ngram, or as the fallback while the
+    draft worker is down (and only for a request that has an n-gram index)."""
+    model = state.method != "ngram" and draft is not None and draft.healthy
+    return state.ngram is not None and (state.method != "model" or not model)
+
+
+def run_steps(state: RequestState, draft: DraftClient | None, policy: KPolicy, k: int) -> int:
+    """How many tokens a round planned at K = 0 decodes in one target call (a decode run): the policy's
+    decode_steps, within max_new_tokens and the context; 1 (a plain round) if K > 0 or while prompt lookup might
+    propose drafts after any token."""
+    if k or policy.decode_steps <= 1 or lookup_allowed(state, draft):
+        return 1
+    return clamp_k(state, policy.decode_steps - 1) + 1
+
+
+def conclude(state: RequestState, policy: KPolicy, round_: Round, between: float | None) -> list[int]:
+    """The router's side of a finished round: the policy learns from it, its tokens are committed (up to a stop)
+    with their logprobs; returns the committed tokens."""
+    round_.timings.between_seconds = between
+    policy.observe(state, round_)
+    committed = commit(state, round_.committed)
+    state.logprobs.extend(round_.logprobs[:len(committed)])
+    return committed
+
+
 async def generate(state: RequestState, draft: DraftClient | None, target: TargetClient,
                    policy: KPolicy, recovery_s: float = 60.0) -> AsyncIterator[list[int]]:
     """Run rounds until the request finishes, yielding each round's committed tokens. With overlap on,
-    each model round pre-drafts the next one (its K chosen now) while the target verifies.
-    Both workers' caches for this session are released however the request ends."""
+    each model round pre-drafts the next one (its K chosen now) while the target verifies; a round at K = 0
+    is a decode run of several tokens (run_steps). Both workers' caches for this session are released
+    however the request ends."""
     ready, planned, ended = None, None, None
     try:
         while not state.finish_reason:
             between = None if ended is None else time.perf_counter() - ended
             source, k = (MODEL, len(ready.tokens)) if ready else plan_round(state, draft, policy, planned)
+            steps = 1 if ready else run_steps(state, draft, policy, k)
+            if steps > 1:
+                async with contextlib.aclosing(resilient_run(state, target, steps, recovery_s, source)) as rounds:
+                    async for round_ in rounds:
+                        committed, between, ended = conclude(state, policy, round_, between), None, time.perf_counter()
+                        yield committed
+                        if state.finish_reason:
+                            break
+                planned = None
+                continue
             overlap = policy.overlap and source == MODEL
             next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source)
-            ended = time.perf_counter()
-            round_.timings.between_seconds = between
-            policy.observe(state, round_)
-            committed = commit(state, round_.committed)
-            state.logprobs.extend(round_.logprobs[:len(committed)])
+            committed, ended = conclude(state, policy, round_, between), time.perf_counter()
             yield committed
             planned = next_k if overlap else None
     finally:

@@ -7,9 +7,10 @@ whole committed context (re-prefill).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -21,20 +22,33 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
                    ("grpc.max_send_message_length", 64 * 1024 * 1024)]
 
 
-async def synced_call(rpc: Callable[..., Awaitable], make_request: Callable, tokens: list[int],
-                      synced: int, timeout: float):
-    """Call `rpc(make_request(position, new_tokens, start))`; on NOT_FOUND re-prefill from 0.
-    Returns (response, wire_bytes)."""
+async def synced_answers(rpc: Callable[..., AsyncIterator], make_request: Callable, tokens: list[int],
+                         synced: int, timeout: float) -> AsyncIterator:
+    """Call `rpc(make_request(position, new_tokens, start))` and yield each of its answers as (response,
+    wire_bytes); if the worker answers NOT_FOUND (it lost the session), re-prefill from position 0."""
     position = synced
     while True:
         request = make_request(position, tokens[position:], position == 0)
-        try:
-            response = await rpc(request, timeout=timeout)
-            return response, request.ByteSize() + response.ByteSize()
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND or position == 0:
-                raise
-            position = 0
+        sent = request.ByteSize()
+        async with contextlib.aclosing(rpc(request, timeout=timeout)) as answers:
+            try:
+                async for response in answers:
+                    yield response, sent + response.ByteSize()
+                    sent = 0                       # counted once, with the first answer
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND or position == 0 or not sent:
+                    raise
+        position = 0
+
+
+async def synced_call(rpc: Callable[..., Awaitable], make_request: Callable, tokens: list[int],
+                      synced: int, timeout: float):
+    """synced_answers for a call that answers once: (response, wire_bytes)."""
+    async def once(request, timeout: float) -> AsyncIterator:
+        yield await rpc(request, timeout=timeout)
+    async with contextlib.aclosing(synced_answers(once, make_request, tokens, synced, timeout)) as answers:
+        return await anext(answers)
 
 
 async def in_daemon_thread(fn: Callable[[], str]) -> str:
@@ -112,6 +126,30 @@ class CallStream:
         finally:
             stream.pending.pop(call_id, None)
 
+    async def answers(self, request, timeout: float | None = None) -> AsyncIterator:
+        """A call that answers more than once (a decode run): each answer as it arrives, up to the one without
+        `more`; `timeout` bounds the wait for each answer. Closing the iterator early withdraws the call."""
+        stream = self._current()
+        request.call_id = call_id = next(self._ids)
+        stream.pending[call_id] = inbox = asyncio.Queue()
+        stream.outbox.put_nowait(request)
+        finished = False
+        try:
+            while not finished:
+                try:
+                    response = await asyncio.wait_for(inbox.get(), timeout)
+                except asyncio.TimeoutError:
+                    raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:.3g}s") from None
+                if isinstance(response, Exception):
+                    finished = True
+                    raise response
+                finished = not response.more
+                yield response
+        finally:
+            stream.pending.pop(call_id, None)
+            if not finished:
+                self._withdraw(stream, call_id)
+
     def _current(self) -> _Stream:
         if self._stream is None or self._stream.closed:
             self._stream = stream = _Stream(self._open_stream())
@@ -129,21 +167,17 @@ class CallStream:
         error = rpc_error(grpc.StatusCode.UNAVAILABLE, "the worker's stream ended")
         try:
             async for response in stream.call:
-                future = stream.pending.get(response.call_id)
-                if future is None or future.done():
-                    continue
-                if response.status.code:
-                    future.set_exception(rpc_error(_CODES[response.status.code], response.status.message))
-                else:
-                    future.set_result(response)
+                waiting = stream.pending.get(response.call_id)
+                if waiting is not None:
+                    _settle(waiting, rpc_error(_CODES[response.status.code], response.status.message)
+                            if response.status.code else response)
         except grpc.aio.AioRpcError as exc:
             error = exc if exc.code() != grpc.StatusCode.CANCELLED else error
         finally:
             stream.closed = True
             stream.writer.cancel()
-            for future in stream.pending.values():
-                if not future.done():
-                    future.set_exception(error)
+            for waiting in stream.pending.values():
+                _settle(waiting, error)
 
     def close(self) -> None:
         if self._stream is not None:
@@ -152,6 +186,15 @@ class CallStream:
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _settle(waiting: asyncio.Future | asyncio.Queue, outcome) -> None:
+    """Hand an answer (or an AioRpcError) to the call waiting for it: a unary-like call's future, or the queue
+    of a call that answers more than once."""
+    if isinstance(waiting, asyncio.Queue):
+        waiting.put_nowait(outcome)
+    elif not waiting.done():
+        waiting.set_exception(outcome) if isinstance(outcome, Exception) else waiting.set_result(outcome)
 
 
 class WorkerClient:
@@ -278,11 +321,26 @@ class TargetClient(WorkerClient):
     async def verify(self, session_id: int, tokens: list[int], synced: int, drafts: list[int],
                      hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float,
                      top_logprobs: int | None = None):
-        def make(position, new, start):
-            return worker_pb2.VerifyRequest(session_id=session_id, position=position, new_token_ids=new,
-                                            draft_token_ids=drafts, draft_hidden_states=hidden,
-                                            sampling=sampling if start else None, top_logprobs=top_logprobs)
+        make = _verify_request(session_id, sampling, top_logprobs, draft_token_ids=drafts,
+                               draft_hidden_states=hidden)
         return await synced_call(self.stream, make, tokens, synced, timeout)
+
+    def decode_run(self, session_id: int, tokens: list[int], synced: int, steps: int, stop_ids: frozenset,
+                   sampling: generation_pb2.SamplingParams, timeout: float,
+                   top_logprobs: int | None = None) -> AsyncIterator:
+        """Up to `steps` tokens of plain decoding in one call: yields (response, wire_bytes) per token."""
+        make = _verify_request(session_id, sampling, top_logprobs, decode_steps=steps,
+                               stop_token_ids=sorted(stop_ids))
+        return synced_answers(self.stream.answers, make, tokens, synced, timeout)
+
+
+def _verify_request(session_id: int, sampling: generation_pb2.SamplingParams, top_logprobs: int | None,
+                    **fields) -> Callable:
+    """make_request(position, new_tokens, start) for a target call (sampling only at session start)."""
+    def make(position: int, new: list[int], start: bool) -> worker_pb2.VerifyRequest:
+        return worker_pb2.VerifyRequest(session_id=session_id, position=position, new_token_ids=new,
+                                        sampling=sampling if start else None, top_logprobs=top_logprobs, **fields)
+    return make
 
 
 def least_loaded(clients: list[WorkerClient]) -> WorkerClient:

@@ -144,6 +144,9 @@ class ControllerConfig:
     overlap: bool = True             # while the target verifies, the draft pre-drafts the next round for the
                                      # verdict "all K accepted + its own guess of the next token"
     overlap_tokens: int = 0          # most tokens one pre-draft may draft (guess + next K; 0: k_max + 1)
+    decode_steps: int = 16           # a round at K = 0 (chosen, or speculation.k: 0) is a decode run: the target
+                                     # decodes up to this many tokens in one call, streaming each back, with no
+                                     # round trip between them (1: one call per token)
     # threshold policy
     raise_above: float = 0.8         # K += 1 when the acceptance rate since the last step is above this
     lower_below: float = 0.4         # K -= 1 when it is below this
@@ -172,6 +175,7 @@ class ControllerConfig:
             ("cost_window", self.cost_window >= 1, "must be >= 1"),
             ("load_window", self.load_window >= 1, "must be >= 1"),
             ("overlap_tokens", self.overlap_tokens == 0 or self.overlap_tokens >= 2, "must be 0 or >= 2"),
+            ("decode_steps", self.decode_steps >= 1, "must be >= 1"),
             ("raise_above", 0.0 <= self.raise_above <= 1.0, "must be in [0, 1]"),
             ("lower_below", 0.0 <= self.lower_below <= self.raise_above,
              f"must be in [0, raise_above={self.raise_above}]"),

@@ -2,13 +2,56 @@
 
 Verify calls go through a Batcher: those that arrive together run as one batched forward (on every
 TP rank), each row rejection-sampled on its own.
+
+A decode run (VerifyRequest.decode_steps > 1, no drafts) is plain decoding of several tokens in one call, each
+answered as soon as it is sampled. While it is all the worker has to do, its steps run back to back on the engine
+thread (no event-loop or thread hop between them); while other calls or runs wait, each step goes through the
+Batcher, so it batches with them.
 """
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from typing import Callable
+
+import grpc
+
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
-from engine.batching import Batcher
+from engine.batching import Batcher, only_answer
 from engine.worker_server import EngineRunner, answer, serve_stream
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
+
+
+def next_step(request: worker_pb2.VerifyRequest, token: int) -> worker_pb2.VerifyRequest:
+    """A decode run's next step: the session now holds what `request` appended; append `token`."""
+    step = worker_pb2.VerifyRequest(session_id=request.session_id, new_token_ids=[token],
+                                    position=request.position + len(request.new_token_ids))
+    if request.HasField("top_logprobs"):
+        step.top_logprobs = request.top_logprobs
+    return step
+
+
+class DecodeRun:
+    """One decode run's progress. Each step samples exactly as a K = 0 round would (same session, positions and
+    seeded draws), so a run commits what that many rounds would. It ends after decode_steps tokens or a stop
+    token; every answer but the last goes to `emit` with `more` set."""
+
+    def __init__(self, request: worker_pb2.VerifyRequest, emit: Callable[[worker_pb2.VerifyResponse], None]):
+        self.request, self.emit = request, emit
+        self.steps_left, self.stops = max(request.decode_steps, 1), set(request.stop_token_ids)
+        self.last: worker_pb2.VerifyResponse | None = None
+
+    def advance(self, response: worker_pb2.VerifyResponse, started: float) -> None:
+        """Take one step's answer (its handler time counted from `started`); set `last` when the run ends."""
+        response.handler_us = int((time.perf_counter() - started) * 1e6)
+        self.steps_left -= 1
+        if self.steps_left == 0 or response.next_token_id in self.stops:
+            self.last = response
+            return
+        response.more = True
+        self.emit(response)
+        self.request = next_step(self.request, response.next_token_id)
 
 
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
@@ -17,16 +60,60 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         self._world_size = world_size
         self._runner = EngineRunner()
         self._batcher = Batcher(self._verify_batch, max_batch, max_wait_s)
+        self._runs = 0                    # decode runs in progress
+
+    @property
+    def _alone(self) -> bool:
+        """Whether one decode run is all this worker has to do (read on the engine thread too)."""
+        return self._runs == 1 and not self._batcher.waiting
 
     async def _verify_batch(self, requests: list, gone=None) -> list:
         batch = worker_pb2.VerifyBatch(requests=requests)
         return await self._runner.run(lead, self._engine, VERIFY_BATCH, batch, self._world_size)
 
+    async def _decode_run(self, request: worker_pb2.VerifyRequest, emit: Callable) -> worker_pb2.VerifyResponse:
+        """A decode run: its steps alone on the engine thread while no other call waits, else one at a time
+        through the Batcher. A withdrawn call stops it at its next step."""
+        loop = asyncio.get_running_loop()
+        run, withdrawn = DecodeRun(request, lambda response: loop.call_soon_threadsafe(emit, response)), \
+            threading.Event()
+        self._runs += 1
+        try:
+            while run.last is None:
+                if self._alone:
+                    await self._runner.run(self._steps_alone, run, withdrawn)
+                else:
+                    started = time.perf_counter()
+                    run.advance(await self._batcher.submit(run.request), started)
+        except asyncio.CancelledError:
+            withdrawn.set()
+            raise
+        finally:
+            self._runs -= 1
+        return run.last
+
+    def _steps_alone(self, run: DecodeRun, withdrawn: threading.Event) -> None:
+        """On the engine thread: the run's steps back to back until it ends, is withdrawn or another call waits."""
+        while run.last is None and not withdrawn.is_set() and self._alone:
+            started = time.perf_counter()
+            batch = worker_pb2.VerifyBatch(requests=[run.request])
+            response = only_answer(lead(self._engine, VERIFY_BATCH, batch, self._world_size))
+            response.compute_us = int((time.perf_counter() - started) * 1e6)
+            run.advance(response, started)
+
+    def _submit(self, request: worker_pb2.VerifyRequest, emit: Callable):
+        if request.decode_steps > 1 and not request.draft_token_ids:
+            return self._decode_run(request, emit)
+        return self._batcher.submit(request)
+
     async def Verify(self, request, context):
+        if request.decode_steps > 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "decode_steps: a decode run answers more than once; send it on VerifyStream")
         return await answer(context, self._batcher.submit(request))
 
     async def VerifyStream(self, requests, context):
-        async for response in serve_stream(requests, self._batcher.submit, worker_pb2.VerifyResponse):
+        async for response in serve_stream(requests, self._submit, worker_pb2.VerifyResponse):
             yield response
 
     async def Release(self, request, context):

@@ -54,7 +54,7 @@ def stream_tokens(stub, request):
     return tokens, chunks
 
 
-@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("k", [0, 1, 3, 6])
 @pytest.mark.parametrize("mode", ["unary", "stream"])
 def test_greedy_identical_to_target_generate(service, reference_generate, k, mode):
     for prompt in PROMPTS:
@@ -77,6 +77,8 @@ def test_plain_target_decoding_with_k0(service, reference_generate):
     assert list(response.token_ids) == reference_generate(PROMPTS[0], MAX_NEW)
     assert response.stats.draft_tokens == 0 and set(response.stats.k_per_round) == {0}
     assert response.stats.target_passes == len(response.token_ids)
+    steps = service.service.config.speculation.decode_steps               # a decode run: one call, many passes
+    assert response.stats.target_calls == -(-MAX_NEW // steps) < MAX_NEW
     check_round_accounting(list(response.token_ids), response.stats, response.finish_reason)
 
 

@@ -219,14 +219,17 @@ def reference_logprobs(target, prompt_ids: list[int], output: list[int], samplin
     return torch.log_softmax(logits, -1) if sampling.greedy else logits_to_probs(logits, sampling).log()
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, 0, 1.0), (0.8, 0, 1.0), (1.3, 40, 0.9)])
-def test_logprobs_equal_the_target_alone(served, target, temperature, top_k, top_p):
+@pytest.mark.parametrize("temperature, top_k, top_p, k", [(0.0, 0, 1.0, 3), (0.8, 0, 1.0, 3), (1.3, 40, 0.9, 3),
+                                                           (0.8, 0, 1.0, 0)])
+def test_logprobs_equal_the_target_alone(served, target, temperature, top_k, top_p, k):
+    """With speculation (K = 3: the committing verify pass) and at K = 0 (a decode run's steps)."""
     from engine.sampling import Sampling
     request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=30, logprobs=5)
     request.sampling.temperature, request.sampling.top_k, request.sampling.top_p = temperature, top_k, top_p
     request.sampling.seed = 11
+    request.speculation.k = k
     answer = served.stub.Generate(request)
-    assert answer.stats.draft_tokens > 0                      # speculation stayed on
+    assert (answer.stats.draft_tokens > 0) == (k > 0)         # speculation stayed on, or decode runs
     output = list(answer.token_ids)
     assert [e.token_id for e in answer.logprobs] == output
     expected = reference_logprobs(target, target[1](PROMPT).input_ids, output,
@@ -238,7 +241,8 @@ def test_logprobs_equal_the_target_alone(served, target, temperature, top_k, top
     for entry, values in zip(answer.logprobs, top.values):
         assert torch.allclose(torch.tensor([t.logprob for t in entry.top]), values, atol=1e-4)
     http = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=30, temperature=temperature,
-                                            top_p=top_p, seed=11, logprobs=5, extra_body={"top_k": top_k})
+                                            top_p=top_p, seed=11, logprobs=5,
+                                            extra_body={"top_k": top_k, "speculation": {"k": k}})
     finite = torch.where(torch.isfinite(chosen), chosen, torch.tensor(-9999.0))
     assert torch.allclose(torch.tensor(http.choices[0].logprobs.token_logprobs), finite, atol=1e-4)
 

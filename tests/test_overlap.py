@@ -108,6 +108,7 @@ class FixedK:
 
     def __init__(self, k: int, overlap: bool):
         self.k, self.overlap, self.predraft_k, self.rounds = k, overlap, 8, []
+        self.decode_steps = 1               # the fake target answers one token per call
 
     def choose_k(self, state, source=None):
         return self.k

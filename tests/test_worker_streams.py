@@ -20,8 +20,11 @@ class Worker:
     def __init__(self):
         self.started, self.withdrawn = [], []
 
-    async def submit(self, request):
+    async def submit(self, request, emit):
         self.started.append(request.session_id)
+        for token in range(request.decode_steps - 1):     # a call that answers more than once
+            await asyncio.sleep(0.002)
+            emit(worker_pb2.VerifyResponse(next_token_id=token, more=True))
         try:
             if request.session_id == 404:
                 raise SessionLost("session 404: not here")
@@ -136,3 +139,37 @@ def test_callers_cancelled_mid_write_leave_the_other_calls_on_the_stream_alone()
         return kept, (await stream(call(1), timeout=10)).next_token_id
     kept, after = scenario(body)
     assert kept == [list(range(51, 70, 2))] * 8 and after == 1
+
+
+def run_call(session_id: int, steps: int) -> worker_pb2.VerifyRequest:
+    return worker_pb2.VerifyRequest(session_id=session_id, decode_steps=steps)
+
+
+def test_a_call_that_answers_more_than_once_gets_every_answer_in_order_beside_other_calls():
+    async def body(worker, server, stream):
+        async def collect():
+            return [(r.next_token_id, r.more) async for r in stream.answers(run_call(20, 5), timeout=10)]
+        return await asyncio.gather(collect(), stream(call(7), timeout=10), collect())
+    runs_a, single, runs_b = scenario(body)
+    expected = [(0, True), (1, True), (2, True), (3, True), (20, False)]
+    assert runs_a == expected == runs_b and single.next_token_id == 7
+
+
+def test_closing_a_call_that_answers_more_than_once_withdraws_it_on_the_worker():
+    async def body(worker, server, stream):
+        answers = stream.answers(run_call(999, 3), timeout=10)
+        first = await anext(answers)
+        await answers.aclose()
+        await asyncio.sleep(0.2)
+        return first.more, worker.withdrawn, (await stream(call(3), timeout=10)).next_token_id
+    assert scenario(body) == (True, [999], 3)
+
+
+def test_an_error_ends_a_call_that_answers_more_than_once_with_its_status():
+    async def body(worker, server, stream):
+        got = []
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            async for response in stream.answers(run_call(404, 3), timeout=10):
+                got.append(response.next_token_id)
+        return got, error.value.code()
+    assert scenario(body) == ([0, 1], grpc.StatusCode.NOT_FOUND)
