@@ -25,11 +25,14 @@ class Session:
     cache: object = None           # transformers DynamicCache, created on first forward
     length: int = 0                # tokens held in the cache
     last_used: float = field(default=0.0)
+    tokens: list = field(default_factory=list)   # their IDs, where the engine keeps them (the target's)
+    ngram: object = None           # the target's prompt-lookup index of the committed tokens (engine.ngram)
 
     def crop(self, position: int) -> None:
         if self.length > position:
             self.cache.crop(position - self.length)   # negative: number of tokens to drop
             self.length = position
+        del self.tokens[position:]
 
 
 class SessionStore:

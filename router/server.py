@@ -24,7 +24,7 @@ from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
 from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
 from router.k_selection import KSelector
 from router.metrics import Metrics
-from router.ngram import NgramIndex
+from engine.ngram import NgramIndex
 from router.speculation import DRAFT_MODES, RequestState, generate
 from router.stopping import output_chunks
 from router.text import encode, max_token_chars

@@ -13,7 +13,7 @@ other verdict cancels the pre-draft and r+1 drafts as usual. Drafts are only pro
 which tokens are proposed, never the distribution of what is committed.
 
 Proposal sources (`draft.method`). A round's drafts come from the draft model (the draft worker) or from prompt
-lookup (router/ngram.py: the continuation of an earlier occurrence of the context's last n tokens, computed here
+lookup (engine/ngram.py: the continuation of an earlier occurrence of the context's last n tokens, computed here
 in the router with no call). An n-gram proposal is deterministic, so it is verified exactly as a greedy draft
 (q one-hot: no hidden states travel, and the target verifies any request whose drafts come without them that
 way, whatever the pool's draft mode). With `model+ngram` the policy picks, each round that has a match, the
@@ -32,7 +32,7 @@ import grpc
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from router.controller import RoundTimings
-from router.ngram import NgramIndex
+from engine.ngram import NgramIndex
 from router.worker_client import DraftClient, TargetClient
 
 NONE, MODEL, NGRAM = (generation_pb2.PROPOSAL_SOURCE_NONE, generation_pb2.PROPOSAL_SOURCE_MODEL,
@@ -219,15 +219,19 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
         queue_depth=verdict.queue_depth)
 
 
-async def decode_run(state: RequestState, target: TargetClient, steps: int, source: int) -> AsyncIterator[Round]:
-    """Plain decoding (K = 0) of up to `steps` tokens in one target call, with no round trip between the target's
-    steps: each token is answered as soon as it is sampled and is a round with no drafts here, timed from the
-    previous answer (so the K controller learns what a token costs in a run). The caller commits each round's
-    token before asking for the next; closing the iterator early withdraws the call."""
-    logprobs = {} if state.top_logprobs is None else {"top_logprobs": state.top_logprobs}
+async def decode_run(state: RequestState, target: TargetClient, steps: int, source: int,
+                     lookup_k: int | None = None) -> AsyncIterator[Round]:
+    """Up to `steps` tokens in one target call, with no round trip between the target's steps: plain decoding
+    (K = 0), or with `lookup_k` the target drafting up to that many tokens per step by prompt lookup over the
+    session's committed tokens. Each step is answered as soon as it is sampled and is a round here, timed from
+    the previous answer (so the K controller learns what a round costs in a run). The caller commits each round's
+    tokens before asking for the next; closing the iterator early withdraws the call."""
+    extra = {} if state.top_logprobs is None else {"top_logprobs": state.top_logprobs}
+    if lookup_k is not None:
+        extra["lookup"] = worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n,
+                                                  max_tokens=lookup_k)
     answers = target.decode_run(state.session_id, state.tokens, state.target_synced, steps,
-                                state.stop_ids | state.eos_ids, state.sampling, state.timeout(target.timeout),
-                                **logprobs)
+                                state.stop_ids | state.eos_ids, state.sampling, state.timeout(target.timeout), **extra)
     state.stats.target_calls += 1
     started = time.perf_counter()
     async with contextlib.aclosing(answers):
@@ -236,9 +240,11 @@ async def decode_run(state: RequestState, target: TargetClient, steps: int, sour
             verify_s, rtt_s, worker_s = split_time(started, verdict)
             timings = RoundTimings(verify_seconds=verify_s, rtt_seconds=rtt_s, batch_size=verdict.batch_size,
                                    batch_tokens=verdict.batch_tokens, queue_depth=verdict.queue_depth)
-            round_ = Round([], 0, [verdict.next_token_id], timings, source=source, logprobs=list(verdict.logprobs))
+            drafts, accepted = list(verdict.draft_token_ids), verdict.num_accepted
+            round_ = Round(drafts, accepted, drafts[:accepted] + [verdict.next_token_id], timings,
+                           source=NGRAM if drafts else source, logprobs=list(verdict.logprobs))
             round_.parts = round_parts(time.perf_counter() - started, NO_DRAFTS, False, timings, worker_s, 0.0)
-            state.target_synced = len(state.tokens)       # it holds every committed token but this one
+            state.target_synced = len(state.tokens) + accepted    # it holds every committed token but the last
             record(state.stats, round_)
             started = time.perf_counter()
             yield round_
@@ -360,15 +366,15 @@ async def resilient_round(state: RequestState, draft: DraftClient | None, target
 
 
 async def resilient_run(state: RequestState, target: TargetClient, steps: int, recovery_s: float,
-                        source: int) -> AsyncIterator[Round]:
+                        source: int, lookup_k: int | None = None) -> AsyncIterator[Round]:
     """decode_run surviving a target failure as resilient_round does: the run goes on, re-prefilled, for the
-    steps it has left."""
+    tokens it has left."""
     give_up = None
     while steps > 0:
         try:
-            async with contextlib.aclosing(decode_run(state, target, steps, source)) as rounds:
+            async with contextlib.aclosing(decode_run(state, target, steps, source, lookup_k)) as rounds:
                 async for round_ in rounds:
-                    steps -= 1
+                    steps -= len(round_.committed)
                     yield round_
             return
         except grpc.aio.AioRpcError as exc:
@@ -402,8 +408,7 @@ def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
     """This round's proposal source and K. Candidates: the draft model (methods model and model+ngram, while the
     draft worker is reachable) and prompt lookup (methods ngram and model+ngram, or as the fallback while the
     draft worker is not), when the context's suffix occurred before. `planned`: a model K already chosen."""
-    model = state.method != "ngram" and draft is not None and draft.healthy
-    lookup = lookup_allowed(state, draft)
+    model, lookup = model_allowed(state, draft), lookup_allowed(state, draft)
     candidates = [s for s, ok in ((MODEL, model), (NGRAM, lookup and state.ngram.match(state.tokens))) if ok]
     if not candidates:
         return (MODEL if state.method != "ngram" else NGRAM), 0
@@ -415,20 +420,30 @@ def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
     return source, clamp_k(state, k)
 
 
+def model_allowed(state: RequestState, draft: DraftClient | None) -> bool:
+    """Whether rounds may take the draft model's drafts: methods model and model+ngram, while it is reachable."""
+    return state.method != "ngram" and draft is not None and draft.healthy
+
+
 def lookup_allowed(state: RequestState, draft: DraftClient | None) -> bool:
     """Whether rounds may take prompt-lookup drafts: methods ngram and model+ngram, or as the fallback while the
     draft worker is down (and only for a request that has an n-gram index)."""
-    model = state.method != "ngram" and draft is not None and draft.healthy
-    return state.ngram is not None and (state.method != "model" or not model)
+    return state.ngram is not None and (state.method != "model" or not model_allowed(state, draft))
 
 
-def run_steps(state: RequestState, draft: DraftClient | None, policy: KPolicy, k: int) -> int:
-    """How many tokens a round planned at K = 0 decodes in one target call (a decode run): the policy's
-    decode_steps, within max_new_tokens and the context; 1 (a plain round) if K > 0 or while prompt lookup might
-    propose drafts after any token."""
-    if k or policy.decode_steps <= 1 or lookup_allowed(state, draft):
-        return 1
-    return clamp_k(state, policy.decode_steps - 1) + 1
+def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, k: int) -> tuple[int, int | None]:
+    """Whether the round planned at K = k is a decode run instead: (the tokens the run may commit in one target
+    call, the drafts the target may look up per step: None for plain decoding); (1, None): a round as usual.
+    Runs are: a round at K = 0 while prompt lookup may not propose; and every round of a request whose only
+    proposer is prompt lookup (draft.method ngram, or the fallback while the draft worker is down), which the
+    target then looks up itself, with no round trip per round. decode_steps 1 turns runs off."""
+    if policy.decode_steps <= 1:
+        return 1, None
+    tokens = clamp_k(state, policy.decode_steps - 1) + 1
+    lookup = lookup_allowed(state, draft)
+    if lookup and not model_allowed(state, draft):
+        return tokens, clamp_k(state, choose_k(state, policy, NGRAM))
+    return (tokens, None) if k == 0 and not lookup else (1, None)
 
 
 def conclude(state: RequestState, policy: KPolicy, round_: Round, between: float | None) -> list[int]:
@@ -445,16 +460,17 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
                    policy: KPolicy, recovery_s: float = 60.0) -> AsyncIterator[list[int]]:
     """Run rounds until the request finishes, yielding each round's committed tokens. With overlap on,
     each model round pre-drafts the next one (its K chosen now) while the target verifies; a round at K = 0
-    is a decode run of several tokens (run_steps). Both workers' caches for this session are released
+    or of a request that drafts only by prompt lookup is a decode run of several tokens (run_plan). Both workers' caches for this session are released
     however the request ends."""
     ready, planned, ended = None, None, None
     try:
         while not state.finish_reason:
             between = None if ended is None else time.perf_counter() - ended
             source, k = (MODEL, len(ready.tokens)) if ready else plan_round(state, draft, policy, planned)
-            steps = 1 if ready else run_steps(state, draft, policy, k)
+            steps, lookup_k = (1, None) if ready else run_plan(state, draft, policy, k)
             if steps > 1:
-                async with contextlib.aclosing(resilient_run(state, target, steps, recovery_s, source)) as rounds:
+                run = resilient_run(state, target, steps, recovery_s, source, lookup_k)
+                async with contextlib.aclosing(run) as rounds:
                     async for round_ in rounds:
                         committed, between, ended = conclude(state, policy, round_, between), None, time.perf_counter()
                         yield committed

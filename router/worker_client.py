@@ -326,11 +326,12 @@ class TargetClient(WorkerClient):
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
     def decode_run(self, session_id: int, tokens: list[int], synced: int, steps: int, stop_ids: frozenset,
-                   sampling: generation_pb2.SamplingParams, timeout: float,
-                   top_logprobs: int | None = None) -> AsyncIterator:
-        """Up to `steps` tokens of plain decoding in one call: yields (response, wire_bytes) per token."""
+                   sampling: generation_pb2.SamplingParams, timeout: float, top_logprobs: int | None = None,
+                   lookup: worker_pb2.PromptLookup | None = None) -> AsyncIterator:
+        """Up to `steps` tokens in one call, by plain decoding or (`lookup`) with the target's own prompt-lookup
+        drafts: yields (response, wire_bytes) per target step."""
         make = _verify_request(session_id, sampling, top_logprobs, decode_steps=steps,
-                               stop_token_ids=sorted(stop_ids))
+                               stop_token_ids=sorted(stop_ids), lookup=lookup)
         return synced_answers(self.stream.answers, make, tokens, synced, timeout)
 
 

@@ -23,35 +23,49 @@ from engine.worker_server import EngineRunner, answer, serve_stream
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
 
 
-def next_step(request: worker_pb2.VerifyRequest, token: int) -> worker_pb2.VerifyRequest:
-    """A decode run's next step: the session now holds what `request` appended; append `token`."""
-    step = worker_pb2.VerifyRequest(session_id=request.session_id, new_token_ids=[token],
-                                    position=request.position + len(request.new_token_ids))
+def committed(response: worker_pb2.VerifyResponse) -> list[int]:
+    """What a call commits: the accepted drafts (of those it looked up itself), then the next token."""
+    return list(response.draft_token_ids[:response.num_accepted]) + [response.next_token_id]
+
+
+def next_step(request: worker_pb2.VerifyRequest, response: worker_pb2.VerifyResponse,
+              tokens_left: int) -> worker_pb2.VerifyRequest:
+    """A decode run's next step: the session now holds what `request` appended and the accepted drafts; append
+    the next token (and look up at most tokens_left - 1 drafts after it)."""
+    step = worker_pb2.VerifyRequest(session_id=request.session_id, new_token_ids=[response.next_token_id],
+                                    position=request.position + len(request.new_token_ids) + response.num_accepted)
     if request.HasField("top_logprobs"):
         step.top_logprobs = request.top_logprobs
+    if request.HasField("lookup"):
+        step.lookup.CopyFrom(request.lookup)
+        step.lookup.max_tokens = min(request.lookup.max_tokens, tokens_left - 1)
     return step
 
 
 class DecodeRun:
     """One decode run's progress. Each step samples exactly as a K = 0 round would (same session, positions and
-    seeded draws), so a run commits what that many rounds would. It ends after decode_steps tokens or a stop
-    token; every answer but the last goes to `emit` with `more` set."""
+    seeded draws), or with `lookup` as a round with those n-gram drafts would, so a run commits what those
+    rounds would. It ends after decode_steps committed tokens or a stop token; every answer but the last goes
+    to `emit` with `more` set."""
 
     def __init__(self, request: worker_pb2.VerifyRequest, emit: Callable[[worker_pb2.VerifyResponse], None]):
         self.request, self.emit = request, emit
-        self.steps_left, self.stops = max(request.decode_steps, 1), set(request.stop_token_ids)
+        self.tokens_left, self.stops = max(request.decode_steps, 1), set(request.stop_token_ids)
+        if request.HasField("lookup"):
+            request.lookup.max_tokens = min(request.lookup.max_tokens, self.tokens_left - 1)
         self.last: worker_pb2.VerifyResponse | None = None
 
     def advance(self, response: worker_pb2.VerifyResponse, started: float) -> None:
         """Take one step's answer (its handler time counted from `started`); set `last` when the run ends."""
         response.handler_us = int((time.perf_counter() - started) * 1e6)
-        self.steps_left -= 1
-        if self.steps_left == 0 or response.next_token_id in self.stops:
+        tokens = committed(response)
+        self.tokens_left -= len(tokens)
+        if self.tokens_left <= 0 or not self.stops.isdisjoint(tokens):
             self.last = response
             return
         response.more = True
         self.emit(response)
-        self.request = next_step(self.request, response.next_token_id)
+        self.request = next_step(self.request, response, self.tokens_left)
 
 
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):

@@ -10,6 +10,7 @@ import torch
 
 from protos.specpool.v1 import worker_pb2
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
+from engine.ngram import NgramIndex
 from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
 from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample, token_logprobs
 from engine.sessions import SessionStore, open_sessions
@@ -24,13 +25,23 @@ def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, 
         return logits_to_probs(head(hidden), sampling)
 
 
-def add_logprobs(response: worker_pb2.VerifyResponse, request: worker_pb2.VerifyRequest, logits: torch.Tensor,
-                 sampling: Sampling) -> None:
+def own_drafts(request: worker_pb2.VerifyRequest, session) -> list[int]:
+    """The drafts a call verifies: those it carries or, with `lookup` set, the prompt-lookup drafts after the
+    session's committed tokens (session.tokens, the call's new tokens included)."""
+    if request.draft_token_ids or not request.HasField("lookup"):
+        return list(request.draft_token_ids)
+    if session.ngram is None:
+        session.ngram = NgramIndex(request.lookup.min_n, request.lookup.max_n)
+    return session.ngram.propose(session.tokens, request.lookup.max_tokens)
+
+
+def add_logprobs(response: worker_pb2.VerifyResponse, request: worker_pb2.VerifyRequest, drafts: list[int],
+                 logits: torch.Tensor, sampling: Sampling) -> None:
     """If the call asks for them, the logprobs of the tokens it commits (the accepted drafts and the next
     token), from the very logits that verified them."""
     if not request.HasField("top_logprobs"):
         return
-    committed = list(request.draft_token_ids)[:response.num_accepted] + [response.next_token_id]
+    committed = drafts[:response.num_accepted] + [response.next_token_id]
     for token, (logprob, top) in zip(committed, token_logprobs(logits[:len(committed)], committed, sampling,
                                                                request.top_logprobs)):
         entry = response.logprobs.add(token_id=token, logprob=logprob)
@@ -73,24 +84,31 @@ class TargetEngine:
 
     def _verify_rows(self, rows: list, requests: list, results: list) -> None:
         """One forward over rows [(index, session)], then the rejection sampler per row."""
-        tokens = [list(requests[i].new_token_ids) + list(requests[i].draft_token_ids) for i, _ in rows]
-        keeps = [len(requests[i].draft_token_ids) + 1 for i, _ in rows]
+        for i, session in rows:
+            session.tokens.extend(requests[i].new_token_ids)
+        drafts = [own_drafts(requests[i], session) for i, session in rows]
+        tokens = [list(requests[i].new_token_ids) + row_drafts for (i, _), row_drafts in zip(rows, drafts)]
+        keeps = [len(row_drafts) + 1 for row_drafts in drafts]
         starts = [session.length + len(requests[i].new_token_ids) for i, session in rows]
+        for (_, session), row_drafts in zip(rows, drafts):
+            session.tokens.extend(row_drafts)
         logits = extend_batch(self.model, [session for _, session in rows], tokens, keeps)
         batch_tokens = sum(len(t) for t in tokens)
         self.stats.record(len(rows))
-        for (i, session), row_logits, start in zip(rows, logits, starts):
+        for (i, session), row_drafts, row_logits, start in zip(rows, drafts, logits, starts):
             try:
-                results[i] = self._sample_row(requests[i], session, row_logits, start)
-                add_logprobs(results[i], requests[i], row_logits, session.sampling)
+                results[i] = self._sample_row(requests[i], row_drafts, session, row_logits, start)
+                add_logprobs(results[i], requests[i], row_drafts, row_logits, session.sampling)
             except Exception as exc:  # noqa: BLE001 - a bad row fails alone
                 results[i] = exc
                 continue
             results[i].batch_size, results[i].batch_tokens = len(rows), batch_tokens
+            if requests[i].HasField("lookup"):
+                results[i].draft_token_ids.extend(row_drafts)
 
-    def _sample_row(self, request, session, logits: torch.Tensor, start: int) -> worker_pb2.VerifyResponse:
+    def _sample_row(self, request, drafts: list[int], session, logits: torch.Tensor,
+                    start: int) -> worker_pb2.VerifyResponse:
         """Rejection-sample one row: logits [K + 1, vocab] of the target at the K drafts and after them."""
-        drafts = list(request.draft_token_ids)
         if session.sampling.greedy:             # p one-hot: compare the drafts with the argmax, no draw
             num_accepted, next_token = greedy_match(drafts, logits.argmax(-1).tolist())
             return worker_pb2.VerifyResponse(num_accepted=num_accepted, next_token_id=next_token)

@@ -67,9 +67,10 @@ def test_draft_killed_mid_request_gives_identical_tokens(tp2, reference_generate
     assert MODEL in response.stats.source_per_round
 
 
-def test_target_rank_killed_mid_request_gives_identical_tokens(tp2, reference_generate):
+@pytest.mark.parametrize("k", [3, 0], ids=["speculating", "decode-run"])
+def test_target_rank_killed_mid_request_gives_identical_tokens(tp2, reference_generate, k):
     rank1 = tp2.service.pools.target_actors[0][1]
-    chunks = stream_with_fault(tp2, greedy(), lambda: sigkill(rank1))
+    chunks = stream_with_fault(tp2, greedy(k=k), lambda: sigkill(rank1))
     assert tokens_of(chunks) == reference_generate(PROMPT, LONG)
     after = tp2.stub.Generate(greedy(max_new=20))
     assert list(after.token_ids) == reference_generate(PROMPT, 20)

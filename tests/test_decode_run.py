@@ -96,3 +96,29 @@ def test_a_withdrawn_run_stops_stepping(engine):
         return held, engine.sessions._sessions[30].length
     held, later = asyncio.run(scenario())
     assert held == later < len(PROMPT) + 400 // 2
+
+
+def tokens_of(answers) -> list[int]:
+    return [t for a in answers for t in list(a.draft_token_ids[:a.num_accepted]) + [a.next_token_id]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "seeded-sampled"])
+def test_a_run_that_looks_up_its_own_drafts_commits_what_plain_decoding_would(engine, temperature):
+    """Prompt-lookup drafts are verified as a deterministic draft's (q one-hot, coupled to plain decoding), so a
+    run that looks up its drafts commits plain decoding's tokens, exactly its token budget of them."""
+    def request(session_id: int, lookup: bool) -> worker_pb2.VerifyRequest:
+        call = start(session_id, temperature, steps=40)
+        call.new_token_ids[:] = PROMPT * 3                     # a context that repeats: lookup always matches
+        if lookup:
+            call.lookup.min_n, call.lookup.max_n, call.lookup.max_tokens = 1, 3, 6
+        return call
+
+    async def scenario():
+        servicer = TargetServicer(engine, 1)
+        return await decode(servicer, request(40, False)), await decode(servicer, request(41, True))
+    plain, looked_up = asyncio.run(scenario())
+    assert tokens_of(looked_up) == tokens_of(plain) and len(tokens_of(plain)) == 40
+    assert sum(len(a.draft_token_ids) for a in looked_up) > 0
+    assert all(len(a.draft_token_ids) <= 6 for a in looked_up) and not looked_up[-1].more
+    if temperature == 0.0:                                     # a random model's greedy output cycles: drafts hit
+        assert len(looked_up) < len(plain)

@@ -1,4 +1,4 @@
-"""Prompt lookup (router/ngram.py) and the loop's proposal sources (router/speculation.py), no Ray, no gRPC.
+"""Prompt lookup (engine/ngram.py) and the loop's proposal sources (router/speculation.py), no Ray, no gRPC.
 
 The lookup against a brute-force reference; then the loop with draft.method ngram and model+ngram against
 in-memory workers that keep the position contract (tests/test_overlap.py's FakeWorker): output identical to
@@ -11,7 +11,7 @@ import random
 import pytest
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from router.ngram import NgramIndex, continuation
+from engine.ngram import NgramIndex, continuation
 from router.speculation import MODEL, NGRAM, NONE, RequestState, generate
 from tests.test_overlap import FakeWorker, FixedK, down
 

@@ -22,10 +22,10 @@ class Worker:
 
     async def submit(self, request, emit):
         self.started.append(request.session_id)
-        for token in range(request.decode_steps - 1):     # a call that answers more than once
-            await asyncio.sleep(0.002)
-            emit(worker_pb2.VerifyResponse(next_token_id=token, more=True))
         try:
+            for token in range(request.decode_steps - 1):     # a call that answers more than once
+                await asyncio.sleep(0.002)
+                emit(worker_pb2.VerifyResponse(next_token_id=token, more=True))
             if request.session_id == 404:
                 raise SessionLost("session 404: not here")
             if request.session_id == 500:

@@ -41,6 +41,7 @@ class NgramIndex:
     def __init__(self, min_n: int = 2, max_n: int = 4):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n (got {min_n}, {max_n})")
+        self.min_n, self.max_n = min_n, max_n
         self.sizes = range(max_n, min_n - 1, -1)          # longest first
         self._tables: dict[int, dict[tuple, int]] = {n: {} for n in self.sizes}
         self._next_end = 0                                  # n-grams ending before this position are indexed
