@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 import json
 
-from benchmarks.overlap import set_overlap
+from benchmarks.overlap import set_speculation
 from benchmarks.plan import PREDICTABLE, UNPREDICTABLE
 from benchmarks.service import log, running, stream_one
 
@@ -45,7 +45,7 @@ def record_rows(service, prompts: list[str], ks: list, max_new: int, repeats: in
         for k in ks:
             for overlap in (False, True):
                 name = f"K={'adaptive' if k is None else k} overlap {'on' if overlap else 'off'}"
-                set_overlap(service, overlap)
+                set_speculation(service, overlap=overlap)
                 row = rows.setdefault(name, {"k": k, "overlap": overlap, "rounds": [], "runs": []})
                 for prompt in prompts:
                     rounds.clear()

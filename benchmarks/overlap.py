@@ -20,11 +20,14 @@ from protos.specpool.v1 import admin_pb2
 from router.speculation import PARTS
 
 
-def set_overlap(service, on: bool) -> None:
-    """Hot-reload speculation.overlap on the running service."""
+def set_speculation(service, **values) -> None:
+    """Hot-reload speculation.<key> = value (overlap, decode_steps) on the running service."""
     data = service.data
-    data["speculation"] = {**(data.get("speculation") or {}), "overlap": on}
+    data["speculation"] = {**(data.get("speculation") or {}), **values}
     service.admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(data)))
+
+
+ONE_CALL_PER_TOKEN = "in turn K=0, one call per token"   # decode runs off (speculation.decode_steps 1)
 
 
 def counters(service) -> dict:
@@ -36,9 +39,10 @@ def counters(service) -> dict:
     return {**parts, "rounds": rounds}
 
 
-def measured_row(service, cfg: BenchConfig, k: int | None, overlap: bool) -> dict:
-    """specpool_row at K = k (None: adaptive) with overlap on or off, plus ms per round by part."""
-    set_overlap(service, overlap)
+def measured_row(service, cfg: BenchConfig, k: int | None, overlap: bool, decode_steps: int) -> dict:
+    """specpool_row at K = k (None: adaptive) with overlap on or off and decode runs of `decode_steps` tokens,
+    plus ms per round by part."""
+    set_speculation(service, overlap=overlap, decode_steps=decode_steps)
     before = counters(service)
     row = service.client(specpool_row, cfg, k)
     after = counters(service)
@@ -52,18 +56,20 @@ def pair_rows(service, cfg: BenchConfig, c: float, base: float) -> dict:
     """In turn and overlapped rows at K = 0, each of cfg.ks, and adaptive, with their analytic terms. Repeats
     are interleaved (every row once, then every row again), so that this noisy machine's drift over the run
     falls on every row alike; tokens/s is the median over repeats, the other figures their mean."""
-    configured = (service.data.get("speculation") or {}).get("overlap", False)
-    plan = [(f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}", k, overlap)
-            for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))]
-    runs = {name: [] for name, _, _ in plan}
+    configured = service.data.get("speculation") or {}
+    steps = configured.get("decode_steps", 16)
+    plan = [(ONE_CALL_PER_TOKEN, 0, False, 1)] + [
+        (f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}", k, overlap, steps)
+        for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))]
+    runs = {name: [] for name, *_ in plan}
     for repeat in range(cfg.repeats):
-        for name, k, overlap in plan:
-            runs[name].append(measured_row(service, dataclasses.replace(cfg, repeats=1), k, overlap))
+        for name, k, overlap, decode_steps in plan:
+            runs[name].append(measured_row(service, dataclasses.replace(cfg, repeats=1), k, overlap, decode_steps))
         log(f"overlap rows, repeat {repeat + 1}/{cfg.repeats}: " + ", ".join(
-            f"{name} {runs[name][-1]['tokens_per_s']:.0f}" for name, _, _ in plan) + " tokens/s")
-    set_overlap(service, configured)
+            f"{name} {runs[name][-1]['tokens_per_s']:.0f}" for name, *_ in plan) + " tokens/s")
+    set_speculation(service, overlap=configured.get("overlap", True), decode_steps=steps)
     vocab = service.service.pools.target_info["vocab_size"]
-    return {name: with_model_terms(combine(runs[name]), k, c, base, vocab) for name, k, _ in plan}
+    return {name: with_model_terms(combine(runs[name]), k, c, base, vocab) for name, k, *_ in plan}
 
 
 def combine(repeats: list[dict]) -> dict:
@@ -105,7 +111,11 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
     out = {"adaptive / best assisted": rows["overlap adaptive"]["tokens_per_s"] / assisted,
            "in-turn adaptive / best assisted": rows["in turn adaptive"]["tokens_per_s"] / assisted,
            "K=0 / generate()": rows["in turn K=0"]["tokens_per_s"] / base,
-           "hop ms per round (K=0, beyond compute)": hop_ms(rows["in turn K=0"]),
+           "K=0 one call per token / generate()": rows[ONE_CALL_PER_TOKEN]["tokens_per_s"] / base,
+           "ms per token beyond compute (K=0, decode runs)": hop_ms(rows["in turn K=0"]),
+           "hop ms per call (K=0 one call per token, beyond compute)": hop_ms(rows[ONE_CALL_PER_TOKEN]),
+           f"hop ms per round (in turn K={max(ks)}, both calls, beyond compute)":
+               hop_ms(rows[f"in turn K={max(ks)}"]),
            "target pass ms (K=0)": rows["in turn K=0"]["parts_ms"]["verify_compute"],
            "overlap adaptive efficiency (vs in-turn analytic)": rows["overlap adaptive"]["efficiency"]}
     for k in ks:
