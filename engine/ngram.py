@@ -20,6 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class LookupMissed(Exception):
+    """A call asked to be stopped rather than run without drafts, and the lookup found no match."""
+
+
 @dataclass(frozen=True)
 class Match:
     start: int          # where, in the context, the continuation begins

@@ -220,16 +220,15 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
 
 
 async def decode_run(state: RequestState, target: TargetClient, steps: int, source: int,
-                     lookup_k: int | None = None) -> AsyncIterator[Round]:
+                     lookup: worker_pb2.PromptLookup | None = None) -> AsyncIterator[Round]:
     """Up to `steps` tokens in one target call, with no round trip between the target's steps: plain decoding
-    (K = 0), or with `lookup_k` the target drafting up to that many tokens per step by prompt lookup over the
-    session's committed tokens. Each step is answered as soon as it is sampled and is a round here, timed from
-    the previous answer (so the K controller learns what a round costs in a run). The caller commits each round's
-    tokens before asking for the next; closing the iterator early withdraws the call."""
+    (K = 0), or with `lookup` the target drafting by prompt lookup over the session's committed tokens. Each step
+    is answered as soon as it is sampled and is a round here, timed from the previous answer (so the K controller
+    learns what a round costs in a run). The caller commits each round's tokens before asking for the next;
+    closing the iterator early withdraws the call."""
     extra = {} if state.top_logprobs is None else {"top_logprobs": state.top_logprobs}
-    if lookup_k is not None:
-        extra["lookup"] = worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n,
-                                                  max_tokens=lookup_k)
+    if lookup is not None:
+        extra["lookup"] = lookup
     answers = target.decode_run(state.session_id, state.tokens, state.target_synced, steps,
                                 state.stop_ids | state.eos_ids, state.sampling, state.timeout(target.timeout), **extra)
     state.stats.target_calls += 1
@@ -237,6 +236,8 @@ async def decode_run(state: RequestState, target: TargetClient, steps: int, sour
     async with contextlib.aclosing(answers):
         async for verdict, wire in answers:
             state.stats.wire_bytes += wire
+            if verdict.missed:                 # its lookup found no match: the run ends with no step
+                return
             verify_s, rtt_s, worker_s = split_time(started, verdict)
             timings = RoundTimings(verify_seconds=verify_s, rtt_seconds=rtt_s, batch_size=verdict.batch_size,
                                    batch_tokens=verdict.batch_tokens, queue_depth=verdict.queue_depth)
@@ -366,13 +367,13 @@ async def resilient_round(state: RequestState, draft: DraftClient | None, target
 
 
 async def resilient_run(state: RequestState, target: TargetClient, steps: int, recovery_s: float,
-                        source: int, lookup_k: int | None = None) -> AsyncIterator[Round]:
+                        source: int, lookup: worker_pb2.PromptLookup | None = None) -> AsyncIterator[Round]:
     """decode_run surviving a target failure as resilient_round does: the run goes on, re-prefilled, for the
     tokens it has left."""
     give_up = None
     while steps > 0:
         try:
-            async with contextlib.aclosing(decode_run(state, target, steps, source, lookup_k)) as rounds:
+            async with contextlib.aclosing(decode_run(state, target, steps, source, lookup)) as rounds:
                 async for round_ in rounds:
                     steps -= len(round_.committed)
                     yield round_
@@ -431,18 +432,22 @@ def lookup_allowed(state: RequestState, draft: DraftClient | None) -> bool:
     return state.ngram is not None and (state.method != "model" or not model_allowed(state, draft))
 
 
-def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, k: int) -> tuple[int, int | None]:
-    """Whether the round planned at K = k is a decode run instead: (the tokens the run may commit in one target
-    call, the drafts the target may look up per step: None for plain decoding); (1, None): a round as usual.
-    Runs are: a round at K = 0 while prompt lookup may not propose; and every round of a request whose only
-    proposer is prompt lookup (draft.method ngram, or the fallback while the draft worker is down), which the
-    target then looks up itself, with no round trip per round. decode_steps 1 turns runs off."""
+def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, source: int,
+             k: int) -> tuple[int, worker_pb2.PromptLookup | None]:
+    """Whether the round planned (source, K) is a decode run instead: (the tokens the run may commit in one target
+    call, the prompt lookup its steps do: None for plain decoding); (1, None): a round as usual. Runs are: a
+    round at K = 0 while prompt lookup may not propose; every round of a request whose only proposer is prompt
+    lookup (draft.method ngram, or the fallback while the draft worker is down); and an n-gram round of
+    model+ngram, whose run ends at the first step that finds no match (the next round may use the model). The
+    target looks those drafts up itself, with no round trip per round. decode_steps 1 turns runs off."""
     if policy.decode_steps <= 1:
         return 1, None
     tokens = clamp_k(state, policy.decode_steps - 1) + 1
-    lookup = lookup_allowed(state, draft)
-    if lookup and not model_allowed(state, draft):
-        return tokens, clamp_k(state, choose_k(state, policy, NGRAM))
+    lookup, model = lookup_allowed(state, draft), model_allowed(state, draft)
+    if lookup and (not model or source == NGRAM and k > 0):
+        lookup_k = clamp_k(state, choose_k(state, policy, NGRAM)) if not model else k
+        return tokens, worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n,
+                                               max_tokens=lookup_k, end_on_miss=model)
     return (tokens, None) if k == 0 and not lookup else (1, None)
 
 
@@ -467,9 +472,9 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
         while not state.finish_reason:
             between = None if ended is None else time.perf_counter() - ended
             source, k = (MODEL, len(ready.tokens)) if ready else plan_round(state, draft, policy, planned)
-            steps, lookup_k = (1, None) if ready else run_plan(state, draft, policy, k)
+            steps, lookup = (1, None) if ready else run_plan(state, draft, policy, source, k)
             if steps > 1:
-                run = resilient_run(state, target, steps, recovery_s, source, lookup_k)
+                run = resilient_run(state, target, steps, recovery_s, source, lookup)
                 async with contextlib.aclosing(run) as rounds:
                     async for round_ in rounds:
                         committed, between, ended = conclude(state, policy, round_, between), None, time.perf_counter()

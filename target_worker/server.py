@@ -19,6 +19,7 @@ import grpc
 
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
 from engine.batching import Batcher, only_answer
+from engine.ngram import LookupMissed
 from engine.worker_server import EngineRunner, answer, serve_stream
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
 
@@ -45,14 +46,17 @@ def next_step(request: worker_pb2.VerifyRequest, response: worker_pb2.VerifyResp
 class DecodeRun:
     """One decode run's progress. Each step samples exactly as a K = 0 round would (same session, positions and
     seeded draws), or with `lookup` as a round with those n-gram drafts would, so a run commits what those
-    rounds would. It ends after decode_steps committed tokens or a stop token; every answer but the last goes
-    to `emit` with `more` set."""
+    rounds would. It ends after decode_steps committed tokens, a stop token or (lookup.end_on_miss) at a step
+    after the first whose lookup finds no match (answering `missed`, see _decode_run); every answer but the last
+    goes to `emit` with `more` set."""
 
     def __init__(self, request: worker_pb2.VerifyRequest, emit: Callable[[worker_pb2.VerifyResponse], None]):
         self.request, self.emit = request, emit
         self.tokens_left, self.stops = max(request.decode_steps, 1), set(request.stop_token_ids)
+        self.end_on_miss = request.lookup.end_on_miss      # from the second step on: the first one always runs
         if request.HasField("lookup"):
             request.lookup.max_tokens = min(request.lookup.max_tokens, self.tokens_left - 1)
+            request.lookup.end_on_miss = False
         self.last: worker_pb2.VerifyResponse | None = None
 
     def advance(self, response: worker_pb2.VerifyResponse, started: float) -> None:
@@ -66,6 +70,8 @@ class DecodeRun:
         response.more = True
         self.emit(response)
         self.request = next_step(self.request, response, self.tokens_left)
+        if self.request.HasField("lookup"):
+            self.request.lookup.end_on_miss = self.end_on_miss
 
 
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
@@ -99,6 +105,8 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
                 else:
                     started = time.perf_counter()
                     run.advance(await self._batcher.submit(run.request), started)
+        except LookupMissed:
+            run.last = worker_pb2.VerifyResponse(missed=True)
         except asyncio.CancelledError:
             withdrawn.set()
             raise

@@ -10,7 +10,7 @@ import torch
 
 from protos.specpool.v1 import worker_pb2
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
-from engine.ngram import NgramIndex
+from engine.ngram import LookupMissed, NgramIndex
 from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
 from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample, token_logprobs
 from engine.sessions import SessionStore, open_sessions
@@ -32,7 +32,10 @@ def own_drafts(request: worker_pb2.VerifyRequest, session) -> list[int]:
         return list(request.draft_token_ids)
     if session.ngram is None:
         session.ngram = NgramIndex(request.lookup.min_n, request.lookup.max_n)
-    return session.ngram.propose(session.tokens, request.lookup.max_tokens)
+    drafts = session.ngram.propose(session.tokens, request.lookup.max_tokens)
+    if not drafts and request.lookup.end_on_miss and request.lookup.max_tokens:
+        raise LookupMissed(f"session {request.session_id}: no n-gram match")
+    return drafts
 
 
 def add_logprobs(response: worker_pb2.VerifyResponse, request: worker_pb2.VerifyRequest, drafts: list[int],
@@ -84,9 +87,9 @@ class TargetEngine:
 
     def _verify_rows(self, rows: list, requests: list, results: list) -> None:
         """One forward over rows [(index, session)], then the rejection sampler per row."""
-        for i, session in rows:
-            session.tokens.extend(requests[i].new_token_ids)
-        drafts = [own_drafts(requests[i], session) for i, session in rows]
+        rows, drafts = self._drafts(rows, requests, results)
+        if not rows:
+            return
         tokens = [list(requests[i].new_token_ids) + row_drafts for (i, _), row_drafts in zip(rows, drafts)]
         keeps = [len(row_drafts) + 1 for row_drafts in drafts]
         starts = [session.length + len(requests[i].new_token_ids) for i, session in rows]
@@ -105,6 +108,21 @@ class TargetEngine:
             results[i].batch_size, results[i].batch_tokens = len(rows), batch_tokens
             if requests[i].HasField("lookup"):
                 results[i].draft_token_ids.extend(row_drafts)
+
+    @staticmethod
+    def _drafts(rows: list, requests: list, results: list) -> tuple[list, list]:
+        """The rows that run and their drafts (own_drafts, after the call's new tokens); a row whose lookup missed
+        (end_on_miss) leaves the forward untouched, with LookupMissed as its result."""
+        kept, drafts = [], []
+        for i, session in rows:
+            session.tokens.extend(requests[i].new_token_ids)
+            try:
+                drafts.append(own_drafts(requests[i], session))
+                kept.append((i, session))
+            except LookupMissed as exc:
+                del session.tokens[session.length:]
+                results[i] = exc
+        return kept, drafts
 
     def _sample_row(self, request, drafts: list[int], session, logits: torch.Tensor,
                     start: int) -> worker_pb2.VerifyResponse:

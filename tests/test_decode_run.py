@@ -122,3 +122,77 @@ def test_a_run_that_looks_up_its_own_drafts_commits_what_plain_decoding_would(en
     assert all(len(a.draft_token_ids) <= 6 for a in looked_up) and not looked_up[-1].more
     if temperature == 0.0:                                     # a random model's greedy output cycles: drafts hit
         assert len(looked_up) < len(plain)
+
+
+def test_a_lookup_run_that_may_end_on_a_miss_ends_there_without_the_step(engine):
+    """end_on_miss (model+ngram: the router has the draft model for the next round): the run stops at the first
+    step after the first whose lookup finds no match, answering `missed` and committing nothing for it."""
+    def request(session_id: int, lookup: bool) -> worker_pb2.VerifyRequest:
+        call = start(session_id, 0.0, steps=40)
+        call.new_token_ids[:] = PROMPT + PROMPT[:4]             # only this 4-token suffix occurred before
+        if lookup:
+            call.lookup.min_n, call.lookup.max_n, call.lookup.max_tokens = 4, 4, 6
+            call.lookup.end_on_miss = True
+        return call
+
+    async def scenario():
+        servicer = TargetServicer(engine, 1)
+        plain = await decode(servicer, request(50, False))
+        run = await decode(servicer, request(51, True))
+        return plain, run, engine.sessions._sessions[51].length
+    plain, run, held = asyncio.run(scenario())
+    committed = tokens_of(run[:-1])
+    assert run[-1].missed and not run[-1].more and all(a.more for a in run[:-1])
+    assert run[0].draft_token_ids and 0 < len(committed) < 40
+    assert committed == tokens_of(plain)[:len(committed)]
+    assert held == len(PROMPT) + 4 + len(committed) - 1       # the missed step never ran
+
+
+# ---- the router's choice of runs (router.speculation.run_plan) ---------------------------------------------
+
+class Policy:
+    decode_steps, overlap, predraft_k = 16, True, 8
+
+    def choose_k(self, state, source=None):
+        return 5
+
+
+class Draft:
+    def __init__(self, healthy: bool = True):
+        self.healthy = healthy
+
+
+def router_state(method: str, generated: int = 0, max_new: int = 100):
+    from engine.ngram import NgramIndex
+    from router.speculation import RequestState
+    tokens = PROMPT + [1] * generated
+    return RequestState(session_id=1, tokens=tokens, prompt_len=len(PROMPT), max_new_tokens=max_new,
+                        sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
+                        draft_mode=worker_pb2.DRAFT_MODE_GREEDY, max_context=0, method=method,
+                        ngram=NgramIndex(2, 4))
+
+
+@pytest.mark.parametrize("method, draft, source, k, expected", [
+    ("model", Draft(), "model", 0, (16, None)),                 # K = 0: a plain run
+    ("model", Draft(), "model", 3, (1, None)),                  # speculating: a round as usual
+    ("ngram", None, "ngram", 0, (16, (5, False))),              # lookup only: the target looks up, K from the policy
+    ("model", Draft(healthy=False), "ngram", 2, (16, (5, False))),   # the fallback while the draft is down
+    ("model+ngram", Draft(), "ngram", 3, (16, (3, True))),      # an n-gram round: ends at a miss
+    ("model+ngram", Draft(), "model", 4, (1, None)),
+    ("model+ngram", Draft(), "model", 0, (1, None)),            # lookup may propose after any token: no plain run
+])
+def test_which_rounds_are_decode_runs(method, draft, source, k, expected):
+    from router.speculation import MODEL, NGRAM, run_plan
+    tokens, lookup = run_plan(router_state(method), draft, Policy(), {"model": MODEL, "ngram": NGRAM}[source], k)
+    assert (tokens, lookup and (lookup.max_tokens, lookup.end_on_miss)) == expected
+    if lookup:
+        assert (lookup.min_n, lookup.max_n) == (2, 4)
+
+
+def test_a_run_stays_within_max_new_tokens_and_runs_turn_off_with_one_step():
+    from router.speculation import MODEL, run_plan
+    assert run_plan(router_state("model", generated=95), Draft(), Policy(), MODEL, 0) == (5, None)
+    assert run_plan(router_state("ngram", generated=97), None, Policy(), MODEL, 0)[1].max_tokens == 2
+    off = Policy()
+    off.decode_steps = 1
+    assert run_plan(router_state("model"), Draft(), off, MODEL, 0) == (1, None)

@@ -82,17 +82,19 @@ class VerifyRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., decode_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., lookup: _Optional[_Union[PromptLookup, _Mapping]] = ...) -> None: ...
 
 class PromptLookup(_message.Message):
-    __slots__ = ("min_n", "max_n", "max_tokens")
+    __slots__ = ("min_n", "max_n", "max_tokens", "end_on_miss")
     MIN_N_FIELD_NUMBER: _ClassVar[int]
     MAX_N_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    END_ON_MISS_FIELD_NUMBER: _ClassVar[int]
     min_n: int
     max_n: int
     max_tokens: int
-    def __init__(self, min_n: _Optional[int] = ..., max_n: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+    end_on_miss: bool
+    def __init__(self, min_n: _Optional[int] = ..., max_n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., end_on_miss: _Optional[bool] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status", "logprobs", "more", "draft_token_ids")
+    __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status", "logprobs", "more", "draft_token_ids", "missed")
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +107,7 @@ class VerifyResponse(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MISSED_FIELD_NUMBER: _ClassVar[int]
     num_accepted: int
     next_token_id: int
     compute_us: int
@@ -117,7 +120,8 @@ class VerifyResponse(_message.Message):
     logprobs: _containers.RepeatedCompositeFieldContainer[_generation_pb2.TokenLogprob]
     more: bool
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprob, _Mapping]]] = ..., more: _Optional[bool] = ..., draft_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    missed: bool
+    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprob, _Mapping]]] = ..., more: _Optional[bool] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., missed: _Optional[bool] = ...) -> None: ...
 
 class CallStatus(_message.Message):
     __slots__ = ("code", "message")
