@@ -14,11 +14,16 @@ which tokens are proposed, never the distribution of what is committed.
 
 Proposal sources (`draft.method`). A round's drafts come from the draft model (the draft worker) or from prompt
 lookup (engine/ngram.py: the continuation of an earlier occurrence of the context's last n tokens, computed here
-in the router with no call). An n-gram proposal is deterministic, so it is verified exactly as a greedy draft
+in the router with no call, or by the target itself in a decode run, below). An n-gram proposal is deterministic, so it is verified exactly as a greedy draft
 (q one-hot: no hidden states travel, and the target verifies any request whose drafts come without them that
 way, whatever the pool's draft mode). With `model+ngram` the policy picks, each round that has a match, the
 source its statistics model faster; n-gram rounds send no pre-draft. While the draft worker is unreachable, rounds
 use n-gram proposals where the context has a match (instead of plain decoding).
+
+Decode runs. A round at K = 0 is one target call that decodes up to `decode_steps` tokens, answering each as it
+is sampled, with no round trip between the target's steps; so is every round of a request whose only proposer is
+prompt lookup, the target then looking up its own drafts, and an n-gram round of model+ngram, until a lookup
+misses (run_plan). Each answer is a round here, as it would have been one call at a time.
 """
 from __future__ import annotations
 
@@ -115,8 +120,8 @@ class Round:
 
 class KPolicy(Protocol):
     overlap: bool                    # pre-draft the next round while the target verifies
-    decode_steps: int                # a round at K = 0 decodes up to this many tokens in one target call
     predraft_k: int                  # ... with at most this many drafts after the guess
+    decode_steps: int                # a decode run commits up to this many tokens in one target call
     def choose_k(self, state: "RequestState", source: int = ...) -> int: ...
     def choose_source(self, state: "RequestState", candidates: list[int]) -> int: ...
     def observe(self, state: "RequestState", round_: Round) -> None: ...
@@ -399,6 +404,7 @@ async def recover_target(state: RequestState, target: TargetClient, exc: grpc.ai
     except asyncio.TimeoutError:
         raise exc from None
     return give_up
+
 
 def choose_k(state: RequestState, policy: KPolicy, source: int = MODEL) -> int:
     return state.fixed_k if state.fixed_k is not None else policy.choose_k(state, source)
