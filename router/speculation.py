@@ -442,19 +442,26 @@ def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, so
              k: int) -> tuple[int, worker_pb2.PromptLookup | None]:
     """Whether the round planned (source, K) is a decode run instead: (the tokens the run may commit in one target
     call, the prompt lookup its steps do: None for plain decoding); (1, None): a round as usual. Runs are: a
-    round at K = 0 while prompt lookup may not propose; every round of a request whose only proposer is prompt
-    lookup (draft.method ngram, or the fallback while the draft worker is down); and an n-gram round of
-    model+ngram, whose run ends at the first step that finds no match (the next round may use the model). The
-    target looks those drafts up itself, with no round trip per round. decode_steps 1 turns runs off."""
+    round at K = 0 (plain decoding or, where prompt lookup may propose, the target looking up its own drafts at
+    every step); every round of a request whose only proposer is prompt lookup (draft.method ngram, or the
+    fallback while the draft worker is down), likewise; and an n-gram round of model+ngram, whose run ends at the
+    first step that finds no match (the next round may use the model). The target looks those drafts up itself,
+    with no round trip per round. decode_steps 1 turns runs off."""
     if policy.decode_steps <= 1:
         return 1, None
     tokens = clamp_k(state, policy.decode_steps - 1) + 1
     lookup, model = lookup_allowed(state, draft), model_allowed(state, draft)
-    if lookup and (not model or source == NGRAM and k > 0):
-        lookup_k = clamp_k(state, choose_k(state, policy, NGRAM)) if not model else k
-        return tokens, worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n,
-                                               max_tokens=lookup_k, end_on_miss=model)
-    return (tokens, None) if k == 0 and not lookup else (1, None)
+    if not lookup:
+        return (tokens, None) if k == 0 else (1, None)
+    if not model or k == 0:
+        return tokens, prompt_lookup(state, clamp_k(state, choose_k(state, policy, NGRAM)), end_on_miss=False)
+    return (tokens, prompt_lookup(state, k, end_on_miss=True)) if source == NGRAM else (1, None)
+
+
+def prompt_lookup(state: RequestState, k: int, end_on_miss: bool) -> worker_pb2.PromptLookup:
+    """The target's prompt lookup for a decode run: the request's n-gram sizes, up to k drafts per step."""
+    return worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n, max_tokens=k,
+                                   end_on_miss=end_on_miss)
 
 
 def conclude(state: RequestState, policy: KPolicy, round_: Round, between: float | None) -> list[int]:

@@ -179,7 +179,8 @@ def router_state(method: str, generated: int = 0, max_new: int = 100):
     ("model", Draft(healthy=False), "ngram", 2, (16, (5, False))),   # the fallback while the draft is down
     ("model+ngram", Draft(), "ngram", 3, (16, (3, True))),      # an n-gram round: ends at a miss
     ("model+ngram", Draft(), "model", 4, (1, None)),
-    ("model+ngram", Draft(), "model", 0, (1, None)),            # lookup may propose after any token: no plain run
+    ("model+ngram", Draft(), "model", 0, (16, (5, False))),     # K = 0 where lookup may propose: a lookup run
+    ("model", Draft(), "ngram", 0, (16, None)),                 # method model, draft up: no lookup at all
 ])
 def test_which_rounds_are_decode_runs(method, draft, source, k, expected):
     from router.speculation import MODEL, NGRAM, run_plan
