@@ -260,6 +260,7 @@ KbdInteractiveAuthentication no
 PubkeyAuthentication yes
 PermitRootLogin prohibit-password
 X11Forwarding no
+PermitTTY {permit_tty}
 LogLevel ERROR
 '''
 
@@ -292,8 +293,11 @@ class LocalCluster:
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.name, "-f", str(path)],
                            check=True, capture_output=True)
         shutil.copy(f"{key}.pub", self.dir / "authorized_keys")
+        # `ray up` asks for a pty (ssh -tt); an sshd that is not root cannot give the pty to the tty group,
+        # which ends the session: without root, sessions run without a pty (ssh goes on, with a warning).
         (self.dir / "sshd_config").write_text(SSHD_CONFIG.format(port=self.ssh_port, dir=self.dir,
-                                                                 user=getpass.getuser()))
+                                                                 user=getpass.getuser(),
+                                                                 permit_tty="yes" if os.geteuid() == 0 else "no"))
         (self.dir / "proxy.py").write_text(PROXY)
         session = self.dir / "session.sh"
         session.write_text(SESSION.format(home=self.home))
