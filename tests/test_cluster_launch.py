@@ -260,8 +260,16 @@ KbdInteractiveAuthentication no
 PubkeyAuthentication yes
 PermitRootLogin prohibit-password
 X11Forwarding no
-PermitTTY {permit_tty}
 LogLevel ERROR
+'''
+
+NO_PTY_SSH = '''\
+#!/bin/sh
+# `ssh` for `ray up` and `ray down` when the test's sshd does not run as root: such an sshd cannot give a
+# session a pty (it must chown it to the tty group), and Ray's login-shell commands ask for one with
+# `ssh -tt`, which then fails. The same command runs without a pty (-T).
+for arg; do shift; [ "$arg" = -tt ] && arg=-T; set -- "$@" "$arg"; done
+exec {ssh} "$@"
 '''
 
 
@@ -272,8 +280,8 @@ class LocalCluster:
         # Short path: Ray's AF_UNIX sockets live under the temp dir (108-byte limit).
         self.dir = Path(tempfile.mkdtemp(prefix="sp-", dir="/tmp"))
         self.home, self.guard, self.cache = self.dir / "home", self.dir / "guard", self.dir / "cache"
-        self.tmp, self.ray_temp = self.dir / "tmp", self.dir / "raytmp"
-        for folder in (self.home, self.guard, self.cache, self.tmp):
+        self.tmp, self.ray_temp, self.no_pty = self.dir / "tmp", self.dir / "raytmp", self.dir / "no-pty"
+        for folder in (self.home, self.guard, self.cache, self.tmp, self.no_pty):
             folder.mkdir()
         self.name = f"specpool-test-{self.dir.name[3:].lower()}"
         self.ssh_port, self.gcs_port, self.client_port, self.agent_port, self.router_port = free_ports(5)
@@ -282,7 +290,10 @@ class LocalCluster:
         self.serve: subprocess.Popen | None = None
 
     def env(self) -> dict:
-        env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        path = f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        if os.geteuid() != 0:
+            path = f"{self.no_pty}:{path}"
+        env = dict(os.environ, PATH=path,
                    TMPDIR=str(self.tmp), RAY_USAGE_STATS_ENABLED="0", GRPC_VERBOSITY="ERROR")
         env.pop("RAY_ADDRESS", None)
         return env
@@ -293,11 +304,8 @@ class LocalCluster:
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.name, "-f", str(path)],
                            check=True, capture_output=True)
         shutil.copy(f"{key}.pub", self.dir / "authorized_keys")
-        # `ray up` asks for a pty (ssh -tt); an sshd that is not root cannot give the pty to the tty group,
-        # which ends the session: without root, sessions run without a pty (ssh goes on, with a warning).
         (self.dir / "sshd_config").write_text(SSHD_CONFIG.format(port=self.ssh_port, dir=self.dir,
-                                                                 user=getpass.getuser(),
-                                                                 permit_tty="yes" if os.geteuid() == 0 else "no"))
+                                                                 user=getpass.getuser()))
         (self.dir / "proxy.py").write_text(PROXY)
         session = self.dir / "session.sh"
         session.write_text(SESSION.format(home=self.home))
@@ -307,7 +315,9 @@ class LocalCluster:
         guard = self.guard / "ray"
         guard.write_text(GUARD.format(python=sys.executable, ray=str(VENV_BIN / "ray"), marker=str(self.ray_temp),
                                       kill_matching=inspect.getsource(kill_matching)))
-        for script in (session, guard):
+        no_pty = self.no_pty / "ssh"
+        no_pty.write_text(NO_PTY_SSH.format(ssh=shutil.which("ssh")))
+        for script in (session, guard, no_pty):
             script.chmod(0o755)
 
         serve = yaml.safe_load((REPO / "deploy" / "local.yaml").read_text())
