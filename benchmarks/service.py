@@ -83,9 +83,11 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
-        self.run(_cancel_pending(), timeout)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout)
+        try:
+            self.run(_cancel_pending(), timeout)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout)
         if not self.thread.is_alive():
             self.loop.close()
 
