@@ -67,18 +67,49 @@ def client_call(address: str, fn, *args):
     return fn(_STUBS[address], *args)
 
 
+class LoopThread:
+    """An event loop on a daemon thread, beside the caller's (the service runs on it as `specpool serve` runs it
+    on its own). close() ends it in order: the tasks still pending are cancelled and awaited, then the loop
+    stops and is closed. A loop left running, or stopped with grpc.aio calls pending, goes on sharing gRPC's
+    completion queue with every later loop of the process, so its leftovers would meet a later test's."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="service-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro, timeout: float | None = None):
+        """Run `coro` on the loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        try:
+            self.run(_cancel_pending(), timeout)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+async def _cancel_pending() -> None:
+    current = asyncio.current_task()
+    pending = [task for task in asyncio.all_tasks() if task is not current]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
 class InProcessService:
     """specpool serve on a background event loop, from a config dict, with its client process."""
 
     def __init__(self, data: dict):
         from router.service import Service
         self.data = data
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        self.service = asyncio.run_coroutine_threadsafe(Service(config_from_dict(data), keep_ray=True).start(),
-                                                        self.loop).result()
+        self.background = LoopThread()
+        self.service = self.background.run(Service(config_from_dict(data), keep_ray=True).start())
         # measure with the draft pool in, not while it loads (serve starts serving before that)
-        asyncio.run_coroutine_threadsafe(self.service.drafts_loaded(), self.loop).result()
+        self.background.run(self.service.drafts_loaded())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.service.port}")
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
         self.admin = admin_pb2_grpc.AdminStub(self.channel)
@@ -92,7 +123,8 @@ class InProcessService:
     def stop(self) -> None:
         self.clients.shutdown()
         self.channel.close()
-        asyncio.run_coroutine_threadsafe(self.service.stop(1.0), self.loop).result()
+        self.background.run(self.service.stop(1.0))
+        self.background.close()
 
 
 def running(config_path: str | os.PathLike, batching: bool = True):

@@ -1,12 +1,10 @@
 """Shared fixtures: tiny model pairs built offline, a local Ray instance, and running services."""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import shutil
 import tempfile
-import threading
 import time
 
 import grpc
@@ -15,6 +13,7 @@ import pytest
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from benchmarks.service import LoopThread  # noqa: E402
 from protos.specpool.v1 import generation_pb2_grpc  # noqa: E402
 from settings.schema import config_from_dict  # noqa: E402
 
@@ -84,9 +83,7 @@ class RunningService:
 
     def __init__(self, config: dict, drafts_loaded: bool = True):
         from router.service import Service
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
+        self.background = LoopThread()
         self.service = self._run(Service(config_from_dict(config)).start())
         if drafts_loaded:
             self._run(self.service.drafts_loaded())
@@ -95,7 +92,7 @@ class RunningService:
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
 
     def _run(self, coro, timeout=600):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return self.background.run(coro, timeout)
 
     def reload_draft_method(self, method: str) -> None:
         """Hot-reload the running config with draft.method = `method` (as Admin.Reload would)."""
@@ -107,8 +104,7 @@ class RunningService:
     def stop(self):
         self.channel.close()
         self._run(self.service.stop(grace=1.0))
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.background.close()
 
 
 @pytest.fixture(scope="module")

@@ -263,6 +263,15 @@ X11Forwarding no
 LogLevel ERROR
 '''
 
+NO_PTY_SSH = '''\
+#!/bin/sh
+# `ssh` for `ray up` and `ray down` when the test's sshd does not run as root: such an sshd cannot give a
+# session a pty (it must chown it to the tty group), and Ray's login-shell commands ask for one with
+# `ssh -tt`, which then fails. The same command runs without a pty (-T).
+for arg; do shift; [ "$arg" = -tt ] && arg=-T; set -- "$@" "$arg"; done
+exec {ssh} "$@"
+'''
+
 
 class LocalCluster:
     """The files, sshd and cluster file of one `ray up` on loopback, under one temp dir."""
@@ -271,8 +280,8 @@ class LocalCluster:
         # Short path: Ray's AF_UNIX sockets live under the temp dir (108-byte limit).
         self.dir = Path(tempfile.mkdtemp(prefix="sp-", dir="/tmp"))
         self.home, self.guard, self.cache = self.dir / "home", self.dir / "guard", self.dir / "cache"
-        self.tmp, self.ray_temp = self.dir / "tmp", self.dir / "raytmp"
-        for folder in (self.home, self.guard, self.cache, self.tmp):
+        self.tmp, self.ray_temp, self.no_pty = self.dir / "tmp", self.dir / "raytmp", self.dir / "no-pty"
+        for folder in (self.home, self.guard, self.cache, self.tmp, self.no_pty):
             folder.mkdir()
         self.name = f"specpool-test-{self.dir.name[3:].lower()}"
         self.ssh_port, self.gcs_port, self.client_port, self.agent_port, self.router_port = free_ports(5)
@@ -281,7 +290,10 @@ class LocalCluster:
         self.serve: subprocess.Popen | None = None
 
     def env(self) -> dict:
-        env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        path = f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        if os.geteuid() != 0:
+            path = f"{self.no_pty}:{path}"
+        env = dict(os.environ, PATH=path,
                    TMPDIR=str(self.tmp), RAY_USAGE_STATS_ENABLED="0", GRPC_VERBOSITY="ERROR")
         env.pop("RAY_ADDRESS", None)
         return env
@@ -303,7 +315,9 @@ class LocalCluster:
         guard = self.guard / "ray"
         guard.write_text(GUARD.format(python=sys.executable, ray=str(VENV_BIN / "ray"), marker=str(self.ray_temp),
                                       kill_matching=inspect.getsource(kill_matching)))
-        for script in (session, guard):
+        no_pty = self.no_pty / "ssh"
+        no_pty.write_text(NO_PTY_SSH.format(ssh=shutil.which("ssh")))
+        for script in (session, guard, no_pty):
             script.chmod(0o755)
 
         serve = yaml.safe_load((REPO / "deploy" / "local.yaml").read_text())

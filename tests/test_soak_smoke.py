@@ -6,6 +6,7 @@ busy cores, would make this smoke test slow.)
     .venv/bin/python -m pytest -q tests/test_soak_smoke.py
 """
 import os
+import threading
 
 import yaml
 
@@ -32,3 +33,5 @@ def test_soak_with_kills_gives_reference_tokens(ray_local, byte_pair, tmp_path):
     assert summary["by_status"] == {"OK": summary["requests"]}
     assert summary["identical_to_reference"] == summary["ok"] == summary["requests"]
     assert [kill for kill in summary["kills"] if "skipped" not in kill], summary["kills"]
+    # the service's event loop ended with it (it used to run on beside later tests' grpc.aio loops)
+    assert not [thread for thread in threading.enumerate() if thread.name == "service-loop"]
