@@ -82,13 +82,17 @@ class LoopThread:
         """Run `coro` on the loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, close_loop: bool = True) -> None:
+        """close_loop=False stops the loop but leaves it (and its default executor's threads) open. A local Ray
+        instance started from one of those threads (ray.init under asyncio.to_thread) went down when the loop
+        was closed (seen: the next service in the process could not reach Ray's GCS; Ray's processes end with
+        the thread that spawned them), and a benchmark's next service reuses that instance."""
         try:
             self.run(_cancel_pending(), timeout)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout)
-        if not self.thread.is_alive():
+        if close_loop and not self.thread.is_alive():
             self.loop.close()
 
 
@@ -124,7 +128,7 @@ class InProcessService:
         self.clients.shutdown()
         self.channel.close()
         self.background.run(self.service.stop(1.0))
-        self.background.close()
+        self.background.close(close_loop=False)     # Ray stays up for the next service (see LoopThread.close)
 
 
 def running(config_path: str | os.PathLike, batching: bool = True):
