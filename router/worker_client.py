@@ -111,15 +111,13 @@ class CallStream:
         self._ids = itertools.count(1)
 
     async def __call__(self, request, timeout: float | None = None):
-        stream = self._current()
-        request.call_id = call_id = next(self._ids)
-        stream.pending[call_id] = future = asyncio.get_running_loop().create_future()
-        stream.outbox.put_nowait(request)
+        future = asyncio.get_running_loop().create_future()
+        stream, call_id = self._send(request, future)
         try:
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
             self._withdraw(stream, call_id)
-            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:.3g}s") from None
+            raise _past_deadline(timeout) from None
         except asyncio.CancelledError:
             self._withdraw(stream, call_id)
             raise
@@ -129,17 +127,15 @@ class CallStream:
     async def answers(self, request, timeout: float | None = None) -> AsyncIterator:
         """A call that answers more than once (a decode run): each answer as it arrives, up to the one without
         `more`; `timeout` bounds the wait for each answer. Closing the iterator early withdraws the call."""
-        stream = self._current()
-        request.call_id = call_id = next(self._ids)
-        stream.pending[call_id] = inbox = asyncio.Queue()
-        stream.outbox.put_nowait(request)
+        inbox: asyncio.Queue = asyncio.Queue()
+        stream, call_id = self._send(request, inbox)
         finished = False
         try:
             while not finished:
                 try:
                     response = await asyncio.wait_for(inbox.get(), timeout)
                 except asyncio.TimeoutError:
-                    raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:.3g}s") from None
+                    raise _past_deadline(timeout) from None
                 if isinstance(response, Exception):
                     finished = True
                     raise response
@@ -149,6 +145,14 @@ class CallStream:
             stream.pending.pop(call_id, None)
             if not finished:
                 self._withdraw(stream, call_id)
+
+    def _send(self, request, waiting: asyncio.Future | asyncio.Queue) -> tuple[_Stream, int]:
+        """Queue `request` on the current stream under a new call id, its answers going to `waiting`."""
+        stream = self._current()
+        request.call_id = call_id = next(self._ids)
+        stream.pending[call_id] = waiting
+        stream.outbox.put_nowait(request)
+        return stream, call_id
 
     def _current(self) -> _Stream:
         if self._stream is None or self._stream.closed:
@@ -186,6 +190,10 @@ class CallStream:
 
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _past_deadline(timeout: float) -> grpc.aio.AioRpcError:
+    return rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:.3g}s")
 
 
 def _settle(waiting: asyncio.Future | asyncio.Queue, outcome) -> None:

@@ -30,16 +30,16 @@ def committed(response: worker_pb2.VerifyResponse) -> list[int]:
 
 
 def next_step(request: worker_pb2.VerifyRequest, response: worker_pb2.VerifyResponse,
-              tokens_left: int) -> worker_pb2.VerifyRequest:
+              lookup: worker_pb2.PromptLookup | None, tokens_left: int) -> worker_pb2.VerifyRequest:
     """A decode run's next step: the session now holds what `request` appended and the accepted drafts; append
-    the next token (and look up at most tokens_left - 1 drafts after it)."""
+    the next token (and, with the run's `lookup`, look up at most tokens_left - 1 drafts after it)."""
     step = worker_pb2.VerifyRequest(session_id=request.session_id, new_token_ids=[response.next_token_id],
                                     position=request.position + len(request.new_token_ids) + response.num_accepted)
     if request.HasField("top_logprobs"):
         step.top_logprobs = request.top_logprobs
-    if request.HasField("lookup"):
-        step.lookup.CopyFrom(request.lookup)
-        step.lookup.max_tokens = min(request.lookup.max_tokens, tokens_left - 1)
+    if lookup is not None:
+        step.lookup.CopyFrom(lookup)
+        step.lookup.max_tokens = min(lookup.max_tokens, tokens_left - 1)
     return step
 
 
@@ -53,10 +53,12 @@ class DecodeRun:
     def __init__(self, request: worker_pb2.VerifyRequest, emit: Callable[[worker_pb2.VerifyResponse], None]):
         self.request, self.emit = request, emit
         self.tokens_left, self.stops = max(request.decode_steps, 1), set(request.stop_token_ids)
-        self.end_on_miss = request.lookup.end_on_miss      # from the second step on: the first one always runs
+        self.lookup = None                                  # the run's lookup, for every step after the first
         if request.HasField("lookup"):
+            self.lookup = worker_pb2.PromptLookup()
+            self.lookup.CopyFrom(request.lookup)
             request.lookup.max_tokens = min(request.lookup.max_tokens, self.tokens_left - 1)
-            request.lookup.end_on_miss = False
+            request.lookup.end_on_miss = False              # the first step always runs
         self.last: worker_pb2.VerifyResponse | None = None
 
     def advance(self, response: worker_pb2.VerifyResponse, started: float) -> None:
@@ -69,9 +71,7 @@ class DecodeRun:
             return
         response.more = True
         self.emit(response)
-        self.request = next_step(self.request, response, self.tokens_left)
-        if self.request.HasField("lookup"):
-            self.request.lookup.end_on_miss = self.end_on_miss
+        self.request = next_step(self.request, response, self.lookup, self.tokens_left)
 
 
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
