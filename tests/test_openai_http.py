@@ -57,9 +57,14 @@ def test_models_and_health(served):
 def test_sdk_completion_greedy_matches_grpc_and_target_alone(served, target):
     tokens = greedy_alone(target, PROMPT, 24)
     ok = requests_counted(served, "OK")
-    answer = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=24, temperature=0)
+    # K pinned for both: under the adaptive policy the second request may choose other K's (and passes) than the
+    # first, since the pool's statistics moved in between
+    answer = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=24, temperature=0,
+                                              extra_body={"speculation": {"k": 3}})
     assert requests_counted(served, "OK") == ok + 1                # the same metrics as gRPC
-    grpc_answer = served.stub.Generate(generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=24))
+    grpc_request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=24)
+    grpc_request.speculation.k = 3
+    grpc_answer = served.stub.Generate(grpc_request)
     assert answer.choices[0].text == target[1].decode(tokens, skip_special_tokens=True) == grpc_answer.text
     prompt_len = len(target[1](PROMPT).input_ids)
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens) == (
