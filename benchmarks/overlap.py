@@ -16,6 +16,7 @@ import yaml
 from benchmarks.plan import PREDICTABLE, BenchConfig
 from benchmarks.service import log, running_data
 from benchmarks.single_stream import BASE_ROW, hf_rows, specpool_row, with_model_terms
+from settings.schema import SpeculationConfig
 from protos.specpool.v1 import admin_pb2
 from router.speculation import PARTS
 
@@ -28,6 +29,7 @@ def set_speculation(service, **values) -> None:
 
 
 ONE_CALL_PER_TOKEN = "in turn K=0, one call per token"   # decode runs off (speculation.decode_steps 1)
+EACH_ANSWER_AT_ONCE = "in turn K=0, each answer at once"  # decode runs, speculation.answer_delay_ms 0
 
 
 def counters(service) -> dict:
@@ -39,10 +41,10 @@ def counters(service) -> dict:
     return {**parts, "rounds": rounds}
 
 
-def measured_row(service, cfg: BenchConfig, k: int | None, overlap: bool, decode_steps: int) -> dict:
-    """specpool_row at K = k (None: adaptive) with overlap on or off and decode runs of `decode_steps` tokens,
-    plus ms per round by part."""
-    set_speculation(service, overlap=overlap, decode_steps=decode_steps)
+def measured_row(service, cfg: BenchConfig, k: int | None, speculation: dict) -> dict:
+    """specpool_row at K = k (None: adaptive) with these speculation settings (overlap, decode_steps,
+    answer_delay_ms), plus ms per round by part."""
+    set_speculation(service, **speculation)
     before = counters(service)
     row = service.client(specpool_row, cfg, k)
     after = counters(service)
@@ -56,18 +58,20 @@ def pair_rows(service, cfg: BenchConfig, c: float, base: float) -> dict:
     """In turn and overlapped rows at K = 0, each of cfg.ks, and adaptive, with their analytic terms. Repeats
     are interleaved (every row once, then every row again), so that this noisy machine's drift over the run
     falls on every row alike; tokens/s is the median over repeats, the other figures their mean."""
-    configured = service.data.get("speculation") or {}
-    steps = configured.get("decode_steps", 16)
-    plan = [(ONE_CALL_PER_TOKEN, 0, False, 1)] + [
-        (f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}", k, overlap, steps)
+    configured = SpeculationConfig(**(service.data.get("speculation") or {}))
+    runs_as_configured = {"decode_steps": configured.decode_steps, "answer_delay_ms": configured.answer_delay_ms}
+    plan = [(ONE_CALL_PER_TOKEN, 0, {"overlap": False, "decode_steps": 1}),
+            (EACH_ANSWER_AT_ONCE, 0, {"overlap": False, **runs_as_configured, "answer_delay_ms": 0})] + [
+        (f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}", k,
+         {"overlap": overlap, **runs_as_configured})
         for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))]
     runs = {name: [] for name, *_ in plan}
     for repeat in range(cfg.repeats):
-        for name, k, overlap, decode_steps in plan:
-            runs[name].append(measured_row(service, dataclasses.replace(cfg, repeats=1), k, overlap, decode_steps))
+        for name, k, speculation in plan:
+            runs[name].append(measured_row(service, dataclasses.replace(cfg, repeats=1), k, speculation))
         log(f"overlap rows, repeat {repeat + 1}/{cfg.repeats}: " + ", ".join(
             f"{name} {runs[name][-1]['tokens_per_s']:.0f}" for name, *_ in plan) + " tokens/s")
-    set_speculation(service, overlap=configured.get("overlap", True), decode_steps=steps)
+    set_speculation(service, overlap=configured.overlap, **runs_as_configured)
     vocab = service.service.pools.target_info["vocab_size"]
     return {name: with_model_terms(combine(runs[name]), k, c, base, vocab) for name, k, *_ in plan}
 
@@ -112,6 +116,7 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
            "in-turn adaptive / best assisted": rows["in turn adaptive"]["tokens_per_s"] / assisted,
            "K=0 / generate()": rows["in turn K=0"]["tokens_per_s"] / base,
            "K=0 one call per token / generate()": rows[ONE_CALL_PER_TOKEN]["tokens_per_s"] / base,
+           "K=0 each answer at once / generate()": rows[EACH_ANSWER_AT_ONCE]["tokens_per_s"] / base,
            "ms per token beyond compute (K=0, decode runs)": hop_ms(rows["in turn K=0"]),
            "hop ms per call (K=0 one call per token, beyond compute)": hop_ms(rows[ONE_CALL_PER_TOKEN]),
            f"hop ms per round (in turn K={max(ks)}, both calls, beyond compute)":

@@ -107,6 +107,12 @@ class KSelector:
         return self.config.decode_steps
 
     @property
+    def answer_delay_s(self) -> float:
+        """How long the target may hold a decode run's answer to send it with later ones
+        (speculation.answer_delay_ms)."""
+        return self.config.answer_delay_ms / 1000
+
+    @property
     def predraft_k(self) -> int:
         """The most drafts a pre-draft may carry after its guess (speculation.overlap_tokens - 1)."""
         return (self.config.overlap_tokens or self.config.k_max + 1) - 1

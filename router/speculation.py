@@ -122,6 +122,7 @@ class KPolicy(Protocol):
     overlap: bool                    # pre-draft the next round while the target verifies
     predraft_k: int                  # ... with at most this many drafts after the guess
     decode_steps: int                # a decode run commits up to this many tokens in one target call
+    answer_delay_s: float            # ... and the target may hold its answers this long to send them together
     def choose_k(self, state: "RequestState", source: int = ...) -> int: ...
     def choose_source(self, state: "RequestState", candidates: list[int]) -> int: ...
     def observe(self, state: "RequestState", round_: Round) -> None: ...
@@ -224,36 +225,51 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
         queue_depth=verdict.queue_depth)
 
 
-async def decode_run(state: RequestState, target: TargetClient, steps: int, source: int,
-                     lookup: worker_pb2.PromptLookup | None = None) -> AsyncIterator[Round]:
+async def decode_run(state: RequestState, target: TargetClient, steps: int, source: int, answer_delay_s: float = 0.0,
+                     lookup: worker_pb2.PromptLookup | None = None) -> AsyncIterator[list[Round]]:
     """Up to `steps` tokens in one target call, with no round trip between the target's steps: plain decoding
     (K = 0), or with `lookup` the target drafting by prompt lookup over the session's committed tokens. Each step
-    is answered as soon as it is sampled and is a round here, timed from the previous answer (so the K controller
-    learns what a round costs in a run). The caller commits each round's tokens before asking for the next;
-    closing the iterator early withdraws the call."""
+    is a round here, as it would have been one call at a time. The target answers each step as soon as it is
+    sampled, or holds it up to `answer_delay_s` to send it with later ones; yields the rounds of each message, each
+    timed as its share of the time since the previous message (so the K controller learns what a round costs in a
+    run). The caller commits each message's rounds before asking for the next; closing the iterator early
+    withdraws the call."""
     extra = {} if state.top_logprobs is None else {"top_logprobs": state.top_logprobs}
     if lookup is not None:
         extra["lookup"] = lookup
     answers = target.decode_run(state.session_id, state.tokens, state.target_synced, steps,
-                                state.stop_ids | state.eos_ids, state.sampling, state.timeout(target.timeout), **extra)
+                                state.stop_ids | state.eos_ids, state.sampling, state.timeout(target.timeout),
+                                answer_delay_us=int(answer_delay_s * 1e6), **extra)
     state.stats.target_calls += 1
     started = time.perf_counter()
     async with contextlib.aclosing(answers):
         async for verdict, wire in answers:
             state.stats.wire_bytes += wire
-            if verdict.missed:                 # its lookup found no match: the run ends with no step
+            answered = [step for step in (*verdict.earlier, verdict) if not step.missed]
+            share, held = (time.perf_counter() - started) / max(len(answered), 1), len(state.tokens)
+            rounds = [run_step(state, step, share, source) for step in answered]
+            for round_ in rounds:                  # the target holds every committed token but the last
+                state.target_synced = held + round_.accepted
+                held += len(round_.committed)
+            if rounds:
+                yield rounds
+            if verdict.missed:                     # its lookup found no match: the run ends
                 return
-            verify_s, rtt_s, worker_s = split_time(started, verdict)
-            timings = RoundTimings(verify_seconds=verify_s, rtt_seconds=rtt_s, batch_size=verdict.batch_size,
-                                   batch_tokens=verdict.batch_tokens, queue_depth=verdict.queue_depth)
-            drafts, accepted = list(verdict.draft_token_ids), verdict.num_accepted
-            round_ = Round(drafts, accepted, drafts[:accepted] + [verdict.next_token_id], timings,
-                           source=NGRAM if drafts else source, logprobs=list(verdict.logprobs))
-            round_.parts = round_parts(time.perf_counter() - started, NO_DRAFTS, False, timings, worker_s, 0.0)
-            state.target_synced = len(state.tokens) + accepted    # it holds every committed token but the last
-            record(state.stats, round_)
             started = time.perf_counter()
-            yield round_
+
+
+def run_step(state: RequestState, step: worker_pb2.VerifyResponse, wall: float, source: int) -> Round:
+    """A decode run's step as a round of `wall` seconds (recorded in the request's stats)."""
+    compute = min(step.compute_us / 1e6, wall)
+    handler = min(max(step.handler_us / 1e6, compute), wall)
+    timings = RoundTimings(verify_seconds=compute, rtt_seconds=wall - compute, batch_size=step.batch_size,
+                           batch_tokens=step.batch_tokens, queue_depth=step.queue_depth)
+    drafts, accepted = list(step.draft_token_ids), step.num_accepted
+    round_ = Round(drafts, accepted, drafts[:accepted] + [step.next_token_id], timings,
+                   source=NGRAM if drafts else source, logprobs=list(step.logprobs))
+    round_.parts = round_parts(wall, NO_DRAFTS, False, timings, handler - compute, 0.0)
+    record(state.stats, round_)
+    return round_
 
 
 async def settle(ahead: asyncio.Task | None, round_: Round) -> Proposal | None:
@@ -371,17 +387,18 @@ async def resilient_round(state: RequestState, draft: DraftClient | None, target
             give_up = await recover_target(state, target, exc, give_up, recovery_s)
 
 
-async def resilient_run(state: RequestState, target: TargetClient, steps: int, recovery_s: float,
-                        source: int, lookup: worker_pb2.PromptLookup | None = None) -> AsyncIterator[Round]:
+async def resilient_run(state: RequestState, target: TargetClient, steps: int, recovery_s: float, source: int,
+                        answer_delay_s: float = 0.0, lookup: worker_pb2.PromptLookup | None = None
+                        ) -> AsyncIterator[list[Round]]:
     """decode_run surviving a target failure as resilient_round does: the run goes on, re-prefilled, for the
     tokens it has left."""
     give_up = None
     while steps > 0:
         try:
-            async with contextlib.aclosing(decode_run(state, target, steps, source, lookup)) as rounds:
-                async for round_ in rounds:
-                    steps -= len(round_.committed)
-                    yield round_
+            async with contextlib.aclosing(decode_run(state, target, steps, source, answer_delay_s, lookup)) as run:
+                async for rounds in run:
+                    steps -= sum(len(round_.committed) for round_ in rounds)
+                    yield rounds
             return
         except grpc.aio.AioRpcError as exc:
             give_up = await recover_target(state, target, exc, give_up, recovery_s)
@@ -446,12 +463,16 @@ def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, so
     every step); every round of a request whose only proposer is prompt lookup (draft.method ngram, or the
     fallback while the draft worker is down), likewise; and an n-gram round of model+ngram, whose run ends at the
     first step that finds no match (the next round may use the model). The target looks those drafts up itself,
-    with no round trip per round. decode_steps 1 turns runs off."""
+    with no round trip per round. A run is at most decode_steps tokens long, so that the policy plans again, but
+    a request pinned to K = 0 with no lookup has nothing to plan: its run goes on to its end. decode_steps 1
+    turns runs off."""
     if policy.decode_steps <= 1:
         return 1, None
     tokens = clamp_k(state, policy.decode_steps - 1) + 1
     lookup, model = lookup_allowed(state, draft), model_allowed(state, draft)
     if not lookup:
+        if state.fixed_k == 0:             # nothing to plan again: the run goes on to the request's end
+            return clamp_k(state, state.max_new_tokens) + 1, None
         return (tokens, None) if k == 0 else (1, None)
     if not model or k == 0:
         return tokens, prompt_lookup(state, clamp_k(state, choose_k(state, policy, NGRAM)), end_on_miss=False)
@@ -474,6 +495,18 @@ def conclude(state: RequestState, policy: KPolicy, round_: Round, between: float
     return committed
 
 
+def conclude_all(state: RequestState, policy: KPolicy, rounds: list[Round], between: float | None) -> list[int]:
+    """conclude() for rounds that arrived together (one message of a decode run), up to the one that finishes
+    the request; returns all they committed."""
+    committed: list[int] = []
+    for round_ in rounds:
+        committed += conclude(state, policy, round_, between)
+        if state.finish_reason:
+            break
+        between = None
+    return committed
+
+
 async def generate(state: RequestState, draft: DraftClient | None, target: TargetClient,
                    policy: KPolicy, recovery_s: float = 60.0) -> AsyncIterator[list[int]]:
     """Run rounds until the request finishes, yielding each round's committed tokens. With overlap on,
@@ -487,10 +520,11 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             source, k = (MODEL, len(ready.tokens)) if ready else plan_round(state, draft, policy, planned)
             steps, lookup = (1, None) if ready else run_plan(state, draft, policy, source, k)
             if steps > 1:
-                run = resilient_run(state, target, steps, recovery_s, source, lookup)
-                async with contextlib.aclosing(run) as rounds:
-                    async for round_ in rounds:
-                        committed, between, ended = conclude(state, policy, round_, between), None, time.perf_counter()
+                run = resilient_run(state, target, steps, recovery_s, source, policy.answer_delay_s, lookup)
+                async with contextlib.aclosing(run) as messages:
+                    async for rounds in messages:
+                        committed, between = conclude_all(state, policy, rounds, between), None
+                        ended = time.perf_counter()
                         yield committed
                         if state.finish_reason:
                             break

@@ -335,11 +335,12 @@ class TargetClient(WorkerClient):
 
     def decode_run(self, session_id: int, tokens: list[int], synced: int, steps: int, stop_ids: frozenset,
                    sampling: generation_pb2.SamplingParams, timeout: float, top_logprobs: int | None = None,
-                   lookup: worker_pb2.PromptLookup | None = None) -> AsyncIterator:
+                   lookup: worker_pb2.PromptLookup | None = None, answer_delay_us: int = 0) -> AsyncIterator:
         """Up to `steps` tokens in one call, by plain decoding or (`lookup`) with the target's own prompt-lookup
-        drafts: yields (response, wire_bytes) per target step."""
+        drafts: yields (response, wire_bytes) per message (a target step, with the steps held before it in
+        `earlier`, see VerifyRequest.answer_delay_us)."""
         make = _verify_request(session_id, sampling, top_logprobs, decode_steps=steps,
-                               stop_token_ids=sorted(stop_ids), lookup=lookup)
+                               stop_token_ids=sorted(stop_ids), lookup=lookup, answer_delay_us=answer_delay_us)
         return synced_answers(self.stream.answers, make, tokens, synced, timeout)
 
 

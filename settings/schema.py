@@ -147,6 +147,8 @@ class ControllerConfig:
     decode_steps: int = 16           # a round at K = 0 (chosen, or speculation.k: 0) is a decode run: the target
                                      # decodes up to this many tokens in one call, streaming each back, with no
                                      # round trip between them (1: one call per token)
+    answer_delay_ms: float = 10.0    # ... and may hold a step's answer this long to send it with later steps'
+                                     # in one message (steps shorter than a message's cost; 0: each at once)
     # threshold policy
     raise_above: float = 0.8         # K += 1 when the acceptance rate since the last step is above this
     lower_below: float = 0.4         # K -= 1 when it is below this
@@ -176,6 +178,7 @@ class ControllerConfig:
             ("load_window", self.load_window >= 1, "must be >= 1"),
             ("overlap_tokens", self.overlap_tokens == 0 or self.overlap_tokens >= 2, "must be 0 or >= 2"),
             ("decode_steps", self.decode_steps >= 1, "must be >= 1"),
+            ("answer_delay_ms", 0 <= self.answer_delay_ms <= 1000, "must be in [0, 1000]"),
             ("raise_above", 0.0 <= self.raise_above <= 1.0, "must be in [0, 1]"),
             ("lower_below", 0.0 <= self.lower_below <= self.raise_above,
              f"must be in [0, raise_above={self.raise_above}]"),

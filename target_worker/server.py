@@ -48,30 +48,57 @@ class DecodeRun:
     seeded draws), or with `lookup` as a round with those n-gram drafts would, so a run commits what those
     rounds would. It ends after decode_steps committed tokens, a stop token or (lookup.end_on_miss) at a step
     after the first whose lookup finds no match (answering `missed`, see _decode_run); every answer but the last
-    goes to `emit` with `more` set."""
+    goes to `emit` with `more` set, held back up to answer_delay_us to travel with later ones (see hold)."""
 
-    def __init__(self, request: worker_pb2.VerifyRequest, emit: Callable[[worker_pb2.VerifyResponse], None]):
-        self.request, self.emit = request, emit
+    def __init__(self, request: worker_pb2.VerifyRequest, emit: Callable[[worker_pb2.VerifyResponse], None],
+                 clock: Callable[[], float] = time.perf_counter):
+        self.request, self.emit, self.clock = request, emit, clock
         self.tokens_left, self.stops = max(request.decode_steps, 1), set(request.stop_token_ids)
+        self.delay_s = request.answer_delay_us / 1e6
         self.lookup = None                                  # the run's lookup, for every step after the first
         if request.HasField("lookup"):
             self.lookup = worker_pb2.PromptLookup()
             self.lookup.CopyFrom(request.lookup)
             request.lookup.max_tokens = min(request.lookup.max_tokens, self.tokens_left - 1)
             request.lookup.end_on_miss = False              # the first step always runs
+        self.held: list[worker_pb2.VerifyResponse] = []     # answers not sent yet, oldest first
+        self.held_since = 0.0                               # when the oldest of them was ready
+        self.sent = False                                   # whether an answer went out yet
         self.last: worker_pb2.VerifyResponse | None = None
 
     def advance(self, response: worker_pb2.VerifyResponse, started: float) -> None:
         """Take one step's answer (its handler time counted from `started`); set `last` when the run ends."""
-        response.handler_us = int((time.perf_counter() - started) * 1e6)
+        now = self.clock()
+        response.handler_us = int((now - started) * 1e6)
         tokens = committed(response)
         self.tokens_left -= len(tokens)
         if self.tokens_left <= 0 or not self.stops.isdisjoint(tokens):
-            self.last = response
+            self.end(response)
             return
         response.more = True
-        self.emit(response)
+        self.hold(response, now, now - started)
         self.request = next_step(self.request, response, self.lookup, self.tokens_left)
+
+    def hold(self, response: worker_pb2.VerifyResponse, now: float, step_s: float) -> None:
+        """Hold `response` back, then send what is held unless waiting for one more step (assumed to take as
+        long as this one) would keep the oldest held answer waiting longer than answer_delay_us. The run's first
+        answer goes at once (it may be the request's first token)."""
+        if not self.held:
+            self.held_since = now
+        self.held.append(response)
+        if now - self.held_since + step_s > self.delay_s or not self.sent:
+            self.sent = True
+            self.emit(self.with_held(self.held.pop()))
+
+    def with_held(self, response: worker_pb2.VerifyResponse) -> worker_pb2.VerifyResponse:
+        """`response` carrying the answers held before it (VerifyResponse.earlier); nothing is held after."""
+        response.earlier.extend(self.held)
+        self.held = []
+        return response
+
+    def end(self, response: worker_pb2.VerifyResponse) -> None:
+        """The run's last answer, with whatever is still held."""
+        self.last = self.with_held(response)
 
 
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
@@ -106,7 +133,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
                     started = time.perf_counter()
                     run.advance(await self._batcher.submit(run.request), started)
         except LookupMissed:
-            run.last = worker_pb2.VerifyResponse(missed=True)
+            run.end(worker_pb2.VerifyResponse(missed=True))
         except asyncio.CancelledError:
             withdrawn.set()
             raise

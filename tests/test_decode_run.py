@@ -57,6 +57,47 @@ def test_a_run_commits_what_that_many_plain_calls_would(engine, temperature):
     assert all(a.compute_us > 0 and a.handler_us >= a.compute_us for a in answers)
 
 
+def steps_of(messages: list[worker_pb2.VerifyResponse]) -> list[worker_pb2.VerifyResponse]:
+    """Every step a run answered, in order: each message's held steps (`earlier`), then the message itself."""
+    return [step for message in messages for step in (*message.earlier, message)]
+
+
+def test_answers_held_back_travel_together_and_lose_nothing(engine):
+    async def scenario():
+        servicer = TargetServicer(engine, 1)
+        together = start(5, 0.9, steps=40)
+        together.answer_delay_us = 10_000_000           # longer than the whole run: only the first goes at once
+        return await decode(servicer, start(6, 0.9, steps=40)), await decode(servicer, together)
+    each, together = asyncio.run(scenario())
+    assert len(each) == 40 and not any(m.earlier for m in each)
+    assert len(together) == 2 and len(together[0].earlier) == 0 and len(together[1].earlier) == 38
+    assert [a.next_token_id for a in steps_of(together)] == [a.next_token_id for a in each]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_held_answer_waits_at_most_the_delay():
+    """Steps of 3 ms, a delay of 10 ms: the first answer goes at once, then every fourth step sends what is held
+    (its oldest answer has waited 9 ms: one more step would make that 12 > 10); the last carries the rest."""
+    from target_worker.server import DecodeRun
+    clock, sent = Clock(), []
+    request = worker_pb2.VerifyRequest(session_id=1, decode_steps=11, answer_delay_us=10_000)
+    run = DecodeRun(request, sent.append, clock)
+    for step in range(11):
+        started, clock.now = clock.now, clock.now + 0.003
+        run.advance(worker_pb2.VerifyResponse(next_token_id=step), started)
+        assert (run.last is None) == (step < 10)
+    assert [[a.next_token_id for a in (*m.earlier, m)] for m in sent] == [[0], [1, 2, 3, 4], [5, 6, 7, 8]]
+    assert [a.next_token_id for a in (*run.last.earlier, run.last)] == [9, 10]
+    assert all(a.more for m in sent for a in (*m.earlier, m)) and not run.last.more
+
+
 def test_a_run_ends_after_a_stop_token(engine):
     async def scenario():
         servicer = TargetServicer(engine, 1)
@@ -151,7 +192,7 @@ def test_a_lookup_run_that_may_end_on_a_miss_ends_there_without_the_step(engine)
 # ---- the router's choice of runs (router.speculation.run_plan) ---------------------------------------------
 
 class Policy:
-    decode_steps, overlap, predraft_k = 16, True, 8
+    decode_steps, overlap, predraft_k, answer_delay_s = 16, True, 8, 0.0
 
     def choose_k(self, state, source=None):
         return 5
@@ -197,3 +238,12 @@ def test_a_run_stays_within_max_new_tokens_and_runs_turn_off_with_one_step():
     off = Policy()
     off.decode_steps = 1
     assert run_plan(router_state("model"), Draft(), off, MODEL, 0) == (1, None)
+
+
+def test_a_request_pinned_to_k0_decodes_to_its_end_in_one_run():
+    from router.speculation import MODEL, run_plan
+    pinned = router_state("model", generated=20)
+    pinned.fixed_k = 0
+    assert run_plan(pinned, Draft(), Policy(), MODEL, 0) == (80, None)        # all 80 tokens left, not 16
+    pinned.method = "model+ngram"                                             # lookup may propose: runs of 16
+    assert run_plan(pinned, Draft(), Policy(), MODEL, 0)[0] == 16

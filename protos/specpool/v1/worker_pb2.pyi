@@ -54,7 +54,7 @@ class ProposeResponse(_message.Message):
     def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs", "decode_steps", "stop_token_ids", "lookup")
+    __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs", "decode_steps", "stop_token_ids", "lookup", "answer_delay_us")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class VerifyRequest(_message.Message):
     DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_DELAY_US_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     position: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -79,7 +80,8 @@ class VerifyRequest(_message.Message):
     decode_steps: int
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     lookup: PromptLookup
-    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., decode_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., lookup: _Optional[_Union[PromptLookup, _Mapping]] = ...) -> None: ...
+    answer_delay_us: int
+    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., decode_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., lookup: _Optional[_Union[PromptLookup, _Mapping]] = ..., answer_delay_us: _Optional[int] = ...) -> None: ...
 
 class PromptLookup(_message.Message):
     __slots__ = ("min_n", "max_n", "max_tokens", "end_on_miss")
@@ -94,7 +96,7 @@ class PromptLookup(_message.Message):
     def __init__(self, min_n: _Optional[int] = ..., max_n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., end_on_miss: _Optional[bool] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status", "logprobs", "more", "draft_token_ids", "missed")
+    __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status", "logprobs", "more", "draft_token_ids", "missed", "earlier")
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +110,7 @@ class VerifyResponse(_message.Message):
     MORE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MISSED_FIELD_NUMBER: _ClassVar[int]
+    EARLIER_FIELD_NUMBER: _ClassVar[int]
     num_accepted: int
     next_token_id: int
     compute_us: int
@@ -121,7 +124,8 @@ class VerifyResponse(_message.Message):
     more: bool
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     missed: bool
-    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprob, _Mapping]]] = ..., more: _Optional[bool] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., missed: _Optional[bool] = ...) -> None: ...
+    earlier: _containers.RepeatedCompositeFieldContainer[VerifyResponse]
+    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprob, _Mapping]]] = ..., more: _Optional[bool] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., missed: _Optional[bool] = ..., earlier: _Optional[_Iterable[_Union[VerifyResponse, _Mapping]]] = ...) -> None: ...
 
 class CallStatus(_message.Message):
     __slots__ = ("code", "message")
