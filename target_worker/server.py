@@ -63,7 +63,7 @@ class DecodeRun:
             request.lookup.end_on_miss = False              # the first step always runs
         self.held: list[worker_pb2.VerifyResponse] = []     # answers not sent yet, oldest first
         self.held_since = 0.0                               # when the oldest of them was ready
-        self.sent = False                                   # whether an answer went out yet
+        self.sent = request.position != 0                   # a session's start answers its first token at once
         self.last: worker_pb2.VerifyResponse | None = None
 
     def advance(self, response: worker_pb2.VerifyResponse, started: float) -> None:
@@ -81,8 +81,8 @@ class DecodeRun:
 
     def hold(self, response: worker_pb2.VerifyResponse, now: float, step_s: float) -> None:
         """Hold `response` back, then send what is held unless waiting for one more step (assumed to take as
-        long as this one) would keep the oldest held answer waiting longer than answer_delay_us. The run's first
-        answer goes at once (it may be the request's first token)."""
+        long as this one) would keep the oldest held answer waiting longer than answer_delay_us. A run that starts
+        its session sends its first answer at once (the request's first token: its time to first token)."""
         if not self.held:
             self.held_since = now
         self.held.append(response)

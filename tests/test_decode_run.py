@@ -82,19 +82,23 @@ class Clock:
         return self.now
 
 
-def test_a_held_answer_waits_at_most_the_delay():
-    """Steps of 3 ms, a delay of 10 ms: the first answer goes at once, then every fourth step sends what is held
-    (its oldest answer has waited 9 ms: one more step would make that 12 > 10); the last carries the rest."""
+@pytest.mark.parametrize("position, messages, last", [
+    (0, [[0], [1, 2, 3, 4], [5, 6, 7, 8]], [9, 10]),          # a session's start: its first token at once
+    (30, [[0, 1, 2, 3], [4, 5, 6, 7]], [8, 9, 10]),            # a later run holds its first answer too
+])
+def test_a_held_answer_waits_at_most_the_delay(position, messages, last):
+    """Steps of 3 ms, a delay of 10 ms: what is held goes out when its oldest answer has waited 9 ms (one more
+    step would make that 12 > 10); the last answer carries the rest."""
     from target_worker.server import DecodeRun
     clock, sent = Clock(), []
-    request = worker_pb2.VerifyRequest(session_id=1, decode_steps=11, answer_delay_us=10_000)
+    request = worker_pb2.VerifyRequest(session_id=1, position=position, decode_steps=11, answer_delay_us=10_000)
     run = DecodeRun(request, sent.append, clock)
     for step in range(11):
         started, clock.now = clock.now, clock.now + 0.003
         run.advance(worker_pb2.VerifyResponse(next_token_id=step), started)
         assert (run.last is None) == (step < 10)
-    assert [[a.next_token_id for a in (*m.earlier, m)] for m in sent] == [[0], [1, 2, 3, 4], [5, 6, 7, 8]]
-    assert [a.next_token_id for a in (*run.last.earlier, run.last)] == [9, 10]
+    assert [[a.next_token_id for a in (*m.earlier, m)] for m in sent] == messages
+    assert [a.next_token_id for a in (*run.last.earlier, run.last)] == last
     assert all(a.more for m in sent for a in (*m.earlier, m)) and not run.last.more
 
 
