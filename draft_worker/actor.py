@@ -53,7 +53,8 @@ class DraftWorker(EngineActor):
         host = host or ray.util.get_node_ip_address()
         self._server, address = await start_server(
             worker_pb2_grpc.add_DraftWorkerServicer_to_server, DraftServicer(
-                self._engine, self._config["max_batch_size"], self._config["batch_wait_ms"] / 1000), host,
+                self._engine, self._config["max_batch_size"], self._config["batch_wait_ms"] / 1000,
+                self._config["inline_ms"] / 1000), host,
             credentials=worker_server_credentials(TlsConfig(**self._tls)))
         self._info = {"address": address, "pid": os.getpid()}
         return self._info

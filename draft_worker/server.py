@@ -8,11 +8,14 @@ from engine.worker_server import EngineRunner, answer, serve_stream
 
 
 class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
-    def __init__(self, engine, max_batch: int = 1, max_wait_s: float = 0.0):
+    def __init__(self, engine, max_batch: int = 1, max_wait_s: float = 0.0, inline_max_s: float = 0.0):
         self._engine = engine
-        self._runner = EngineRunner()
-        self._batcher = Batcher(lambda requests, gone: self._runner.run(engine.propose_batch, requests, gone),
-                                max_batch, max_wait_s)
+        self._runner = EngineRunner(inline_max_s)
+        self._batcher = Batcher(self._propose_batch, max_batch, max_wait_s)
+
+    async def _propose_batch(self, requests: list, gone) -> list:
+        return await self._runner.run(self._engine.propose_batch, requests, gone,
+                                      inline=all(request.position for request in requests))
 
     async def Propose(self, request, context):
         return await answer(context, self._batcher.submit(request))

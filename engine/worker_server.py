@@ -3,6 +3,7 @@ engine errors to gRPC statuses, and starting a grpc.aio server on the worker's n
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Awaitable, Callable
@@ -108,13 +109,39 @@ def failed(response_type, code: grpc.StatusCode, message: str):
 
 
 class EngineRunner:
-    """Runs engine calls one at a time on a dedicated thread (the model is not thread-safe)."""
+    """Runs engine calls one at a time on a dedicated thread (the model is not thread-safe).
 
-    def __init__(self):
+    A call marked `inline` (one with no session start, whose length is steady) runs on the event loop's own
+    thread instead when the engine is idle and such calls have lately taken at most `inline_max_s`: it
+    skips the hop to the engine thread and back (measured ~0.2 ms per call on this 2-core machine, a
+    trivial engine's whole call 0.5 -> 0.3 ms), at the price of the loop waiting for it. Engine calls still
+    never overlap: an inline call starts only while no call is on the engine thread, and none can start
+    there until it returns. 0 turns it off."""
+
+    def __init__(self, inline_max_s: float = 0.0, window: int = 16):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._running = 0                 # calls on the engine thread (or queued for it)
+        self.inline_max_s = inline_max_s
+        self._typical: float | None = None    # exponentially weighted seconds of an `inline` call
+        self._weight = 1.0 / window
 
-    async def run(self, fn: Callable, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._executor, timed, fn, *args)
+    async def run(self, fn: Callable, *args, inline: bool = False):
+        work = functools.partial(self._learn if inline else timed, fn, *args)
+        if inline and not self._running and self._typical is not None and self._typical <= self.inline_max_s:
+            return work()
+        self._running += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+        finally:
+            self._running -= 1
+
+    def _learn(self, fn: Callable, *args):
+        """timed(fn, *args), its time folded into what an inline call typically takes."""
+        started = time.perf_counter()
+        result = timed(fn, *args)
+        seconds = time.perf_counter() - started
+        self._typical = seconds if self._typical is None else self._typical + self._weight * (seconds - self._typical)
+        return result
 
     async def call(self, context: grpc.aio.ServicerContext, fn: Callable, *args):
         return await answer(context, self.run(fn, *args))

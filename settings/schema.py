@@ -42,6 +42,9 @@ class PoolConfig:
     max_batch_size: int = 16        # calls run as one batched forward (1: no batching)
     batch_wait_ms: float = 0.0      # after a call arrives at an idle worker, wait this long for more to batch
                                     # with it (calls arriving while a batch runs always join the next one)
+    inline_ms: float = 5.0          # a call (no session start) finding the engine idle runs on the worker's
+                                    # event-loop thread, with no thread hop, while such calls take at most this
+                                    # long (the loop waits for it; 0: always on the engine thread)
 
     def validate(self, section: str) -> None:
         checks = [
@@ -55,6 +58,7 @@ class PoolConfig:
             (self.max_sessions >= 1, "max_sessions", "must be >= 1"),
             (self.max_batch_size >= 1, "max_batch_size", "must be >= 1"),
             (0 <= self.batch_wait_ms <= 1000, "batch_wait_ms", "must be in [0, 1000]"),
+            (0 <= self.inline_ms <= 1000, "inline_ms", "must be in [0, 1000]"),
             (all(isinstance(v, (int, float)) for v in self.resources.values()), "resources",
              "must map resource names to numbers"),
         ]
@@ -144,7 +148,7 @@ class ControllerConfig:
     overlap: bool = True             # while the target verifies, the draft pre-drafts the next round for the
                                      # verdict "all K accepted + its own guess of the next token"
     overlap_tokens: int = 0          # most tokens one pre-draft may draft (guess + next K; 0: k_max + 1)
-    decode_steps: int = 16           # a round at K = 0 (chosen, or speculation.k: 0) is a decode run: the target
+    decode_steps: int = 32           # a round at K = 0 (chosen, or speculation.k: 0) is a decode run: the target
                                      # decodes up to this many tokens in one call, streaming each back, with no
                                      # round trip between them (1: one call per token)
     answer_delay_ms: float = 10.0    # ... and may hold a step's answer this long to send it with later steps'

@@ -79,6 +79,7 @@ class TargetRank(EngineActor):
         self._server, address = await start_server(
             worker_pb2_grpc.add_TargetWorkerServicer_to_server,
             TargetServicer(self._engine, self._world_size, self._config["max_batch_size"],
-                           self._config["batch_wait_ms"] / 1000), host or ray.util.get_node_ip_address(),
+                           self._config["batch_wait_ms"] / 1000, self._config["inline_ms"] / 1000),
+            host or ray.util.get_node_ip_address(),
             credentials=worker_server_credentials(TlsConfig(**self._tls)))
         return {**info, "address": address}

@@ -102,10 +102,11 @@ class DecodeRun:
 
 
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
-    def __init__(self, engine, world_size: int, max_batch: int = 1, max_wait_s: float = 0.0):
+    def __init__(self, engine, world_size: int, max_batch: int = 1, max_wait_s: float = 0.0,
+                 inline_max_s: float = 0.0):
         self._engine = engine
         self._world_size = world_size
-        self._runner = EngineRunner()
+        self._runner = EngineRunner(inline_max_s)
         self._batcher = Batcher(self._verify_batch, max_batch, max_wait_s)
         self._runs = 0                    # decode runs in progress
 
@@ -116,7 +117,8 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
 
     async def _verify_batch(self, requests: list, gone=None) -> list:
         batch = worker_pb2.VerifyBatch(requests=requests)
-        return await self._runner.run(lead, self._engine, VERIFY_BATCH, batch, self._world_size)
+        return await self._runner.run(lead, self._engine, VERIFY_BATCH, batch, self._world_size,
+                                      inline=all(request.position for request in requests))
 
     async def _decode_run(self, request: worker_pb2.VerifyRequest, emit: Callable) -> worker_pb2.VerifyResponse:
         """A decode run: its steps alone on the engine thread while no other call waits, else one at a time
