@@ -14,16 +14,18 @@ which tokens are proposed, never the distribution of what is committed.
 
 Proposal sources (`draft.method`). A round's drafts come from the draft model (the draft worker) or from prompt
 lookup (engine/ngram.py: the continuation of an earlier occurrence of the context's last n tokens, computed here
-in the router with no call, or by the target itself in a decode run, below). An n-gram proposal is deterministic, so it is verified exactly as a greedy draft
-(q one-hot: no hidden states travel, and the target verifies any request whose drafts come without them that
-way, whatever the pool's draft mode). With `model+ngram` the policy picks, each round that has a match, the
-source its statistics model faster; n-gram rounds send no pre-draft. While the draft worker is unreachable, rounds
-use n-gram proposals where the context has a match (instead of plain decoding).
+in the router with no call, or by the target itself in a decode run, below). An n-gram proposal is
+deterministic, so it is verified exactly as a greedy draft (q one-hot: no hidden states travel, and the target
+verifies any request whose drafts come without them that way, whatever the pool's draft mode). With
+`model+ngram` the policy picks, each round that has a match, the source its statistics model faster; n-gram
+rounds send no pre-draft. While the draft worker is unreachable, rounds use n-gram proposals where the context
+has a match (instead of plain decoding).
 
-Decode runs. A round at K = 0 is one target call that decodes up to `decode_steps` tokens, answering each as it
-is sampled, with no round trip between the target's steps; so is every round of a request whose only proposer is
-prompt lookup, the target then looking up its own drafts, and an n-gram round of model+ngram, until a lookup
-misses (run_plan). Each answer is a round here, as it would have been one call at a time.
+Decode runs. A round at K = 0 is one target call that decodes up to `decode_steps` tokens, with no round trip
+between the target's steps; so is every round of a request whose only proposer is prompt lookup, the target then
+looking up its own drafts, and an n-gram round of model+ngram, until a lookup misses (run_plan). The target
+answers each step as it is sampled, or holds it up to `answer_delay_ms` to send several in one message. Each
+step is a round here, as it would have been one call at a time.
 """
 from __future__ import annotations
 
@@ -137,12 +139,16 @@ def clamp_k(state: RequestState, k: int, ahead: int = 0) -> int:
 
 
 def split_time(started: float, response) -> tuple[float, float, float]:
-    """(worker compute, the rest of the call, the part of that rest spent inside the worker's handler: queue
-    and thread hop) in seconds, from the worker's compute_us and handler_us stamps."""
-    total = time.perf_counter() - started
-    compute = min(response.compute_us / 1e6, total)
-    handler = min(max(response.handler_us / 1e6, compute), total)
-    return compute, total - compute, handler - compute
+    """split_wall of a call sent at `started` and answered now."""
+    return split_wall(time.perf_counter() - started, response)
+
+
+def split_wall(wall: float, response) -> tuple[float, float, float]:
+    """(worker compute, the rest of `wall`, the part of that rest spent inside the worker's handler: queue and
+    thread hop) in seconds, from the worker's compute_us and handler_us stamps."""
+    compute = min(response.compute_us / 1e6, wall)
+    handler = min(max(response.handler_us / 1e6, compute), wall)
+    return compute, wall - compute, handler - compute
 
 
 PARTS = ("draft_compute", "draft_worker", "draft_transport", "verify_compute", "verify_worker", "verify_transport",
@@ -260,14 +266,13 @@ async def decode_run(state: RequestState, target: TargetClient, steps: int, sour
 
 def run_step(state: RequestState, step: worker_pb2.VerifyResponse, wall: float, source: int) -> Round:
     """A decode run's step as a round of `wall` seconds (recorded in the request's stats)."""
-    compute = min(step.compute_us / 1e6, wall)
-    handler = min(max(step.handler_us / 1e6, compute), wall)
-    timings = RoundTimings(verify_seconds=compute, rtt_seconds=wall - compute, batch_size=step.batch_size,
+    compute, rtt, worker = split_wall(wall, step)
+    timings = RoundTimings(verify_seconds=compute, rtt_seconds=rtt, batch_size=step.batch_size,
                            batch_tokens=step.batch_tokens, queue_depth=step.queue_depth)
     drafts, accepted = list(step.draft_token_ids), step.num_accepted
     round_ = Round(drafts, accepted, drafts[:accepted] + [step.next_token_id], timings,
                    source=NGRAM if drafts else source, logprobs=list(step.logprobs))
-    round_.parts = round_parts(wall, NO_DRAFTS, False, timings, handler - compute, 0.0)
+    round_.parts = round_parts(wall, NO_DRAFTS, False, timings, worker, 0.0)
     record(state.stats, round_)
     return round_
 
@@ -511,8 +516,9 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
                    policy: KPolicy, recovery_s: float = 60.0) -> AsyncIterator[list[int]]:
     """Run rounds until the request finishes, yielding each round's committed tokens. With overlap on,
     each model round pre-drafts the next one (its K chosen now) while the target verifies; a round at K = 0
-    or of a request that drafts only by prompt lookup is a decode run of several tokens (run_plan). Both workers' caches for this session are released
-    however the request ends."""
+    or of a request that drafts only by prompt lookup is a decode run of several tokens (run_plan), whose rounds
+    that arrive together are yielded together. Both workers' caches for this session are released however the
+    request ends."""
     ready, planned, ended = None, None, None
     try:
         while not state.finish_reason:

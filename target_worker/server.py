@@ -20,7 +20,7 @@ import grpc
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
 from engine.batching import Batcher, only_answer
 from engine.ngram import LookupMissed
-from engine.worker_server import EngineRunner, answer, serve_stream
+from engine.worker_server import EngineRunner, answer, serve_stream, timed
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
 
 
@@ -148,9 +148,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         while run.last is None and not withdrawn.is_set() and self._alone:
             started = time.perf_counter()
             batch = worker_pb2.VerifyBatch(requests=[run.request])
-            response = only_answer(lead(self._engine, VERIFY_BATCH, batch, self._world_size))
-            response.compute_us = int((time.perf_counter() - started) * 1e6)
-            run.advance(response, started)
+            run.advance(only_answer(timed(lead, self._engine, VERIFY_BATCH, batch, self._world_size)), started)
 
     def _submit(self, request: worker_pb2.VerifyRequest, emit: Callable):
         if request.decode_steps > 1 and not request.draft_token_ids:
