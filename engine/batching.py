@@ -4,7 +4,10 @@ the draft runs its K sequential steps for many requests at once.
 A Batcher takes calls from the gRPC handlers. When the engine thread is free it waits up to `max_wait_s`
 after the first waiting call for more to arrive (or until `max_batch` are waiting), then runs them as one
 engine call; calls that arrive while a batch runs queue for the next one, so a busy worker batches
-without waiting at all. A session appears at most once per batch (its rounds are sequential anyway); a call
+without waiting at all. Before taking the next batch it lets the callers just answered run once: a decode
+run submits its next step at once, and taken before it could, the calls that queued during the batch would
+run alone, then it alone, and so on (measured: 16 decode runs settled into two alternating halves, 7.4 rows
+per forward instead of 13.5). A session appears at most once per batch (its rounds are sequential anyway); a call
 cancelled while it waits never runs. `max_batch` 1 turns batching off. No torch here.
 """
 from __future__ import annotations
@@ -112,6 +115,7 @@ class Batcher:
             batch = self._take()
             if batch:
                 await self._run(batch)
+                await asyncio.sleep(0)            # the callers just answered resubmit first (module doc)
 
     def _take(self) -> list[tuple[object, asyncio.Future]]:
         """Up to max_batch waiting calls, oldest first, one per session; the rest wait for the next batch."""

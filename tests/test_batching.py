@@ -166,6 +166,32 @@ def test_batcher_waits_for_a_batch_when_idle():
     assert asyncio.run(scenario()) == [[0, 1, 2, 7]]
 
 
+def test_callers_that_resubmit_at_once_rejoin_the_calls_waiting_behind_them():
+    """Decode runs submit their next step as soon as they are answered. Eight runs whose first steps arrive in
+    two groups of four (one group waits while the other runs) must merge into one batch, not alternate as two
+    half batches for ever: the calls just answered get to resubmit before the next batch is taken."""
+    async def scenario():
+        batches = []
+
+        async def run_batch(requests, gone):
+            batches.append(sorted(r.session_id for r in requests))
+            await asyncio.sleep(0.005)                   # the engine runs the batch on its own thread
+            return [worker_pb2.VerifyResponse(next_token_id=r.session_id) for r in requests]
+
+        batcher = Batcher(run_batch, max_batch=8)
+
+        async def decode_run(session_id: int, steps: int = 6):
+            for _ in range(steps):
+                await batcher.submit(verify_call(session_id))
+
+        first = [asyncio.ensure_future(decode_run(s)) for s in range(4)]
+        await asyncio.sleep(0.001)                       # the first group's step is running
+        await asyncio.gather(*first, *(decode_run(s) for s in range(4, 8)))
+        return batches
+    batches = asyncio.run(scenario())
+    assert batches == [[0, 1, 2, 3]] + [list(range(8))] * 5 + [[4, 5, 6, 7]]   # the second group joins at once
+
+
 # ---- end to end ------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module", params=[("greedy", 1), ("sampled", 1), ("greedy", 2)],
