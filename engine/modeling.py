@@ -116,11 +116,16 @@ class RaggedBatch:
     session back a cache of its real columns only. A batch of one session simply runs on its own cache.
     A sliding-window mask counts the window in columns, so for a windowed model a row's columns must stay
     contiguous: before a forward that would append to a row after right padding, the batch is packed again.
+
+    Packing copies every row's cache. The next forward over the same sessions can skip that: holds() tells
+    whether they are still exactly as unpack() left them (a decode run's steady state), and then the batch
+    runs on as it is.
     """
 
     def __init__(self, model, sessions: list[Session]):
         self.model, self.sessions = model, sessions
         self.lengths = [s.length for s in sessions]
+        self._handed: list | None = None   # each session's layer-0 keys as unpack() left them (see holds)
         if len(sessions) == 1:             # no padding, mask or copies
             if sessions[0].cache is None:
                 sessions[0].cache = new_cache(model)
@@ -194,6 +199,15 @@ class RaggedBatch:
                 for own, layer in zip(session.cache.layers, self.cache.layers):
                     own.keys, own.values = layer.keys[i:i + 1, :, take], layer.values[i:i + 1, :, take]
             session.length = self.lengths[i]
+        self._handed = [session.cache.layers[0].keys for session in self.sessions]
+
+    def holds(self, sessions: list[Session]) -> bool:
+        """Whether this unpacked batch holds exactly `sessions`, in this order, each as unpack() left it, so that
+        the next forward can run on it with no copy. A crop, a forward elsewhere or a session started again gives
+        the session new cache tensors (or a new length), which this notices."""
+        return self._handed is not None and len(sessions) == len(self.sessions) and all(
+            session is own and session.length == length and session.cache.layers[0].keys is keys
+            for session, own, length, keys in zip(sessions, self.sessions, self.lengths, self._handed))
 
 
 def _right_aligned_mask(lengths: list[int], width: int, device) -> torch.Tensor:   # [B, width]
@@ -213,13 +227,16 @@ def _columns(segments: list[tuple[int, int]], device):
 
 
 @torch.inference_mode()
-def extend_batch(model, sessions: list[Session], token_lists: list[list[int]], keeps: list[int]) -> list[torch.Tensor]:
-    """Append token_lists[i] to sessions[i]'s cache, all in one forward; returns the logits of row i's last
-    keeps[i] positions [keeps[i], vocab]."""
-    batch = RaggedBatch(model, sessions)
+def extend_batch(model, sessions: list[Session], token_lists: list[list[int]], keeps: list[int],
+                 last: RaggedBatch | None = None) -> tuple[list[torch.Tensor], RaggedBatch]:
+    """Append token_lists[i] to sessions[i]'s cache, all in one forward. Returns the logits of row i's last
+    keeps[i] positions [keeps[i], vocab], and the batch: passed back as `last`, it is run on again, uncopied,
+    while it holds the same sessions as they were left (RaggedBatch.holds). Pass no `last` after a forward that
+    raised: its batch may be half-updated."""
+    batch = last if last is not None and last.holds(sessions) else RaggedBatch(model, sessions)
     n_new = max(len(t) for t in token_lists)
     keep = n_new - min(len(t) - k for t, k in zip(token_lists, keeps))   # the columns any row needs
     logits = batch.forward(token_lists, keep=keep)
     batch.unpack()
     offset = n_new - keep
-    return [logits[i, len(t) - k - offset:len(t) - offset] for i, (t, k) in enumerate(zip(token_lists, keeps))]
+    return [logits[i, len(t) - k - offset:len(t) - offset] for i, (t, k) in enumerate(zip(token_lists, keeps))], batch

@@ -64,6 +64,7 @@ class TargetEngine:
         self.batched = batchable(self.model)
         self.isolate = not tp_plan        # a TP group's ranks must stay in step: a failed forward is the group's
         self.stats = BatchStats()
+        self._batch = None                # the last forward's RaggedBatch: the next one may run on it (holds())
         check_same_vocabulary(draft_model_path, model_path, self.draft_head.weight.shape[0],
                               self.model.config.vocab_size)
 
@@ -95,7 +96,9 @@ class TargetEngine:
         starts = [session.length + len(requests[i].new_token_ids) for i, session in rows]
         for (_, session), row_drafts in zip(rows, drafts):
             session.tokens.extend(row_drafts)
-        logits = extend_batch(self.model, [session for _, session in rows], tokens, keeps)
+        last, self._batch = self._batch, None       # a forward that raises leaves no batch to run on again
+        logits, batch = extend_batch(self.model, [session for _, session in rows], tokens, keeps, last)
+        self._batch = batch if len(rows) > 1 else last   # a row alone (a prefill) leaves the batch of many intact
         batch_tokens = sum(len(t) for t in tokens)
         self.stats.record(len(rows))
         for (i, session), row_drafts, row_logits, start in zip(rows, drafts, logits, starts):

@@ -100,6 +100,37 @@ def test_a_draft_row_whose_caller_went_away_stops_drafting(engines):
     assert draft.stats.forward_passes == 6 + 1 + 6            # session starts run alone: 6 steps, 1, 6
 
 
+def decode(engines, batched: bool, temperature: float) -> tuple[dict, list]:
+    """Eight K = 0 steps (decode runs' steps) of sessions 0..3, session 4 joining at step 3 and session 1 leaving
+    after step 4: each session's tokens, and per batched step whether its forward ran on the last one's batch."""
+    _, target = engines()
+    tokens, held, reused = {i: list(PROMPTS[i]) for i in range(4)}, dict.fromkeys(range(5), 0), []
+    for step in range(8):
+        if step == 3:
+            tokens[4] = list(PROMPTS[4])
+        live = [i for i in tokens if not (i == 1 and step > 4)]
+        calls = [worker_pb2.VerifyRequest(session_id=i, position=held[i], new_token_ids=tokens[i][held[i]:],
+                                          sampling=sampling(temperature, i) if held[i] == 0 else None)
+                 for i in live]
+        before = target._batch
+        answers = target.verify_batch(calls) if batched else [target.verify(call) for call in calls]
+        reused.append(before is not None and target._batch is before)
+        for i, answer in zip(live, answers):
+            held[i] = len(tokens[i])
+            tokens[i].append(answer.next_token_id)
+    return tokens, reused
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "seeded"])
+def test_decode_steps_of_the_same_sessions_run_on_one_batch_and_match_each_alone(engines, temperature):
+    alone, _ = decode(engines, batched=False, temperature=temperature)
+    batched, reused = decode(engines, batched=True, temperature=temperature)
+    assert batched == alone
+    # step 0: prefills, each alone; 1: the first batch; 3: session 4's prefill runs alone and the others on
+    # their batch; 4 and 5: the sessions changed
+    assert reused == [False, False, True, True, False, False, True, True]
+
+
 # ---- the Batcher -----------------------------------------------------------------------------------------
 
 class Recorder:

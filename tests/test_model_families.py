@@ -95,6 +95,29 @@ def test_seeded_sampling_batched_is_identical_to_each_request_alone(family_model
     assert drafted > 0 and (accepted < drafted or mode == worker_pb2.DRAFT_MODE_SAMPLED)   # greedy drafts roll back
 
 
+@pytest.mark.parametrize("family", sorted(SLIDING))
+def test_decode_steps_on_one_batch_are_identical_to_the_target_alone(family_models, family):
+    """K = 0 steps (a decode run's) of every prompt as one batch, MAX_NEW of them, past the window: each forward
+    after the first batched one runs on the batch the last one left, uncopied, and the tokens are the target's."""
+    from target_worker.verifier import TargetEngine
+
+    draft_path, target_path = family_models[family]
+    target = TargetEngine(target_path, draft_path)
+    tokens, held, reused = [list(p) for p in PROMPTS], [0] * len(PROMPTS), []
+    for _ in range(MAX_NEW):
+        before = target._batch
+        answers = target.verify_batch([worker_pb2.VerifyRequest(session_id=i, position=held[i],
+                                                                new_token_ids=t[held[i]:],
+                                                                sampling=GREEDY if held[i] == 0 else None)
+                                       for i, t in enumerate(tokens)])
+        reused.append(before is not None and target._batch is before)
+        for i, answer in enumerate(answers):
+            held[i] = len(tokens[i])
+            tokens[i].append(answer.next_token_id)
+    assert [t[len(p):] for t, p in zip(tokens, PROMPTS)] == reference(target_path, PROMPTS, MAX_NEW)
+    assert reused == [False, False] + [True] * (MAX_NEW - 2)       # prefills alone, then one batch, run on
+
+
 # ---- a failure stays in its own row ------------------------------------------------------------------------
 
 def started_target(family_models, family: str = "mistral-sliding"):
