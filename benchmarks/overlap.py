@@ -15,7 +15,7 @@ import yaml
 
 from benchmarks.plan import PREDICTABLE, BenchConfig
 from benchmarks.service import log, running_data
-from benchmarks.single_stream import BASE_ROW, hf_rows, specpool_row, with_model_terms
+from benchmarks.single_stream import BASE_ROW, best_transformers, hf_rows, specpool_row, with_model_terms
 from settings.schema import SpeculationConfig
 from protos.specpool.v1 import admin_pb2
 from router.speculation import PARTS
@@ -109,9 +109,9 @@ def heavy_section(data: dict, cfg: BenchConfig, extra_layers: int) -> dict:
 
 
 def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
-    """The figures the goals of issue #11 name, from one run."""
-    assisted = max(r["tokens_per_s"] for name, r in transformers.items() if name != BASE_ROW)
-    base = transformers[BASE_ROW]["tokens_per_s"]
+    """The figures the goals of issue #11 name, from one run: against the best transformers row over K and torch
+    threads (generate() for K = 0)."""
+    assisted, base = best_transformers(transformers, True), best_transformers(transformers, False)
     out = {"adaptive / best assisted": rows["overlap adaptive"]["tokens_per_s"] / assisted,
            "in-turn adaptive / best assisted": rows["in turn adaptive"]["tokens_per_s"] / assisted,
            "K=0 / generate()": rows["in turn K=0"]["tokens_per_s"] / base,

@@ -3,7 +3,8 @@
     python -m benchmarks.speedup --config deploy/local.yaml --out benchmarks/results   # what `make bench` runs
 
 Rows (same pair, prompts and greedy sampling; benchmarks/single_stream.py): transformers generate() of the
-target alone; transformers assisted generation with the same K; specpool with K = 0; specpool at each fixed
+target alone and transformers assisted generation with the same K, each with 1 and with 2 torch threads (the
+goals compare against the best of them); specpool with K = 0; specpool at each fixed
 K; specpool with the adaptive policy. Per row: tokens/s (median of --repeats runs), time to first token,
 inter-token latency p50/p99, acceptance α, mean accepted length, the cost ratio c = t_draft / t_target, the
 analytic speedup (1 - α^(K+1)) / ((1 - α)(Kc + 1)) and efficiency = measured speedup / analytic speedup, and
