@@ -45,9 +45,7 @@ Policies. `fixed` always returns `k`. `threshold` moves K by one step every `adj
 acceptance rate since its last step is above `raise_above`, down when below `lower_below`. `goodput` starts at
 `k` for `warmup_rounds`, then takes the argmax of goodput(K) over [k_min, k_max], switching only when the best
 beats the current K by the `hysteresis` fraction. Both adaptive policies probe roughly every `probe_every`
-rounds times the target's load, rounded (jittered by the injected RNG; under load a probe round joins a batch of
-`load` rows and slows them all, padding each to its K + 1 tokens, and the statistics it refreshes serve the
-requests of all those rows): K+1 (K-1 at k_max), or with chance `random_probe` a uniformly random
+rounds (jittered by the injected RNG): K+1 (K-1 at k_max), or with chance `random_probe` a uniformly random
 other K, so stale statistics refresh and a phase change is noticed even at K = 0. The goodput policy makes every
 third probe from K > 0 a K = 0 probe while plain decoding is modeled within 60 % of K (so T(0) is measured, not
 extrapolated); with overlap it lasts two rounds, since only the second runs with no pre-draft beside it.
@@ -365,7 +363,7 @@ class KController:
             self._k = best
 
     def _probe_due(self) -> bool:
-        every = self.config.probe_every * max(1, round(self.costs()["load"]))
+        every = self.config.probe_every
         if every == 0 or self._rounds < self.config.warmup_rounds or self._calls < self._next_probe:
             return False
         self._next_probe = self._calls + self._rng.randint(max(1, every // 2), every + every // 2)

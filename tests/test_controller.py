@@ -385,22 +385,6 @@ def test_load_shrinks_k_to_zero_when_the_target_is_compute_bound():
     assert run_loaded(controller, 1, 400, rng) >= 0.95 * loaded_goodput(1, best[1])
 
 
-def test_probes_grow_rarer_with_the_load():
-    """A probe round joins a batch of `load` rows and pads them all to its K + 1 tokens, so the controller probes
-    about every probe_every * load rounds: at 8 rows per forward about an eighth as often as alone, yet still now and then."""
-    def probes(load: int) -> int:
-        controller, rng = KController(sequential(k=4, k_max=K_MAX), random.Random(0)), random.Random(1)
-        run_loaded(controller, load, 200, rng)                      # settle, and learn the load
-        count = 0
-        for _ in range(1600):
-            run_loaded(controller, load, 1, rng)
-            count += controller.probing
-        return count
-    alone, loaded = probes(1), probes(8)
-    assert 1600 / 8 / 2 <= alone <= 1600 / 8 * 2                     # about every probe_every (8) rounds
-    assert 1 <= loaded <= alone / 4
-
-
 def test_expected_tokens_formula():
     assert expected_tokens([0.5, 0.5], 0) == 1.0
     assert expected_tokens([0.9, 0.5, 0.2], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.09)
