@@ -12,10 +12,54 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
-from engine.modeling import RaggedBatch, batchable, load_model
+from engine.modeling import RaggedBatch, batchable, fork_session, load_model
 from engine.sampling import STREAM_DRAFT, generator, logits_to_probs, sample
-from engine.sessions import SessionStore, open_sessions
+from engine.sessions import Session, SessionStore, open_sessions
+
+
+class DraftRow(NamedTuple):
+    """One row of a drafting batch: a request's own row, or one of its pre-draft branches (a fork of its cache)."""
+    index: int                     # the request's index in the batch
+    session: Session
+    request: worker_pb2.ProposeRequest
+    inputs: list                   # the tokens to append at the first step
+    k: int                         # drafts to make
+    start: int                     # context length at the first draft (its position, for the sampling stream)
+    branch: bool = False
+
+
+@dataclass
+class Drafted:
+    """What a row drafted: tokens, their hidden states (sampled mode) and each token's runner-up."""
+    tokens: list = field(default_factory=list)
+    hiddens: list = field(default_factory=list)
+    runner_ups: list = field(default_factory=list)
+
+    def add(self, token: int, top2: list[int]) -> None:
+        self.tokens.append(token)
+        self.runner_ups.append(top2[1] if token == top2[0] else top2[0])
+
+    def hidden_bytes(self) -> bytes:
+        return torch.stack(self.hiddens).contiguous().view(torch.uint8).numpy().tobytes() if self.hiddens else b""
+
+
+def answer_rows(rows: list[DraftRow], drafted: list[Drafted], results: list) -> None:
+    """Each request's ProposeResponse from its own row, with its branch rows' drafts in order (a branch of a row
+    that failed is dropped with it)."""
+    size = len({row.index for row in rows})
+    for row, out in zip(rows, drafted):
+        runner_ups = out.runner_ups if row.request.runner_ups else []
+        if not row.branch:
+            results[row.index] = worker_pb2.ProposeResponse(
+                draft_token_ids=out.tokens, draft_hidden_states=out.hidden_bytes(), batch_size=size,
+                runner_up_token_ids=runner_ups)
+        elif isinstance(results[row.index], worker_pb2.ProposeResponse):
+            results[row.index].branch_drafts.add(token_ids=out.tokens, hidden_states=out.hidden_bytes(),
+                                                  runner_up_token_ids=runner_ups)
 
 
 class DraftEngine:
@@ -36,51 +80,67 @@ class DraftEngine:
     def propose_batch(self, requests: list, gone=None) -> list:
         """Propose drafts for several requests (distinct sessions); per request its ProposeResponse or the
         error it raised (that row only: see run_isolated). Rows are grouped into forwards by forward_groups.
-        `gone(i)` says that request i's caller went away (a cancelled pre-draft): its row stops drafting at the
+        `gone(i)` says that request i's caller went away (a cancelled pre-draft): its rows stop drafting at the
         next step."""
         results: list = [None] * len(requests)
-        rows = [(i, s) for i, s in open_sessions(self.sessions, requests, results) if requests[i].k > 0]
+        opened = [(i, s) for i, s in open_sessions(self.sessions, requests, results) if requests[i].k > 0]
+        rows = [row for i, session in opened for row in self._rows_or_error(i, session, requests[i], results)]
         run_isolated(forward_groups(rows, requests, self.batched),
-                     lambda group: self._propose_rows(group, requests, results, gone or (lambda i: False)),
+                     lambda group: self._propose_rows(group, results, gone or (lambda i: False)),
                      results, lambda i: self.sessions.release(requests[i].session_id))
         for i, request in enumerate(requests):
             if results[i] is None:                 # k = 0: nothing to propose
                 results[i] = worker_pb2.ProposeResponse()
         return results
 
-    def _propose_rows(self, rows: list, requests: list, results: list, gone) -> None:
-        """K steps over rows [(index, session)]: step j is one forward over the rows with K > j (a row whose
-        caller went away stops early; its cache then holds fewer drafts, which the router never counts on)."""
-        batch = RaggedBatch(self.model, [session for _, session in rows])
-        ks = [requests[i].k for i, _ in rows]
-        inputs = [list(requests[i].new_token_ids) for i, _ in rows]
-        starts = [session.length + len(tokens) for (_, session), tokens in zip(rows, inputs)]
-        tokens, hiddens = [[] for _ in rows], [[] for _ in rows]
+    def _rows_or_error(self, index: int, session: Session, request, results: list) -> list[DraftRow]:
+        try:
+            return self._rows(index, session, request)
+        except ValueError as exc:                  # a bad branch point: that request's error only
+            results[index] = exc
+            return []
+
+    def _rows(self, index: int, session: Session, request) -> list[DraftRow]:
+        """The request's own row, then one per pre-draft branch (a fork of the session's cache at the branch
+        point; none for a model whose cache cannot be forked, which answers each branch with no drafts)."""
+        new = list(request.new_token_ids)
+        rows = [DraftRow(index, session, request, new, request.k, session.length + len(new))]
+        for b in request.branches if self.batched else ():
+            if not 0 < b.at <= session.length + len(new):
+                raise ValueError(f"branches.at: {b.at} is past the context ({session.length + len(new)} tokens)")
+            held = min(b.at, session.length)
+            rows.append(DraftRow(index, fork_session(self.model, session, held), request,
+                                 new[:b.at - held] + [b.token_id], request.k - 1, b.at + 1, branch=True))
+        return rows
+
+    def _propose_rows(self, rows: list, results: list, gone) -> None:
+        """Each row's K steps: step j is one forward over the rows with K > j (a row whose caller went away stops
+        early; its cache then holds fewer drafts, which the router never counts on)."""
+        batch = RaggedBatch(self.model, [row.session for row in rows])
+        ks, inputs = [row.k for row in rows], [row.inputs for row in rows]
+        drafted = [Drafted() for _ in rows]
         j = 0
         while any(k > j for k in ks):
             hidden = batch.forward(inputs, decoder_only=True)          # [B, n_new, hidden]
             last = torch.stack([hidden[r, len(t) - 1] if t else hidden[r, 0] for r, t in enumerate(inputs)])
             logits = self.head(last)                                    # [B, vocab]
-            argmax = logits.argmax(-1).tolist()
-            for r, (_, session) in enumerate(rows):
+            top2 = logits.topk(2, dim=-1).indices.tolist()              # [B, 2]: argmax, runner-up
+            for r, (row, out) in enumerate(zip(rows, drafted)):
                 if j < ks[r]:
-                    tokens[r].append(self._draft_token(requests[rows[r][0]], session, logits[r], starts[r] + j,
-                                                       hiddens[r], last[r], argmax[r]))
-            ks = [len(tokens[r]) if gone(i) else ks[r] for r, (i, _) in enumerate(rows)]
-            inputs = [[tokens[r][-1]] if j + 1 < ks[r] else [] for r in range(len(rows))]
+                    out.add(self._draft_token(row.session, row.request.mode, logits[r], row.start + j, out.hiddens,
+                                              last[r], top2[r][0]), top2[r])
+            ks = [len(out.tokens) if gone(row.index) else k for row, out, k in zip(rows, drafted, ks)]
+            inputs = [[out.tokens[-1]] if j + 1 < k else [] for out, k in zip(drafted, ks)]
             self.stats.record(sum(1 for k in ks if k > j))
             j += 1
         batch.unpack()
-        for r, (i, _) in enumerate(rows):
-            hidden_bytes = torch.stack(hiddens[r]).contiguous().view(torch.uint8).numpy().tobytes() if hiddens[r] else b""
-            results[i] = worker_pb2.ProposeResponse(draft_token_ids=tokens[r], draft_hidden_states=hidden_bytes,
-                                                    batch_size=len(rows))
+        answer_rows(rows, drafted, results)
 
     @staticmethod
-    def _draft_token(request, session, logits: torch.Tensor, position: int, hiddens: list, hidden: torch.Tensor,
+    def _draft_token(session, mode: int, logits: torch.Tensor, position: int, hiddens: list, hidden: torch.Tensor,
                      argmax: int) -> int:
         """The draft token at `position`: argmax (greedy mode), or a sample from q keeping its hidden state."""
-        if request.mode != worker_pb2.DRAFT_MODE_SAMPLED or session.sampling.greedy:
+        if mode != worker_pb2.DRAFT_MODE_SAMPLED or session.sampling.greedy:
             return argmax
         probs = logits_to_probs(logits[None], session.sampling)[0]
         hiddens.append(hidden)

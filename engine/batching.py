@@ -34,7 +34,7 @@ class BatchStats:
 
 
 def forward_groups(rows: list, requests: list, batched: bool) -> list[list]:
-    """How an engine runs a batch's opened rows [(index, session)]: each session start (a prefill of the
+    """How an engine runs a batch's opened rows [(index, session, ...)]: each session start (a prefill of the
     whole context) alone, so a long prompt never pads the decode rows, and the decode rows together (one
     by one for a model whose cache cannot be padded)."""
     prefills = [[row] for row in rows if requests[row[0]].position == 0]
@@ -44,12 +44,12 @@ def forward_groups(rows: list, requests: list, batched: bool) -> list[list]:
 
 def run_isolated(groups: list[list], run_group: Callable[[list], None], results: list, drop: Callable[[int], None],
                  isolate: bool = True) -> None:
-    """Run each group of rows [(index, session)] as one forward (run_group fills results). A group that raises
+    """Run each group of rows [(index, session, ...)] as one forward (run_group fills results). A group that raises
     runs again row by row, each row back at the length it held, so that only the row that fails gets the error,
     in results[index]; its session is dropped (drop(index)), since its cache may be half-updated: the router
     re-prefills it. isolate=False (the ranks of a TP group, which must stay in step): the error propagates."""
     for group in groups:
-        lengths = [session.length for _, session in group]
+        lengths = [row[1].length for row in group]
         try:
             run_group(group)
         except Exception as exc:                  # noqa: BLE001 - any error of a forward stays in its row
@@ -59,8 +59,8 @@ def run_isolated(groups: list[list], run_group: Callable[[list], None], results:
                 results[group[0][0]] = exc
                 drop(group[0][0])
                 continue
-            for (_, session), length in zip(group, lengths):
-                session.crop(length)
+            for row, length in zip(group, lengths):
+                row[1].crop(length)
             run_isolated([[row] for row in group], run_group, results, drop)
 
 

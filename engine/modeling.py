@@ -210,6 +210,17 @@ class RaggedBatch:
             for session, own, length, keys in zip(sessions, self.sessions, self.lengths, self._handed))
 
 
+def fork_session(model, session: Session, length: int) -> Session:
+    """A new session holding a copy of the first `length` tokens of `session`'s cache (for an attention-only
+    model: each layer's keys and values are cut at that column), so that it can go on elsewhere."""
+    fork = Session(sampling=session.sampling, length=length)
+    if length:
+        fork.cache = new_cache(model)
+        for index, layer in enumerate(session.cache.layers):
+            fork.cache.update(layer.keys[:, :, :length], layer.values[:, :, :length], index)
+    return fork
+
+
 def _right_aligned_mask(lengths: list[int], width: int, device) -> torch.Tensor:   # [B, width]
     """1 on the last lengths[i] columns of row i, 0 on the left padding."""
     return (torch.arange(width, device=device) >= width - torch.tensor(lengths, device=device)[:, None]).long()

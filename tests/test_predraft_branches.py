@@ -1,0 +1,90 @@
+"""Pre-draft branches on the draft engine: besides its own row, a pre-draft drafts after each guessed rejection
+(the drafts accepted up to a point, then the draft's runner-up there), batched in the same steps. Each branch must
+draft exactly what a draft call from that context would, and leave the session's own cache as without branches.
+(Engines in-process, no Ray.)"""
+import pytest
+import torch
+
+from draft_worker.proposer import DraftEngine
+from protos.specpool.v1 import generation_pb2, worker_pb2
+
+PROMPT = [0, 1, 2, 3, 4, 5, 6]
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_pair):
+    return DraftEngine(tiny_pair[0])
+
+
+def request(session_id, position, new, k, mode=worker_pb2.DRAFT_MODE_GREEDY, branches=(), **sampling):
+    params = generation_pb2.SamplingParams(seed=5, **sampling) if position == 0 else None
+    return worker_pb2.ProposeRequest(session_id=session_id, position=position, new_token_ids=new, k=k,
+                                     sampling=params, mode=mode, runner_ups=True,
+                                     branches=[worker_pb2.BranchPoint(at=at, token_id=t) for at, t in branches])
+
+
+def greedy_from_scratch(model, context: list[int], k: int) -> tuple[list[int], list[int]]:
+    """k argmax drafts after `context`, each with its runner-up, by the model alone over the whole context."""
+    tokens, runner_ups = list(context), []
+    with torch.no_grad():
+        for _ in range(k):
+            top2 = model(torch.tensor([tokens])).logits[0, -1].topk(2).indices.tolist()
+            tokens.append(top2[0])
+            runner_ups.append(top2[1])
+    return tokens[len(context):], runner_ups
+
+
+def test_each_branch_drafts_what_a_draft_call_from_its_context_would(draft):
+    first = draft.propose(request(1, 0, PROMPT, 3))
+    drafts = list(first.draft_token_ids)
+    assert (drafts, list(first.runner_up_token_ids)) == greedy_from_scratch(draft.model, PROMPT, 3)
+    held = len(PROMPT) + 2                                   # the session holds the prompt + drafts[:-1]
+    points = [(len(PROMPT) + j, first.runner_up_token_ids[j]) for j in range(3)]
+    ahead = draft.propose(request(1, held, drafts[2:], 4, branches=points))
+    context = PROMPT + drafts
+    assert (list(ahead.draft_token_ids), list(ahead.runner_up_token_ids)) == greedy_from_scratch(draft.model,
+                                                                                               context, 4)
+    assert len(ahead.branch_drafts) == 3
+    for (at, token), branch in zip(points, ahead.branch_drafts):
+        expected = greedy_from_scratch(draft.model, context[:at] + [token], 3)
+        assert (list(branch.token_ids), list(branch.runner_up_token_ids)) == expected, at
+    # The session holds its own row: going on from it drafts what the model alone would.
+    main = list(ahead.draft_token_ids)
+    after = draft.propose(request(1, len(context) + 3, main[3:], 2))
+    assert list(after.draft_token_ids) == greedy_from_scratch(draft.model, context + main, 2)[0]
+
+
+def test_a_branch_can_start_inside_the_new_tokens_or_at_the_held_context(draft):
+    draft.propose(request(2, 0, PROMPT, 1))
+    new = [3, 2, 1]
+    points = [(len(PROMPT) + 2, 7), (len(PROMPT), 6)]        # after two of the new tokens; before any
+    ahead = draft.propose(request(2, len(PROMPT), new, 3, branches=points))
+    for (at, token), branch in zip(points, ahead.branch_drafts):
+        expected = greedy_from_scratch(draft.model, (PROMPT + new)[:at] + [token], 2)[0]
+        assert list(branch.token_ids) == expected
+
+
+def test_sampled_branches_sample_the_same_tokens_as_a_call_from_their_context(draft):
+    sampled = dict(mode=worker_pb2.DRAFT_MODE_SAMPLED, temperature=0.9, top_k=6)
+    first = draft.propose(request(3, 0, PROMPT, 3, **sampled))
+    drafts = list(first.draft_token_ids)
+    points = [(len(PROMPT) + j, first.runner_up_token_ids[j]) for j in range(3)]
+    ahead = draft.propose(request(3, len(PROMPT) + 2, drafts[2:], 4, mode=sampled["mode"], branches=points))
+    hidden = draft.model.config.hidden_size * 4
+    for n, ((at, token), branch) in enumerate(zip(points, ahead.branch_drafts)):
+        alone = draft.propose(request(100 + n, 0, (PROMPT + drafts)[:at] + [token], 3, **sampled))
+        assert list(branch.token_ids) == list(alone.draft_token_ids)      # the draft's RNG is keyed by position
+        assert len(branch.hidden_states) == 3 * hidden
+        got = torch.frombuffer(bytearray(branch.hidden_states), dtype=torch.float32)
+        want = torch.frombuffer(bytearray(alone.draft_hidden_states), dtype=torch.float32)
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_a_branch_point_past_the_context_fails_that_request_alone(draft):
+    draft.propose(request(4, 0, PROMPT, 1))
+    draft.propose(request(5, 0, PROMPT, 1))
+    bad = request(4, len(PROMPT), [1], 2, branches=[(len(PROMPT) + 5, 3)])
+    good = request(5, len(PROMPT), [1], 2, branches=[(len(PROMPT), 3)])
+    results = draft.propose_batch([bad, good])
+    assert isinstance(results[0], ValueError) and "branches.at" in str(results[0])
+    assert len(results[1].branch_drafts) == 1 and len(results[1].draft_token_ids) == 2
