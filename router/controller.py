@@ -74,7 +74,7 @@ _PLAIN_PROBE_WORTH = 0.6  # ... when plain decoding's modeled goodput is at leas
 _COST_KEYS = ("w", "x", "y", "xx", "xy", "z", "zz", "xz", "zy", "rtt_target", "busy_w", "rtt_plain", "plain_w",
               "between", "between_w",
               "load", "load_w", "dw", "draft_s", "draft_k", "draft_kk", "draft_ks", "rtt_draft",
-              "guess_tries", "guess_hits")
+              "guess_tries", "guess_hits", "branch_tries", "branch_hits")
 
 
 @dataclass
@@ -90,6 +90,8 @@ class RoundTimings:
     queue_depth: int = 0                     # verify calls waiting at the target meanwhile
     guess_hit: bool | None = None            # overlap, all K accepted: was the pre-draft's guess of the
                                              # target's next token right (None: no pre-draft was out)
+    branch_hit: bool | None = None           # overlap, a draft rejected where the pre-draft had a rejection branch:
+                                             # was its guess of the correction (the draft's runner-up) right
     predraft_beside: bool = False            # a pre-draft ran on the draft worker while the target verified
     between_seconds: float | None = None     # the router's time from the request's previous round to this one
                                              # (commit, stream the tokens out, choose K; None: first round)
@@ -263,9 +265,8 @@ class KController:
         self._record_acceptance(k, num_accepted)
         if self._pool is None:
             self._record_costs(k, timings if timings is not None else RoundTimings())
-        elif timings is not None and timings.guess_hit is not None:      # the guess rate is the request's own
-            _decay_add(self._cost, 1.0 - 1.0 / self.config.cost_window, guess_tries=1.0,
-                       guess_hits=float(timings.guess_hit))
+        elif timings is not None:             # the guess rates are the request's own
+            self._record_guesses(timings, 1.0 - 1.0 / self.config.cost_window)
 
     def acceptance(self) -> list[float]:
         """Estimated a_j for j in 0..k_max-1, each shrunk towards the rate pooled over all positions (with a
@@ -309,11 +310,28 @@ class KController:
         tries = c["guess_tries"] + weight
         return (c["guess_hits"] + weight * pooled) / tries if tries > 0 else pooled
 
+    def branch_rate(self) -> float:
+        """P(the draft's runner-up is the target's correction | a draft rejected where a branch was pre-drafted):
+        learned from those rounds, shrunk with `prior_weight` towards 0 (nothing is assumed before it is seen)."""
+        c = self._cost
+        return c["branch_hits"] / (c["branch_tries"] + self.config.prior_weight) if c["branch_tries"] else 0.0
+
     def hit_rate(self, k: int, rates: list[float] | None = None) -> float:
         """h(K): the chance that the next round's drafts are already pre-drafted when this round's verdict
-        comes back: all K drafts accepted and the guess of the next token right."""
+        comes back: all K drafts accepted and the guess of the next token right, or a rejection at one of the
+        first `overlap_branches` positions with the runner-up guessed right."""
         rates = self.acceptance() if rates is None else rates
-        return all_accepted(rates, k) * self.guess_rate()
+        return all_accepted(rates, k) * self.guess_rate() + self._branch_hit_rate(k, rates)
+
+    def settle_rate(self, k: int, rates: list[float]) -> float:
+        """The chance that a round waits for its own pre-draft: all K accepted, or a branch guessed right."""
+        return all_accepted(rates, k) + self._branch_hit_rate(k, rates)
+
+    def _branch_hit_rate(self, k: int, rates: list[float]) -> float:
+        """P(a rejection at a branched position, and its correction guessed)."""
+        branched = sum(all_accepted(rates, j) * (1.0 - _rate(rates, j))
+                       for j in range(min(k, self.config.overlap_branches)))
+        return branched * self.branch_rate()
 
     def goodput_curve(self) -> dict[int, float]:
         """Modeled goodput E[K] / T(K) (tokens per second) for each K in [k_min, k_max]; with overlap on,
@@ -322,7 +340,8 @@ class KController:
         if not self.config.overlap:
             return {k: expected_tokens(rates, k) / round_time(k, costs)
                     for k in range(self.config.k_min, self.config.k_max + 1)}
-        return {k: expected_tokens(rates, k) / round_time(k, costs, self.hit_rate(k, rates), all_accepted(rates, k))
+        return {k: expected_tokens(rates, k) / round_time(k, costs, self.hit_rate(k, rates),
+                                                          self.settle_rate(k, rates))
                 for k in range(self.config.k_min, self.config.k_max + 1)}
 
     def snapshot(self) -> dict:
@@ -331,7 +350,8 @@ class KController:
                 "acceptance": [round(a, 4) for a in self.acceptance()],
                 "samples": list(self._attempts),
                 "costs": self.costs(),
-                "overlap": {"guess_rate": self.guess_rate(), "hit_rate": self.hit_rate(self.k)},
+                "overlap": {"guess_rate": self.guess_rate(), "branch_rate": self.branch_rate(),
+                            "hit_rate": self.hit_rate(self.k)},
                 "goodput": {str(k): g for k, g in self.goodput_curve().items()}}
 
     def update_config(self, config: ControllerConfig) -> None:
@@ -445,8 +465,13 @@ class KController:
             rtt_draft = t.rtt_seconds if t.draft_rtt_seconds is None else t.draft_rtt_seconds
             _decay_add(self._cost, decay, dw=1.0, draft_s=t.draft_seconds, draft_k=drafted, rtt_draft=rtt_draft,
                        draft_kk=drafted * drafted, draft_ks=drafted * t.draft_seconds)
+        self._record_guesses(t, decay)
+
+    def _record_guesses(self, t: RoundTimings, decay: float) -> None:
         if t.guess_hit is not None:
             _decay_add(self._cost, decay, guess_tries=1.0, guess_hits=float(t.guess_hit))
+        if t.branch_hit is not None:
+            _decay_add(self._cost, decay, branch_tries=1.0, branch_hits=float(t.branch_hit))
 
     def _record_verify(self, k: int, t: RoundTimings, decay: float) -> None:
         tokens, verify_s, busy = t.batch_tokens or k + 1, t.verify_seconds, float(k > 0 or t.predraft_beside)

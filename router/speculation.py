@@ -7,10 +7,12 @@ the source of truth for them: each worker's `synced` count says how many committ
 cache holds, so a round sends only what is new, and a worker that lost its cache is re-prefilled.
 
 Overlap (draft-ahead). While the target verifies round r, the draft keeps going past r's drafts: it
-guesses the target's next token and drafts round r+1 after it. If the verdict accepts all of r's drafts
-and the guess is the target's token, round r+1's drafts are ready and its verify goes out at once; any
-other verdict cancels the pre-draft and r+1 drafts as usual. Drafts are only proposals, so this changes
-which tokens are proposed, never the distribution of what is committed.
+guesses the target's next token and drafts round r+1 after it. Beside that main branch, in the same batched
+steps, it drafts up to `predraft_branches` rejection branches: for draft position j, the verdict "the first j
+drafts accepted, then the draft's runner-up at j" (the draft's next best token is the target's correction about
+half the time on the demo pair). If the verdict is one of the branches, round r+1's drafts are ready and its
+verify goes out at once; any other verdict cancels the pre-draft and r+1 drafts as usual. Drafts are only
+proposals, so this changes which tokens are proposed, never the distribution of what is committed.
 
 Proposal sources (`draft.method`). A round's drafts come from the draft model (the draft worker) or from prompt
 lookup (engine/ngram.py: the continuation of an earlier occurrence of the context's last n tokens, computed here
@@ -91,11 +93,23 @@ class Proposal:
     rtt_seconds: float = 0.0         # the rest of the call
     worker_seconds: float = 0.0      # ... of which the worker spent queued or handing over to its engine thread
     source: int = MODEL              # where the tokens came from (MODEL or NGRAM)
+    runner_ups: list[int] = field(default_factory=list)   # the draft's runner-up at each draft (model drafts)
+    branches: list = field(default_factory=list)          # a pre-draft's rejection branches: [Branch]
+    cached: bool = True              # the draft worker holds the context + tokens[:-1] (not so after a branch)
 
     def after_guess(self) -> "Proposal":
         """A pre-draft is [guess of the target's next token, next round's drafts...]: the drafts alone."""
         row = len(self.hidden) // len(self.tokens) if self.tokens else 0
-        return Proposal(self.tokens[1:], self.hidden[row:], self.seconds, self.rtt_seconds, self.worker_seconds)
+        return Proposal(self.tokens[1:], self.hidden[row:], self.seconds, self.rtt_seconds, self.worker_seconds,
+                        runner_ups=self.runner_ups[1:])
+
+
+@dataclass
+class Branch:
+    """A pre-draft for the verdict "`accepted` drafts accepted, then `token`" (the draft's runner-up there)."""
+    accepted: int
+    token: int
+    drafts: Proposal                 # the next round's drafts after `token` (not cached on the draft worker)
 
 
 NO_DRAFTS = Proposal()
@@ -125,6 +139,7 @@ class KPolicy(Protocol):
     predraft_k: int                  # ... with at most this many drafts after the guess
     decode_steps: int                # a decode run commits up to this many tokens in one target call
     answer_delay_s: float            # ... and the target may hold its answers this long to send them together
+    predraft_branches: int           # ... and beside it drafts after this many guessed rejections
     def choose_k(self, state: "RequestState", source: int = ...) -> int: ...
     def choose_source(self, state: "RequestState", candidates: list[int]) -> int: ...
     def observe(self, state: "RequestState", round_: Round) -> None: ...
@@ -167,14 +182,16 @@ def round_parts(wall: float, proposal: Proposal, ready: bool, timings: RoundTimi
     return {**known, "router": max(wall - sum(known.values()), 0.0)}
 
 
-async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int], synced: int,
-                     k: int) -> Proposal | None:
-    """K draft tokens after `tokens`, of which the draft holds `synced`. A draft worker that is unreachable
-    costs the round its drafts, not the request (None: the round runs as plain decoding)."""
+async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int], synced: int, k: int,
+                     branches: list[tuple[int, int]] = ()) -> Proposal | None:
+    """K draft tokens after `tokens`, of which the draft holds `synced`, each with its runner-up (and the branches'
+    drafts: Proposal.branches). A draft worker that is unreachable costs the round its drafts, not the request
+    (None: the round runs as plain decoding)."""
     started = time.perf_counter()
     try:
         response, wire = await draft.propose(state.session_id, tokens, synced, k, state.sampling, state.draft_mode,
-                                             state.timeout(draft.timeout))
+                                             state.timeout(draft.timeout), runner_ups=True,
+                                             branches=[(len(state.tokens) + j, t) for j, t in branches])
     except grpc.aio.AioRpcError as exc:
         if exc.code() not in WORKER_DOWN or state.timeout(1.0) <= 0:   # past the client's deadline: the request
             raise                                                       # is over, not the draft worker
@@ -182,7 +199,12 @@ async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int],
         state.draft_synced = 0            # whatever comes back up has no cache for us
         return None
     state.stats.wire_bytes += wire
-    return Proposal(list(response.draft_token_ids), response.draft_hidden_states, *split_time(started, response))
+    timing = split_time(started, response)
+    return Proposal(list(response.draft_token_ids), response.draft_hidden_states, *timing,
+                    runner_ups=list(response.runner_up_token_ids),
+                    branches=[Branch(j, t, Proposal(list(b.token_ids), b.hidden_states, *timing, cached=False,
+                                                    runner_ups=list(b.runner_up_token_ids)))
+                              for (j, t), b in zip(branches, response.branch_drafts) if b.token_ids])
 
 
 def ngram_proposal(state: RequestState, k: int) -> Proposal:
@@ -204,15 +226,21 @@ async def propose(state: RequestState, draft: DraftClient | None, k: int, source
     return await draft_call(state, draft, state.tokens, state.draft_synced, k) or ngram_proposal(state, k)
 
 
-def predraft(state: RequestState, draft: DraftClient | None, drafts: list[int], next_k: int) -> asyncio.Task | None:
-    """Send the pre-draft, to run while the target verifies `drafts`: past them, a guess of the target's next
-    token and then `next_k` drafts of the next round (the task's result: that Proposal, or None if the draft is
-    unreachable). The draft holds the committed tokens and drafts[:-1] (what proposing them cached)."""
+def predraft(state: RequestState, draft: DraftClient | None, proposal: Proposal, next_k: int,
+             branches: int = 0) -> asyncio.Task | None:
+    """Send the pre-draft, to run while the target verifies the proposal's drafts: past them, a guess of the
+    target's next token and then `next_k` drafts of the next round; and for each of the first `branches` draft
+    positions j, `next_k` drafts after "drafts[:j], then the runner-up at j" (the task's result: that Proposal,
+    or None if the draft is unreachable). The draft holds the committed tokens and drafts[:-1] (what proposing
+    them cached), or for drafts of a branch, the committed tokens it is synced to."""
     if next_k == 0 or draft is None or not draft.healthy:
         return None
-    held = len(state.tokens) + len(drafts) - 1 if drafts else state.draft_synced
+    drafts = proposal.tokens
+    held = len(state.tokens) + len(drafts) - 1 if drafts and proposal.cached else state.draft_synced
+    points = list(enumerate(proposal.runner_ups[:min(branches, len(drafts))]))
     state.stats.predrafts += 1
-    return asyncio.get_running_loop().create_task(draft_call(state, draft, state.tokens + drafts, held, next_k + 1))
+    return asyncio.get_running_loop().create_task(
+        draft_call(state, draft, state.tokens + drafts, held, next_k + 1, points))
 
 
 async def verify(state: RequestState, target: TargetClient, proposal: Proposal) -> tuple:
@@ -277,18 +305,26 @@ def run_step(state: RequestState, step: worker_pb2.VerifyResponse, wall: float, 
     return round_
 
 
-async def settle(ahead: asyncio.Task | None, round_: Round) -> Proposal | None:
-    """The next round's drafts if the pre-draft guessed this verdict (all drafts accepted, next token
-    guessed), else None; a pre-draft that can no longer match is cancelled."""
+async def settle(ahead: asyncio.Task | None, round_: Round, guesses: dict[int, int]) -> Proposal | None:
+    """The next round's drafts if the pre-draft guessed this verdict, else None: all drafts accepted and the next
+    token guessed (the main branch), or a rejection at j whose correction is `guesses[j]` (a rejection branch);
+    a pre-draft that can no longer match is cancelled. Records on the round's timings whether a guess was tried
+    and right (guess_hit: the main branch's; branch_hit: a rejection branch's)."""
     if ahead is None:
         return None
-    if round_.accepted < round_.k:
-        await cancel(ahead)
-        return None
+    token, rejected = round_.committed[-1], round_.accepted < round_.k
+    if rejected:
+        if round_.accepted in guesses:
+            round_.timings.branch_hit = guesses[round_.accepted] == token
+        if not round_.timings.branch_hit:
+            await cancel(ahead)
+            return None
     proposal = await ahead
     if proposal is None or not proposal.tokens:
         return None
-    round_.timings.guess_hit = proposal.tokens[0] == round_.committed[-1]
+    if rejected:
+        return next((b.drafts for b in proposal.branches if b.accepted == round_.accepted), None)
+    round_.timings.guess_hit = proposal.tokens[0] == token
     return proposal.after_guess() if round_.timings.guess_hit else None
 
 
@@ -300,15 +336,15 @@ async def cancel(ahead: asyncio.Task | None) -> None:
 
 async def speculative_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
                             ready: Proposal | None = None, next_k: int = 0,
-                            source: int = MODEL) -> tuple[Round, Proposal | None]:
+                            source: int = MODEL, branches: int = 0) -> tuple[Round, Proposal | None]:
     """Draft K from `source` (or take the `ready` drafts a pre-draft made), verify them in one target pass and,
-    with `next_k` > 0 after model drafts, pre-draft the next round meanwhile. Returns the round and the next
-    round's drafts if the pre-draft matched the verdict."""
+    with `next_k` > 0 after model drafts, pre-draft the next round meanwhile (with up to `branches` rejection
+    branches). Returns the round and the next round's drafts if the pre-draft matched the verdict."""
     before, started = len(state.tokens), time.perf_counter()
     catch_up = (0 if ready is not None else before - state.draft_synced, before - state.target_synced)
     proposal = ready if ready is not None else await propose(state, draft, k, source)
     from_model = proposal.source == MODEL and bool(proposal.tokens)
-    ahead = predraft(state, draft, proposal.tokens, clamp_k(state, next_k, len(proposal.tokens) + 1)) \
+    ahead = predraft(state, draft, proposal, clamp_k(state, next_k, len(proposal.tokens) + 1), branches) \
         if from_model or not proposal.tokens else None
     try:
         verdict, verify_worker, timings = await verify(state, target, proposal)
@@ -324,17 +360,32 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
     settling = time.perf_counter()
-    next_ready = await settle(ahead, round_)
+    next_ready = await settle(ahead, round_, guesses(proposal, branches if ahead is not None else 0))
     round_.parts = round_parts(time.perf_counter() - started, proposal, ready is not None, timings, verify_worker,
                                time.perf_counter() - settling)
     state.target_synced = before + accepted
-    if next_ready is not None:                           # the draft holds the committed tokens + next drafts[:-1]
-        state.draft_synced = before + len(round_.committed)
-        state.stats.predraft_hits += 1
-    elif from_model and draft.healthy:                   # it holds at least the committed tokens + drafts[:-1]
-        state.draft_synced = before + min(accepted, len(drafts) - 1)
+    sync_draft(state, draft, round_, proposal, before, next_ready)
     record(state.stats, round_)
     return round_, next_ready
+
+
+def guesses(proposal: Proposal, branches: int) -> dict[int, int]:
+    """The rejection branches a pre-draft of these drafts carries: {drafts accepted: the correction guessed}."""
+    return dict(enumerate(proposal.runner_ups[:min(branches, len(proposal.tokens))]))
+
+
+def sync_draft(state: RequestState, draft: DraftClient | None, round_: Round, proposal: Proposal, before: int,
+               next_ready: Proposal | None) -> None:
+    """How many committed tokens the draft worker holds after the round (it had `before` committed)."""
+    if next_ready is not None and next_ready.cached:     # main branch: the committed tokens + next drafts[:-1]
+        state.draft_synced = before + len(round_.committed)
+    elif next_ready is not None:                         # a rejection branch: the accepted drafts (the pre-draft
+        state.draft_synced = before + round_.accepted    # ran on the main branch's row)
+    elif proposal.source == MODEL and proposal.tokens and proposal.cached and draft.healthy:
+        state.draft_synced = before + min(round_.accepted, len(proposal.tokens) - 1)   # committed + drafts[:-1]
+    if next_ready is not None:
+        state.stats.predraft_hits += 1
+        state.stats.predraft_branch_hits += not next_ready.cached
 
 
 def record(stats: generation_pb2.GenerationStats, round_: Round) -> None:
@@ -380,14 +431,14 @@ def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
 
 async def resilient_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
                           recovery_s: float, ready: Proposal | None = None, next_k: int = 0,
-                          source: int = MODEL) -> tuple[Round, Proposal | None]:
+                          source: int = MODEL, branches: int = 0) -> tuple[Round, Proposal | None]:
     """A round that survives a target failure: wait for the target group to be restarted, then run the
     round again; the restarted target has no cache, so it is re-prefilled. The round gives up (re-raising
     the failure) `recovery_s` after its first failure, or at the client's deadline if that comes sooner."""
     give_up = None
     while True:
         try:
-            return await speculative_round(state, draft, target, k, ready, next_k, source)
+            return await speculative_round(state, draft, target, k, ready, next_k, source, branches)
         except grpc.aio.AioRpcError as exc:
             give_up = await recover_target(state, target, exc, give_up, recovery_s)
 
@@ -538,7 +589,8 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
                 continue
             overlap = policy.overlap and source == MODEL
             next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
-            round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source)
+            round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source,
+                                                  policy.predraft_branches if overlap else 0)
             committed, ended = conclude(state, policy, round_, between), time.perf_counter()
             yield committed
             planned = next_k if overlap else None

@@ -313,10 +313,16 @@ class DraftClient(WorkerClient):
                          timeout, recover, tls, load, name)
 
     async def propose(self, session_id: int, tokens: list[int], synced: int, k: int,
-                      sampling: generation_pb2.SamplingParams, mode: int, timeout: float):
+                      sampling: generation_pb2.SamplingParams, mode: int, timeout: float, runner_ups: bool = False,
+                      branches: list[tuple[int, int]] = ()):
+        """k drafts after `tokens` (the worker holding `synced` of them); with `runner_ups`, each draft's
+        runner-up; with `branches` [(context length, token)], also k - 1 drafts after each of those."""
+        points = [worker_pb2.BranchPoint(at=at, token_id=token) for at, token in branches]
+
         def make(position, new, start):
             return worker_pb2.ProposeRequest(session_id=session_id, position=position, new_token_ids=new, k=k,
-                                             sampling=sampling if start else None, mode=mode)
+                                             sampling=sampling if start else None, mode=mode,
+                                             runner_ups=runner_ups, branches=points)
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
 

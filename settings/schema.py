@@ -146,8 +146,10 @@ class ControllerConfig:
     load_window: int = 8             # ... and of the load estimate (rows per target forward), which moves faster
     # overlap (draft-ahead)
     overlap: bool = True             # while the target verifies, the draft pre-drafts the next round for the
-                                     # verdict "all K accepted + its own guess of the next token"
+                                     # verdict "all K accepted + its own guess of the next token"...
     overlap_tokens: int = 0          # most tokens one pre-draft may draft (guess + next K; 0: k_max + 1)
+    overlap_branches: int = 8        # ... and beside that, drafts after "j drafts accepted, then the draft's
+                                     # runner-up at j" for the first this many positions j (0: only all accepted)
     decode_steps: int = 32           # a round at K = 0 (chosen, or speculation.k: 0) is a decode run: the target
                                      # decodes up to this many tokens in one call, streaming each back, with no
                                      # round trip between them (1: one call per token)
@@ -181,6 +183,7 @@ class ControllerConfig:
             ("cost_window", self.cost_window >= 1, "must be >= 1"),
             ("load_window", self.load_window >= 1, "must be >= 1"),
             ("overlap_tokens", self.overlap_tokens == 0 or self.overlap_tokens >= 2, "must be 0 or >= 2"),
+            ("overlap_branches", self.overlap_branches >= 0, "must be >= 0"),
             ("decode_steps", self.decode_steps >= 1, "must be >= 1"),
             ("answer_delay_ms", 0 <= self.answer_delay_ms <= 1000, "must be in [0, 1000]"),
             ("raise_above", 0.0 <= self.raise_above <= 1.0, "must be in [0, 1]"),

@@ -400,7 +400,11 @@ def test_expected_tokens_formula():
 OVERLAP_COST = CostModel(t_draft=0.3, verify_base=1.0, verify_per_k=0.05, rtt=0.2, jitter=0.1)
 
 
-def simulate_overlapped(controller: KController, trace: tuple, cost: CostModel) -> float:
+def simulate_overlapped(controller: KController, trace: tuple, cost: CostModel, runner_up: float = 0.0) -> float:
+    """`runner_up`: the chance that the draft's runner-up is the target's correction at a rejection, where the
+    controller's config pre-drafts a branch (the first overlap_branches positions); such a verdict waits for the
+    pre-draft like an all-accepted one, and the next round's drafts are ready."""
+    branches = controller.config.overlap_branches
     tokens = elapsed = 0.0
     ready, rng = False, random.Random(7)
     for alpha, uniforms, jit in trace:
@@ -412,13 +416,16 @@ def simulate_overlapped(controller: KController, trace: tuple, cost: CostModel) 
         verify, rtt = (cost.verify_base + cost.verify_per_k * k) * jit[1], cost.rtt * jit[2]
         draft_path = draft + cost.rtt * jit[3] if k else 0.0
         predraft_path = draft_path + cost.t_draft * jit[0] if k else 0.0
-        # the verdict: a rejection cancels the pre-draft; all accepted waits for it (measured, benchmarks.k_trace)
-        waited = max(predraft_path - verify - rtt, 0.0) if accepted == k else 0.0
+        guess, branched = rng.random() < alpha, k > 0 and accepted < min(k, branches)
+        branch_hit = branched and rng.random() < runner_up
+        # the verdict: a rejection cancels the pre-draft unless a branch guessed it; all accepted waits for it
+        # (measured, benchmarks.k_trace); so does a branch hit
+        waited = max(predraft_path - verify - rtt, 0.0) if accepted == k or branch_hit else 0.0
         elapsed += verify + rtt + waited + (0.0 if ready else draft_path)
-        guess = rng.random() < alpha
-        hit = k > 0 and accepted == k and guess
+        hit = k > 0 and ((accepted == k and guess) or branch_hit)
         controller.observe(k, accepted, RoundTimings(draft, None, cost.rtt * jit[3], verify, rtt,
-                                                     guess_hit=guess if k and accepted == k else None))
+                                                     guess_hit=guess if k and accepted == k else None,
+                                                     branch_hit=branch_hit if branched else None))
         ready, tokens = hit, tokens + accepted + 1
     return tokens / elapsed
 
@@ -446,6 +453,35 @@ def test_overlap_hit_rate_is_all_accepted_times_learned_guess_rate():
         controller.observe(2, 1, RoundTimings())
     assert controller.guess_rate() == pytest.approx(0.75)
     assert controller.hit_rate(1) == pytest.approx(1.0 * 0.75)
+    assert controller.hit_rate(2) == pytest.approx(0.5 * 0.75)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.7])
+def test_overlap_model_with_rejection_branches_keeps_up_with_the_best_fixed_k(alpha):
+    """Rejection branches that guess the correction half the time make more rounds ready (at lower acceptance
+    most of all); the controller that learns that rate keeps up with the best fixed K of that pipeline."""
+    trace = make_trace((alpha,) * ROUNDS, 0, OVERLAP_COST.jitter)
+    fixed = {k: simulate_overlapped(KController(overlapped(policy="fixed", k=k, k_max=K_MAX)), trace,
+                                    OVERLAP_COST, runner_up=0.5) for k in range(K_MAX + 1)}
+    aware = simulate_overlapped(KController(overlapped(k_max=K_MAX), random.Random(0)), trace, OVERLAP_COST, 0.5)
+    unbranched = simulate_overlapped(KController(overlapped(policy="fixed", k=max(fixed, key=fixed.get),
+                                                            k_max=K_MAX, overlap_branches=0)), trace, OVERLAP_COST)
+    print(f"alpha={alpha}: branch-aware {aware:.3f}, best fixed {max(fixed.values()):.3f} at "
+          f"K={max(fixed, key=fixed.get)}, that K without branches {unbranched:.3f}")
+    assert aware >= (1 - STATIONARY_TOLERANCE) * max(fixed.values())
+    assert max(fixed.values()) > unbranched
+
+
+def test_overlap_hit_rate_counts_each_branched_rejection_at_the_learned_runner_up_rate():
+    config = overlapped(k_max=4, prior_weight=0.0, cost_window=10 ** 9)
+    controller = KController(config, random.Random(0))
+    for hit in [True] * 30 + [False] * 10:      # all 2 drafts accepted; the guess right 3 times in 4
+        controller.observe(2, 2, RoundTimings(guess_hit=hit))
+    for hit in [True] * 20 + [False] * 20:      # position 1 rejected; the runner-up the correction 1 time in 2
+        controller.observe(2, 1, RoundTimings(branch_hit=hit))
+    assert controller.branch_rate() == pytest.approx(0.5)
+    assert controller.hit_rate(2) == pytest.approx(0.5 * 0.75 + 1.0 * 0.5 * 0.5)   # a_0 = 1, a_1 = 0.5
+    controller.update_config(replace(config, overlap_branches=1))                   # no branch at position 1
     assert controller.hit_rate(2) == pytest.approx(0.5 * 0.75)
 
 

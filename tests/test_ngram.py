@@ -114,7 +114,7 @@ class Draft(FakeWorker):
         super().__init__()
         self.die_on_call = die_on_call
 
-    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout):
+    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, **_):
         if self.calls + 1 == self.die_on_call:
             self.calls += 1
             raise down()

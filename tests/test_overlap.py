@@ -1,7 +1,7 @@
 """The overlapped (draft-ahead) loop of router/speculation.py against in-memory workers, no Ray, no gRPC.
 
-The fake target decodes a fixed greedy rule; the fake draft follows it except at every ninth position, so
-rounds both hit and miss their pre-draft. Both fakes hold a per-session cache the way real workers do and
+The fake target decodes a fixed greedy rule; the fake draft follows it except at every ninth position (where its
+runner-up is the target's token), so rounds both hit and miss their pre-draft, and a rejection branch hits. Both fakes hold a per-session cache the way real workers do and
 count every time the router claims they hold more than they do (a forced re-prefill), so the router's
 `synced` accounting is checked too, not only its output.
 """
@@ -26,6 +26,20 @@ def truth(context: list[int]) -> int:
 def guess(context: list[int]) -> int:
     """The draft's: right except at every ninth position."""
     return (truth(context) + 1) % VOCAB if len(context) % 9 == 3 else truth(context)
+
+
+def runner_up(context: list[int]) -> int:
+    """The draft's next best token."""
+    return truth(context) if guess(context) != truth(context) else (truth(context) + 2) % VOCAB
+
+
+def drafts_after(context: list[int], k: int) -> tuple[list[int], list[int]]:
+    """k draft tokens after `context` and each one's runner-up."""
+    drafts, runner_ups = [], []
+    for _ in range(k):
+        runner_ups.append(runner_up(context + drafts))
+        drafts.append(guess(context + drafts))
+    return drafts, runner_ups
 
 
 def reference(max_new: int = MAX_NEW) -> list[int]:
@@ -71,9 +85,9 @@ class FakeWorker:
 class FakeDraft(FakeWorker):
     def __init__(self, die_on_call: int = 0):
         super().__init__()
-        self.die_on_call, self.cancelled = die_on_call, 0
+        self.die_on_call, self.cancelled, self.branches = die_on_call, 0, []
 
-    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout):
+    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=()):
         if self.calls + 1 == self.die_on_call:
             self.calls += 1
             await asyncio.sleep(0.01)       # still pending when the verdict comes back, then the worker dies
@@ -84,11 +98,14 @@ class FakeDraft(FakeWorker):
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
-        drafts = []
-        for _ in range(k):
-            drafts.append(guess(context + drafts))
+        self.branches.append(len(branches))
+        forks = [drafts_after(context[:at] + [token], k - 1) for at, token in branches]
+        drafts, ranks = drafts_after(context, k)
         context.extend(drafts[:-1])         # a draft caches what it fed: all but its last draft
-        return worker_pb2.ProposeResponse(draft_token_ids=drafts), 0
+        return worker_pb2.ProposeResponse(
+            draft_token_ids=drafts, runner_up_token_ids=ranks if runner_ups else [],
+            branch_drafts=[worker_pb2.BranchDrafts(token_ids=d, runner_up_token_ids=r if runner_ups else [])
+                           for d, r in forks]), 0
 
 
 class FakeTarget(FakeWorker):
@@ -106,8 +123,9 @@ class FakeTarget(FakeWorker):
 class FixedK:
     """A KPolicy with one K, recording the rounds."""
 
-    def __init__(self, k: int, overlap: bool):
+    def __init__(self, k: int, overlap: bool, branches: int = 0):
         self.k, self.overlap, self.predraft_k, self.rounds = k, overlap, 8, []
+        self.predraft_branches = branches
         self.decode_steps = 1               # the fake target answers one token per call
 
     def choose_k(self, state, source=None):
@@ -140,9 +158,10 @@ def run(draft, target, policy, state=None, stop_after: int | None = None) -> Req
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 6])
-@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlap"])
-def test_output_identical_to_target_alone_and_no_worker_is_over_claimed(k, overlap):
-    draft, target, policy = FakeDraft(), FakeTarget(), FixedK(k, overlap)
+@pytest.mark.parametrize("overlap,branches", [(False, 0), (True, 0), (True, 2), (True, 8)],
+                         ids=["in-turn", "overlap", "overlap-2-branches", "overlap-8-branches"])
+def test_output_identical_to_target_alone_and_no_worker_is_over_claimed(k, overlap, branches):
+    draft, target, policy = FakeDraft(), FakeTarget(), FixedK(k, overlap, branches)
     state = run(draft, target, policy)
     assert state.tokens[len(PROMPT):] == reference()
     assert draft.reprefills == 0 and target.reprefills == 0
@@ -157,11 +176,20 @@ def test_output_identical_to_target_alone_and_no_worker_is_over_claimed(k, overl
         assert draft.calls == state.stats.predrafts + drafted_now          # a hit makes no draft call
 
 
-def test_a_hit_means_all_drafts_accepted_and_the_guess_right():
-    policy = FixedK(3, True)
-    run(FakeDraft(), FakeTarget(), policy)
+@pytest.mark.parametrize("branches", [0, 1, 3])
+def test_a_hit_means_all_drafts_accepted_and_the_guess_right_or_a_branch_guessed_the_rejection(branches):
+    policy, draft = FixedK(3, True, branches), FakeDraft()
+    state = run(draft, FakeTarget(), policy)
     for previous, round_ in zip(policy.rounds, policy.rounds[1:]):
-        assert round_.predrafted == (previous.accepted == previous.k and previous.timings.guess_hit is True)
+        main = previous.accepted == previous.k and previous.timings.guess_hit is True
+        branch = previous.accepted < min(previous.k, branches) and previous.timings.branch_hit is True
+        assert round_.predrafted == (main or branch)
+        # The fake draft's runner-up is always the target's token: a rejection where a branch was is a hit.
+        assert previous.timings.branch_hit is (True if previous.predraft_sent and previous.accepted < min(
+            previous.k, branches) else None)
+    branch_hits = sum(1 for r in policy.rounds if r.timings.branch_hit)
+    assert state.stats.predraft_branch_hits == branch_hits and (branch_hits > 0) == (branches > 0)
+    assert set(draft.branches) <= {0, min(branches, 3)}
 
 
 def test_draft_killed_while_a_predraft_is_pending_gives_identical_tokens():
