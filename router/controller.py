@@ -71,6 +71,7 @@ _BUSY_RIDGE = 0.002    # ... for the busy term of t_verify (a share of plain rou
 _PLAIN_PROBE_EVERY = 3  # every 3rd probe (from K > 0) is a K = 0 probe, so T(0) is measured, not extrapolated,
 _PLAIN_PROBE_WORTH = 0.6  # ... when plain decoding's modeled goodput is at least this share of K's (else a probe
                           # costs more than a doubt about T(0) could be worth)
+_BRANCH_GROW_AFTER = 16  # pre-drafts done by their verdict, in a row, before one more branch is tried
 _COST_KEYS = ("w", "x", "y", "xx", "xy", "z", "zz", "xz", "zy", "rtt_target", "busy_w", "rtt_plain", "plain_w",
               "between", "between_w",
               "load", "load_w", "dw", "draft_s", "draft_k", "draft_kk", "draft_ks", "rtt_draft",
@@ -93,6 +94,8 @@ class RoundTimings:
     branch_hit: bool | None = None           # overlap, a draft rejected where the pre-draft had a rejection branch:
                                              # was its guess of the correction (the draft's runner-up) right
     predraft_beside: bool = False            # a pre-draft ran on the draft worker while the target verified
+    predraft_done: bool | None = None        # ... and had finished when the verdict came back (None: none sent)
+    branches: int = 0                        # ... with this many rejection branches
     between_seconds: float | None = None     # the router's time from the request's previous round to this one
                                              # (commit, stream the tokens out, choose K; None: first round)
     draft_catch_up: int = 0                  # committed tokens the draft absorbed before drafting (steady: <= 2)
@@ -216,6 +219,8 @@ class KController:
         self._resize_positions()
         self._cost = dict.fromkeys(_COST_KEYS, 0.0)
         self._since = [0, 0, 0]                # threshold policy: rounds, attempted, accepted since its last step
+        self._branches = self.config.overlap_branches   # see branches
+        self._fits = 0                         # pre-drafts done by their verdict in a row, at that many branches
 
     @property
     def k(self) -> int:
@@ -329,8 +334,7 @@ class KController:
 
     def _branch_hit_rate(self, k: int, rates: list[float]) -> float:
         """P(a rejection at a branched position, and its correction guessed)."""
-        branched = sum(all_accepted(rates, j) * (1.0 - _rate(rates, j))
-                       for j in range(min(k, self.config.overlap_branches)))
+        branched = sum(all_accepted(rates, j) * (1.0 - _rate(rates, j)) for j in range(min(k, self.branches)))
         return branched * self.branch_rate()
 
     def goodput_curve(self) -> dict[int, float]:
@@ -466,6 +470,28 @@ class KController:
             _decay_add(self._cost, decay, dw=1.0, draft_s=t.draft_seconds, draft_k=drafted, rtt_draft=rtt_draft,
                        draft_kk=drafted * drafted, draft_ks=drafted * t.draft_seconds)
         self._record_guesses(t, decay)
+        self._record_predraft(t)
+
+    def _record_predraft(self, t: RoundTimings) -> None:
+        """Size the next pre-drafts' branches: one fewer than a pre-draft that was still running when its verdict
+        came back (it would have delayed a hit), one more after _BRANCH_GROW_AFTER in a row that were done."""
+        if t.predraft_done is None:
+            return
+        if not t.predraft_done:
+            self._branches, self._fits = min(self._branches, max(t.branches - 1, 0)), 0
+        elif t.branches >= self._branches:
+            self._fits += 1
+            if self._fits >= _BRANCH_GROW_AFTER:
+                self._branches, self._fits = self._branches + 1, 0
+
+    @property
+    def branches(self) -> int:
+        """Rejection branches the next pre-draft carries (at most speculation.overlap_branches): as many as keep
+        pre-drafts done by the time their verdict comes back, so that a branch never delays a round (a request's
+        own controller: its pool's)."""
+        if self._pool is not None:
+            return self._pool.branches
+        return min(self._branches, self.config.overlap_branches)
 
     def _record_guesses(self, t: RoundTimings, decay: float) -> None:
         if t.guess_hit is not None:

@@ -117,10 +117,9 @@ class KSelector:
         """The most drafts a pre-draft may carry after its guess (speculation.overlap_tokens - 1)."""
         return (self.config.overlap_tokens or self.config.k_max + 1) - 1
 
-    @property
-    def predraft_branches(self) -> int:
-        """Rejection branches a pre-draft carries beside its main guess (speculation.overlap_branches)."""
-        return self.config.overlap_branches
+    def predraft_branches(self, state: RequestState) -> int:
+        """Rejection branches the request's next pre-draft carries beside its main guess (KController.branches)."""
+        return self.controller(state).branches
 
     def observe(self, state: RequestState, round_: Round) -> None:
         self.pools[(round_.source, regime(state))].observe(round_.k, round_.accepted, round_.timings)

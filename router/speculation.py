@@ -139,8 +139,8 @@ class KPolicy(Protocol):
     predraft_k: int                  # ... with at most this many drafts after the guess
     decode_steps: int                # a decode run commits up to this many tokens in one target call
     answer_delay_s: float            # ... and the target may hold its answers this long to send them together
-    predraft_branches: int           # ... and beside it drafts after this many guessed rejections
     def choose_k(self, state: "RequestState", source: int = ...) -> int: ...
+    def predraft_branches(self, state: "RequestState") -> int: ...   # rejection branches beside a pre-draft
     def choose_source(self, state: "RequestState", candidates: list[int]) -> int: ...
     def observe(self, state: "RequestState", round_: Round) -> None: ...
 
@@ -227,20 +227,19 @@ async def propose(state: RequestState, draft: DraftClient | None, k: int, source
 
 
 def predraft(state: RequestState, draft: DraftClient | None, proposal: Proposal, next_k: int,
-             branches: int = 0) -> asyncio.Task | None:
+             branches: dict[int, int]) -> asyncio.Task | None:
     """Send the pre-draft, to run while the target verifies the proposal's drafts: past them, a guess of the
-    target's next token and then `next_k` drafts of the next round; and for each of the first `branches` draft
-    positions j, `next_k` drafts after "drafts[:j], then the runner-up at j" (the task's result: that Proposal,
-    or None if the draft is unreachable). The draft holds the committed tokens and drafts[:-1] (what proposing
-    them cached), or for drafts of a branch, the committed tokens it is synced to."""
+    target's next token and then `next_k` drafts of the next round; and for each rejection branch {j: token},
+    `next_k` drafts after "drafts[:j], then token" (the task's result: that Proposal, or None if the draft is
+    unreachable). The draft holds the committed tokens and drafts[:-1] (what proposing them cached), or for
+    drafts of a branch, the committed tokens it is synced to."""
     if next_k == 0 or draft is None or not draft.healthy:
         return None
     drafts = proposal.tokens
     held = len(state.tokens) + len(drafts) - 1 if drafts and proposal.cached else state.draft_synced
-    points = list(enumerate(proposal.runner_ups[:min(branches, len(drafts))]))
     state.stats.predrafts += 1
     return asyncio.get_running_loop().create_task(
-        draft_call(state, draft, state.tokens + drafts, held, next_k + 1, points))
+        draft_call(state, draft, state.tokens + drafts, held, next_k + 1, list(branches.items())))
 
 
 async def verify(state: RequestState, target: TargetClient, proposal: Proposal) -> tuple:
@@ -312,6 +311,7 @@ async def settle(ahead: asyncio.Task | None, round_: Round, guesses: dict[int, i
     and right (guess_hit: the main branch's; branch_hit: a rejection branch's)."""
     if ahead is None:
         return None
+    round_.timings.predraft_done, round_.timings.branches = ahead.done(), len(guesses)
     token, rejected = round_.committed[-1], round_.accepted < round_.k
     if rejected:
         if round_.accepted in guesses:
@@ -344,7 +344,8 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     catch_up = (0 if ready is not None else before - state.draft_synced, before - state.target_synced)
     proposal = ready if ready is not None else await propose(state, draft, k, source)
     from_model = proposal.source == MODEL and bool(proposal.tokens)
-    ahead = predraft(state, draft, proposal, clamp_k(state, next_k, len(proposal.tokens) + 1), branches) \
+    points = guesses(proposal, branches)
+    ahead = predraft(state, draft, proposal, clamp_k(state, next_k, len(proposal.tokens) + 1), points) \
         if from_model or not proposal.tokens else None
     try:
         verdict, verify_worker, timings = await verify(state, target, proposal)
@@ -360,7 +361,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
     settling = time.perf_counter()
-    next_ready = await settle(ahead, round_, guesses(proposal, branches if ahead is not None else 0))
+    next_ready = await settle(ahead, round_, points)
     round_.parts = round_parts(time.perf_counter() - started, proposal, ready is not None, timings, verify_worker,
                                time.perf_counter() - settling)
     state.target_synced = before + accepted
@@ -590,7 +591,7 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             overlap = policy.overlap and source == MODEL
             next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source,
-                                                  policy.predraft_branches if overlap else 0)
+                                                  policy.predraft_branches(state) if overlap else 0)
             committed, ended = conclude(state, policy, round_, between), time.perf_counter()
             yield committed
             planned = next_k if overlap else None

@@ -491,3 +491,24 @@ def test_overlap_round_time_counts_drafting_only_on_a_miss():
     assert round_time(3, costs, hit=1.0) == pytest.approx(1.2)                 # the pre-draft (0.6) hides
     assert round_time(3, costs, hit=0.0) == pytest.approx(1.2 + 0.5)
     assert round_time(12, costs, hit=1.0) == pytest.approx(1.3 + 0.2)          # pre-draft longer than verify
+
+
+def test_predraft_branches_shrink_while_predrafts_outlast_their_verdicts_and_grow_back_when_they_fit():
+    controller = KController(overlapped(k_max=4, overlap_branches=3), random.Random(0))
+    assert controller.branches == 3
+    controller.observe(2, 2, RoundTimings(predraft_done=False, branches=3))     # too slow: one branch fewer
+    assert controller.branches == 2
+    controller.observe(2, 2, RoundTimings(predraft_done=False, branches=3))     # a late answer of the old size
+    assert controller.branches == 2
+    for _ in range(2):
+        controller.observe(2, 1, RoundTimings(predraft_done=False, branches=controller.branches))
+    assert controller.branches == 0
+    controller.observe(2, 1, RoundTimings(predraft_done=False, branches=0))
+    assert controller.branches == 0
+    for expected in (1, 2, 3, 3):                                               # 16 in a row that fit: one more
+        for _ in range(16):
+            controller.observe(2, 2, RoundTimings(predraft_done=True, branches=controller.branches))
+        assert controller.branches == expected
+    own = KController(overlapped(k_max=4, overlap_branches=3), random.Random(1), pool=controller)
+    controller.observe(2, 2, RoundTimings(predraft_done=False, branches=3))
+    assert own.branches == controller.branches == 2                             # a request's: its pool's

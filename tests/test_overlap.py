@@ -125,7 +125,7 @@ class FixedK:
 
     def __init__(self, k: int, overlap: bool, branches: int = 0):
         self.k, self.overlap, self.predraft_k, self.rounds = k, overlap, 8, []
-        self.predraft_branches = branches
+        self.branches = branches
         self.decode_steps = 1               # the fake target answers one token per call
 
     def choose_k(self, state, source=None):
@@ -133,6 +133,9 @@ class FixedK:
 
     def choose_source(self, state, candidates):
         return candidates[-1]               # n-gram drafts whenever they match
+
+    def predraft_branches(self, state):
+        return self.branches
 
     def observe(self, state, round_):
         self.rounds.append(round_)
