@@ -31,6 +31,10 @@ class Metrics:
         self.predraft_hits = Counter("specpool_spec_decode_num_predraft_hits",
                                      "Rounds whose drafts a pre-draft had ready (no draft call on the critical path)",
                                      registry=r)
+        self.predraft_branch_hits = Counter(
+            "specpool_spec_decode_num_predraft_branch_hits",
+            "Of those, rounds whose drafts came from a rejection branch (the previous verdict rejected a draft and "
+            "corrected it to the draft's runner-up)", registry=r)
         self.round_seconds = Counter("specpool_round_seconds", "Wall time of rounds, by where it went (compute, "
                                      "worker queue/thread hop, transport per call; pre-draft wait; router)", ["part"],
                                      registry=r)
@@ -75,6 +79,7 @@ class Metrics:
             self.round_seconds.labels(part).inc(seconds)
         self.predrafts.inc(round_.predraft_sent)
         self.predraft_hits.inc(round_.predrafted)
+        self.predraft_branch_hits.inc(round_.from_branch)
         if round_.k == 0:
             return
         self.drafts.inc()

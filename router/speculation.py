@@ -125,6 +125,7 @@ class Round:
     timings: RoundTimings
     predrafted: bool = False         # the drafts came from the previous round's pre-draft
     predraft_sent: bool = False      # this round pre-drafted the next one while the target verified
+    from_branch: bool = False        # ... the previous round's pre-draft's rejection branch (see Branch)
     parts: dict = field(default_factory=dict)   # where the round's wall time went (seconds), see PARTS
     source: int = MODEL              # the drafts' source (for a round with no drafts: the one it planned)
     logprobs: list = field(default_factory=list)  # of `committed`, when the request asked for them
@@ -358,6 +359,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     round_ = Round(drafts, accepted, drafts[:accepted] + [verdict.next_token_id], timings, ready is not None,
                    ahead is not None, source=proposal.source if drafts else source,
                    logprobs=list(verdict.logprobs))
+    round_.from_branch = ready is not None and not ready.cached
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
     settling = time.perf_counter()

@@ -2,6 +2,8 @@
 (the drafts accepted up to a point, then the draft's runner-up there), batched in the same steps. Each branch must
 draft exactly what a draft call from that context would, and leave the session's own cache as without branches.
 (Engines in-process, no Ray.)"""
+import asyncio
+
 import pytest
 import torch
 
@@ -88,3 +90,73 @@ def test_a_branch_point_past_the_context_fails_that_request_alone(draft):
     results = draft.propose_batch([bad, good])
     assert isinstance(results[0], ValueError) and "branches.at" in str(results[0])
     assert len(results[1].branch_drafts) == 1 and len(results[1].draft_token_ids) == 2
+
+
+# ---- the router's loop over the real engines (in process: no gRPC, no Ray) ----------------------------------
+
+class EngineClient:
+    """A worker client in front of an engine: the position contract as the real client speaks it."""
+    timeout, healthy = 30.0, True
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def mark_failed(self):
+        raise AssertionError("an engine call failed")
+
+    async def release(self, session_id):
+        self.engine.release(session_id)
+
+    def fields(self, tokens, synced, sampling, **rest) -> dict:
+        return dict(position=synced, new_token_ids=tokens[synced:], sampling=None if synced else sampling, **rest)
+
+
+class DraftClient(EngineClient):
+    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=()):
+        await asyncio.sleep(0)              # sent beside the verify: it runs after the verify was sent
+        points = [worker_pb2.BranchPoint(at=at, token_id=t) for at, t in branches]
+        return self.engine.propose(worker_pb2.ProposeRequest(
+            session_id=session_id, k=k, mode=mode, runner_ups=runner_ups, branches=points,
+            **self.fields(tokens, synced, sampling))), 0
+
+
+class TargetClient(EngineClient):
+    async def verify(self, session_id, tokens, synced, drafts, hidden, sampling, timeout):
+        return self.engine.verify(worker_pb2.VerifyRequest(
+            session_id=session_id, draft_token_ids=drafts, draft_hidden_states=hidden,
+            **self.fields(tokens, synced, sampling))), 0
+
+
+@pytest.fixture(scope="module")
+def demo_engines():
+    from pathlib import Path
+
+    from target_worker.verifier import TargetEngine
+    models = Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair"
+    return DraftEngine(str(models / "draft")), TargetEngine(str(models / "target"), str(models / "draft"))
+
+
+@pytest.mark.parametrize("k,branches", [(3, 0), (3, 3), (5, 2)])
+def test_greedy_rounds_taking_branch_drafts_match_the_target_alone(demo_engines, k, branches):
+    """The demo pair's draft, whose runner-up is often the target's correction: rounds take a rejection branch's
+    drafts, the draft's cache is never claimed past what it holds (an engine would raise SessionLost), and the
+    tokens are the target's own greedy ones."""
+    from router.speculation import RequestState, generate
+    from tests.test_overlap import FixedK
+    draft, target = demo_engines
+    prompt = list(range(40, 70))
+    state = RequestState(session_id=k * 10 + branches, tokens=list(prompt), prompt_len=len(prompt),
+                         max_new_tokens=64, sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
+                         draft_mode=worker_pb2.DRAFT_MODE_GREEDY, max_context=0)
+    policy = FixedK(k, True, branches)
+
+    async def main():
+        async for _ in generate(state, DraftClient(draft), TargetClient(target), policy):
+            pass
+    asyncio.run(main())
+    with torch.no_grad():
+        expected = target.model.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)[0].tolist()
+    assert state.tokens == expected
+    from_branch = sum(r.from_branch for r in policy.rounds)
+    assert (from_branch > 0) == (branches > 0) and from_branch <= state.stats.predraft_branch_hits
+    assert all(r.parts["draft_compute"] == 0 for r in policy.rounds if r.predrafted)
