@@ -30,6 +30,7 @@ def set_speculation(service, **values) -> None:
 
 ONE_CALL_PER_TOKEN = "in turn K=0, one call per token"   # decode runs off (speculation.decode_steps 1)
 EACH_ANSWER_AT_ONCE = "in turn K=0, each answer at once"  # decode runs, speculation.answer_delay_ms 0
+NO_BRANCHES = ", no branches"                              # speculation.overlap_branches 0
 
 
 def counters(service) -> dict:
@@ -59,12 +60,15 @@ def pair_rows(service, cfg: BenchConfig, c: float, base: float) -> dict:
     are interleaved (every row once, then every row again), so that this noisy machine's drift over the run
     falls on every row alike; tokens/s is the median over repeats, the other figures their mean."""
     configured = SpeculationConfig(**(service.data.get("speculation") or {}))
-    runs_as_configured = {"decode_steps": configured.decode_steps, "answer_delay_ms": configured.answer_delay_ms}
+    runs_as_configured = {"decode_steps": configured.decode_steps, "answer_delay_ms": configured.answer_delay_ms,
+                          "overlap_branches": configured.overlap_branches}
     plan = [(ONE_CALL_PER_TOKEN, 0, {"overlap": False, "decode_steps": 1}),
             (EACH_ANSWER_AT_ONCE, 0, {"overlap": False, **runs_as_configured, "answer_delay_ms": 0})] + [
         (f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}", k,
          {"overlap": overlap, **runs_as_configured})
-        for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))]
+        for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))] + [
+        (f"overlap {'adaptive' if k is None else f'K={k}'}{NO_BRANCHES}", k,
+         {"overlap": True, **runs_as_configured, "overlap_branches": 0}) for k in (max(cfg.ks), None)]
     runs = {name: [] for name, *_ in plan}
     for repeat in range(cfg.repeats):
         for name, k, speculation in plan:
@@ -126,6 +130,9 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
     for k in ks:
         out[f"overlap / in turn at K={k}"] = (rows[f"overlap K={k}"]["tokens_per_s"]
                                               / rows[f"in turn K={k}"]["tokens_per_s"])
+    for name in (f"overlap K={max(ks)}", "overlap adaptive"):
+        out[f"{name}: with branches / without"] = (rows[name]["tokens_per_s"]
+                                                   / rows[name + NO_BRANCHES]["tokens_per_s"])
     return out
 
 
