@@ -104,7 +104,7 @@ def overlap_section(service, cfg: BenchConfig, transformers: dict, c: float) -> 
 
 def heavy_section(data: dict, cfg: BenchConfig, extra_layers: int) -> dict:
     """Transformers rows and overlap rows on the heavy pair (predictable prompts only: a pass is slow)."""
-    heavy_cfg = dataclasses.replace(cfg, prompts=PREDICTABLE, ks=tuple(k for k in cfg.ks if k <= 4) or (2,))
+    heavy_cfg = dataclasses.replace(cfg, prompts=PREDICTABLE)
     with running_data(heavy_config(data, extra_layers)) as service:
         transformers, c = hf_rows(service, heavy_cfg)
         rows = pair_rows(service, heavy_cfg, c, transformers[BASE_ROW]["tokens_per_s"])
