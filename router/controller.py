@@ -308,18 +308,25 @@ class KController:
     def guess_rate(self) -> float:
         """P(the pre-draft's guess of the target's next token is right | all K drafts accepted): learned from
         the overlapped rounds, shrunk with `prior_weight` towards the pooled acceptance (the guess is one more
-        draft position)."""
+        draft position), or for a controller given a `pool`, towards the pool's guess rate."""
         weight, c = self.config.prior_weight, self._cost
-        attempts, accepts = sum(self._attempts), sum(self._accepts)
-        pooled = (accepts + weight * self.config.prior_acceptance) / (attempts + weight) if attempts + weight else 0.5
+        if self._pool is not None:
+            prior = self._pool.guess_rate()
+        else:
+            attempts, accepts = sum(self._attempts), sum(self._accepts)
+            prior = (accepts + weight * self.config.prior_acceptance) / (attempts + weight) if attempts + weight \
+                else 0.5
         tries = c["guess_tries"] + weight
-        return (c["guess_hits"] + weight * pooled) / tries if tries > 0 else pooled
+        return (c["guess_hits"] + weight * prior) / tries if tries > 0 else prior
 
     def branch_rate(self) -> float:
         """P(the draft's runner-up is the target's correction | a draft rejected where a branch was pre-drafted):
-        learned from those rounds, shrunk with `prior_weight` towards 0 (nothing is assumed before it is seen)."""
-        c = self._cost
-        return c["branch_hits"] / (c["branch_tries"] + self.config.prior_weight) if c["branch_tries"] else 0.0
+        learned from those rounds, shrunk with `prior_weight` towards 0 (nothing is assumed before it is seen),
+        or for a controller given a `pool`, towards the pool's rate."""
+        weight, c = self.config.prior_weight, self._cost
+        prior = self._pool.branch_rate() if self._pool is not None else 0.0
+        tries = c["branch_tries"] + weight
+        return (c["branch_hits"] + weight * prior) / tries if tries > 0 else prior
 
     def hit_rate(self, k: int, rates: list[float] | None = None) -> float:
         """h(K): the chance that the next round's drafts are already pre-drafted when this round's verdict

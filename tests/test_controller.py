@@ -512,3 +512,19 @@ def test_predraft_branches_shrink_while_predrafts_outlast_their_verdicts_and_gro
     own = KController(overlapped(k_max=4, overlap_branches=3), random.Random(1), pool=controller)
     controller.observe(2, 2, RoundTimings(predraft_done=False, branches=3))
     assert own.branches == controller.branches == 2                             # a request's: its pool's
+
+
+def test_a_request_controller_starts_from_its_pool_guess_and_runner_up_rates():
+    """A request's own controller sees few overlapped rounds: its guess and runner-up rates start at its pool's and
+    move towards its own (shrinking a few tries towards 0 made it think overlap pays less and drop K)."""
+    config = overlapped(k_max=4, prior_weight=8.0, cost_window=10 ** 9)
+    pool = KController(config, random.Random(0))
+    for _ in range(200):
+        pool.observe(2, 1, RoundTimings(branch_hit=True))
+        pool.observe(2, 2, RoundTimings(guess_hit=True))
+    own = KController(config, random.Random(1), pool=pool)
+    assert own.branch_rate() == pytest.approx(pool.branch_rate()) and pool.branch_rate() > 0.95
+    assert own.guess_rate() == pytest.approx(pool.guess_rate())
+    for _ in range(8):                           # its own runner-ups were never right: halfway after 8 tries
+        own.observe(2, 1, RoundTimings(branch_hit=False))
+    assert own.branch_rate() == pytest.approx(pool.branch_rate() / 2)
