@@ -5,7 +5,10 @@ samples each draft from q = logits_to_probs(lm_head(h)) with the request's sampl
 returns the final hidden states h, from which the target recomputes exactly the same q.
 
 Calls that arrive together are batched: step j of every request's K steps runs as one forward
-(a request with a smaller K leaves the batch after its last step).
+(a request with a smaller K leaves the batch after its last step). A pre-draft's rejection branches
+(ProposeRequest.branches) are more rows of the same steps, each from a fork of its session's cache cut at the
+branch point; they are dropped after the call, so the session holds its own row only. Each draft's runner-up
+(its best other token) is answered when asked: the router's guess of the target's correction there.
 """
 from __future__ import annotations
 
