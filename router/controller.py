@@ -362,7 +362,7 @@ class KController:
                 "samples": list(self._attempts),
                 "costs": self.costs(),
                 "overlap": {"guess_rate": self.guess_rate(), "branch_rate": self.branch_rate(),
-                            "hit_rate": self.hit_rate(self.k)},
+                            "branches": self.branches, "hit_rate": self.hit_rate(self.k)},
                 "goodput": {str(k): g for k, g in self.goodput_curve().items()}}
 
     def update_config(self, config: ControllerConfig) -> None:

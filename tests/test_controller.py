@@ -512,6 +512,7 @@ def test_predraft_branches_shrink_while_predrafts_outlast_their_verdicts_and_gro
     own = KController(overlapped(k_max=4, overlap_branches=3), random.Random(1), pool=controller)
     controller.observe(2, 2, RoundTimings(predraft_done=False, branches=3))
     assert own.branches == controller.branches == 2                             # a request's: its pool's
+    assert controller.snapshot()["overlap"]["branches"] == 2                     # shown by specpool status
 
 
 def test_a_request_controller_starts_from_its_pool_guess_and_runner_up_rates():
