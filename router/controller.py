@@ -116,6 +116,22 @@ def all_accepted(rates: list[float], k: int) -> float:
     return math.prod(_rate(rates, j) for j in range(k))
 
 
+def overlap_chances(rates: list[float], k_max: int, guess: float, branch: float,
+                    branches: int) -> list[tuple[float, float]]:
+    """Per K in 0..k_max, with overlap: (h(K), the chance that a round waits for its own pre-draft). A round's
+    drafts were pre-drafted if its predecessor accepted all K drafts and the guess of the next token was right
+    (`guess`), or rejected draft j < `branches` and the runner-up there was the correction (`branch`); the round
+    waits for the pre-draft whenever its verdict is one of those (all accepted, or a branch guessed right)."""
+    out, survive, branched = [], 1.0, 0.0          # survive: P(the first k drafts accepted)
+    for k in range(k_max + 1):
+        out.append((survive * guess + branched * branch, survive + branched * branch))
+        accept = _rate(rates, k)
+        if k < branches:
+            branched += survive * (1.0 - accept)       # P(exactly k accepted)
+        survive *= accept
+    return out
+
+
 def _rate(rates: list[float], j: int) -> float:
     return rates[min(j, len(rates) - 1)] if rates else 0.0
 
@@ -330,19 +346,11 @@ class KController:
 
     def hit_rate(self, k: int, rates: list[float] | None = None) -> float:
         """h(K): the chance that the next round's drafts are already pre-drafted when this round's verdict
-        comes back: all K drafts accepted and the guess of the next token right, or a rejection at one of the
-        first `overlap_branches` positions with the runner-up guessed right."""
-        rates = self.acceptance() if rates is None else rates
-        return all_accepted(rates, k) * self.guess_rate() + self._branch_hit_rate(k, rates)
+        comes back (see overlap_chances)."""
+        return self._overlap_chances(self.acceptance() if rates is None else rates)[k][0]
 
-    def settle_rate(self, k: int, rates: list[float]) -> float:
-        """The chance that a round waits for its own pre-draft: all K accepted, or a branch guessed right."""
-        return all_accepted(rates, k) + self._branch_hit_rate(k, rates)
-
-    def _branch_hit_rate(self, k: int, rates: list[float]) -> float:
-        """P(a rejection at a branched position, and its correction guessed)."""
-        branched = sum(all_accepted(rates, j) * (1.0 - _rate(rates, j)) for j in range(min(k, self.branches)))
-        return branched * self.branch_rate()
+    def _overlap_chances(self, rates: list[float]) -> list[tuple[float, float]]:
+        return overlap_chances(rates, self.config.k_max, self.guess_rate(), self.branch_rate(), self.branches)
 
     def goodput_curve(self) -> dict[int, float]:
         """Modeled goodput E[K] / T(K) (tokens per second) for each K in [k_min, k_max]; with overlap on,
@@ -351,8 +359,8 @@ class KController:
         if not self.config.overlap:
             return {k: expected_tokens(rates, k) / round_time(k, costs)
                     for k in range(self.config.k_min, self.config.k_max + 1)}
-        return {k: expected_tokens(rates, k) / round_time(k, costs, self.hit_rate(k, rates),
-                                                          self.settle_rate(k, rates))
+        chances = self._overlap_chances(rates)
+        return {k: expected_tokens(rates, k) / round_time(k, costs, *chances[k])
                 for k in range(self.config.k_min, self.config.k_max + 1)}
 
     def snapshot(self) -> dict:
@@ -486,10 +494,10 @@ class KController:
             return
         if not t.predraft_done:
             self._branches, self._fits = min(self._branches, max(t.branches - 1, 0)), 0
-        elif t.branches >= self._branches:
+        elif t.branches >= self.branches:
             self._fits += 1
             if self._fits >= _BRANCH_GROW_AFTER:
-                self._branches, self._fits = self._branches + 1, 0
+                self._branches, self._fits = min(self._branches + 1, self.config.overlap_branches), 0
 
     @property
     def branches(self) -> int:
