@@ -319,7 +319,7 @@ class KController:
                 "rtt_target": rtt_target if c["busy_w"] > 0 or c["plain_w"] <= 0 else c["rtt_plain"] / c["plain_w"],
                 "rtt_plain": c["rtt_plain"] / c["plain_w"] if c["plain_w"] > 0 else rtt_target,
                 "between": c["between"] / c["between_w"] if c["between_w"] > 0 else 0.0,
-                "load": c["load"] / c["load_w"] if c["load_w"] > 0 else 1.0}
+                "load": self.load}
 
     def guess_rate(self) -> float:
         """P(the pre-draft's guess of the target's next token is right | all K drafts accepted): learned from
@@ -498,6 +498,15 @@ class KController:
             self._fits += 1
             if self._fits >= _BRANCH_GROW_AFTER:
                 self._branches, self._fits = min(self._branches + 1, self.config.overlap_branches), 0
+
+    @property
+    def load(self) -> float:
+        """The target's load the costs see: rows per forward plus waiting calls (a request's own controller: its
+        pool's)."""
+        if self._pool is not None:
+            return self._pool.load
+        c = self._cost
+        return c["load"] / c["load_w"] if c["load_w"] > 0 else 1.0
 
     @property
     def branches(self) -> int:

@@ -27,6 +27,7 @@ from router.metrics import Metrics
 from router.speculation import MODEL, NGRAM, SOURCE_NAMES, RequestState, Round
 
 REGIMES = ("greedy", "sampled")
+_PLAIN_RUN_LOAD_CAP = 4      # plain decode runs grow with the load up to this many times decode_steps
 
 
 def regime(state: RequestState) -> str:
@@ -105,6 +106,14 @@ class KSelector:
     def decode_steps(self) -> int:
         """The most tokens a round at K = 0 decodes in one target call (speculation.decode_steps)."""
         return self.config.decode_steps
+
+    def plain_run_steps(self, state: RequestState) -> int:
+        """The most tokens a plain decode run (K = 0, no lookup) commits before the policy plans again:
+        decode_steps, times the target's load (rows per forward, from the request's controller) up to
+        _PLAIN_RUN_LOAD_CAP. Under load a run's end costs its request a step of the batch and K = 0 is what the
+        model favours anyway, so the policy plans (and probes) less often per token; alone, it plans as before."""
+        load = min(max(round(self.controller(state).load), 1), _PLAIN_RUN_LOAD_CAP)
+        return self.config.decode_steps * load
 
     @property
     def answer_delay_s(self) -> float:

@@ -139,6 +139,7 @@ class KPolicy(Protocol):
     overlap: bool                    # pre-draft the next round while the target verifies
     predraft_k: int                  # ... with at most this many drafts after the guess
     decode_steps: int                # a decode run commits up to this many tokens in one target call
+    def plain_run_steps(self, state: "RequestState") -> int: ...   # ... a plain one (no lookup) this many
     answer_delay_s: float            # ... and the target may hold its answers this long to send them together
     def choose_k(self, state: "RequestState", source: int = ...) -> int: ...
     def predraft_branches(self, state: "RequestState") -> int: ...   # rejection branches beside a pre-draft
@@ -522,9 +523,9 @@ def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, so
     every step); every round of a request whose only proposer is prompt lookup (draft.method ngram, or the
     fallback while the draft worker is down), likewise; and an n-gram round of model+ngram, whose run ends at the
     first step that finds no match (the next round may use the model). The target looks those drafts up itself,
-    with no round trip per round. A run is at most decode_steps tokens long, so that the policy plans again, but
-    a request pinned to K = 0 with no lookup has nothing to plan: its run goes on to its end. decode_steps 1
-    turns runs off."""
+    with no round trip per round. A run is at most decode_steps tokens long, so that the policy plans again (a
+    plain run: policy.plain_run_steps, longer under load), but a request pinned to K = 0 with no lookup has
+    nothing to plan: its run goes on to its end. decode_steps 1 turns runs off."""
     if policy.decode_steps <= 1:
         return 1, None
     tokens = clamp_k(state, policy.decode_steps - 1) + 1
@@ -532,7 +533,7 @@ def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, so
     if not lookup:
         if state.fixed_k == 0:             # nothing to plan again: the run goes on to the request's end
             return clamp_k(state, state.max_new_tokens) + 1, None
-        return (tokens, None) if k == 0 else (1, None)
+        return (clamp_k(state, policy.plain_run_steps(state) - 1) + 1, None) if k == 0 else (1, None)
     if not model or k == 0:
         return tokens, prompt_lookup(state, clamp_k(state, choose_k(state, policy, NGRAM)), end_on_miss=False)
     return (tokens, prompt_lookup(state, k, end_on_miss=True)) if source == NGRAM else (1, None)

@@ -198,6 +198,9 @@ def test_a_lookup_run_that_may_end_on_a_miss_ends_there_without_the_step(engine)
 class Policy:
     decode_steps, overlap, predraft_k, answer_delay_s = 16, True, 8, 0.0
 
+    def plain_run_steps(self, state):
+        return self.decode_steps
+
     def choose_k(self, state, source=None):
         return 5
 

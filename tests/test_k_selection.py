@@ -184,3 +184,18 @@ def test_model_plus_ngram_at_least_as_fast_as_the_better_source():
     assert rates["model+ngram"][0] >= 0.93 * better
     drafted_by_model = rates["model+ngram"][1].get((MODEL, True), 0)
     assert drafted_by_model < 0.2 * 3000
+
+
+def test_plain_runs_grow_with_the_target_load_up_to_four_times_decode_steps():
+    """Alone, a plain decode run plans again every decode_steps tokens; under load (rows per target forward) it
+    runs load times longer, up to 4x: each run's end costs its request a step of the batch, and K = 0 is what the
+    model favours there anyway."""
+    from settings.schema import ControllerConfig
+    selector = KSelector(ControllerConfig(decode_steps=32), Metrics(), random.Random(0))
+    state = request_state(0, worker_pb2.DRAFT_MODE_GREEDY)
+    selector.attach(state)
+    assert selector.plain_run_steps(state) == 32
+    for rows, steps in ((2, 64), (3, 96), (13, 128)):
+        for _ in range(64):                       # the load estimate moves over load_window rounds
+            selector.observe(state, Round([], 0, [1], RoundTimings(batch_size=rows)))
+        assert selector.plain_run_steps(state) == steps, rows
