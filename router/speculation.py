@@ -94,7 +94,8 @@ class Proposal:
     worker_seconds: float = 0.0      # ... of which the worker spent queued or handing over to its engine thread
     source: int = MODEL              # where the tokens came from (MODEL or NGRAM)
     runner_ups: list[int] = field(default_factory=list)   # the draft's runner-up at each draft (model drafts)
-    branches: list = field(default_factory=list)          # a pre-draft's rejection branches: [Branch]
+    branches: dict = field(default_factory=dict)          # a pre-draft's rejection branches: {drafts accepted:
+                                                          # the next round's drafts after the runner-up there}
     cached: bool = True              # the draft worker holds the context + tokens[:-1] (not so after a branch)
 
     def after_guess(self) -> "Proposal":
@@ -102,14 +103,6 @@ class Proposal:
         row = len(self.hidden) // len(self.tokens) if self.tokens else 0
         return Proposal(self.tokens[1:], self.hidden[row:], self.seconds, self.rtt_seconds, self.worker_seconds,
                         runner_ups=self.runner_ups[1:])
-
-
-@dataclass
-class Branch:
-    """A pre-draft for the verdict "`accepted` drafts accepted, then `token`" (the draft's runner-up there)."""
-    accepted: int
-    token: int
-    drafts: Proposal                 # the next round's drafts after `token` (not cached on the draft worker)
 
 
 NO_DRAFTS = Proposal()
@@ -125,7 +118,7 @@ class Round:
     timings: RoundTimings
     predrafted: bool = False         # the drafts came from the previous round's pre-draft
     predraft_sent: bool = False      # this round pre-drafted the next one while the target verified
-    from_branch: bool = False        # ... the previous round's pre-draft's rejection branch (see Branch)
+    from_branch: bool = False        # ... the previous round's pre-draft's rejection branch (Proposal.branches)
     parts: dict = field(default_factory=dict)   # where the round's wall time went (seconds), see PARTS
     source: int = MODEL              # the drafts' source (for a round with no drafts: the one it planned)
     logprobs: list = field(default_factory=list)  # of `committed`, when the request asked for them
@@ -204,9 +197,9 @@ async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int],
     timing = split_time(started, response)
     return Proposal(list(response.draft_token_ids), response.draft_hidden_states, *timing,
                     runner_ups=list(response.runner_up_token_ids),
-                    branches=[Branch(j, t, Proposal(list(b.token_ids), b.hidden_states, *timing, cached=False,
-                                                    runner_ups=list(b.runner_up_token_ids)))
-                              for (j, t), b in zip(branches, response.branch_drafts) if b.token_ids])
+                    branches={j: Proposal(list(b.token_ids), b.hidden_states, *timing, cached=False,
+                                          runner_ups=list(b.runner_up_token_ids))
+                              for (j, _), b in zip(branches, response.branch_drafts) if b.token_ids})
 
 
 def ngram_proposal(state: RequestState, k: int) -> Proposal:
@@ -325,7 +318,7 @@ async def settle(ahead: asyncio.Task | None, round_: Round, guesses: dict[int, i
     if proposal is None or not proposal.tokens:
         return None
     if rejected:
-        return next((b.drafts for b in proposal.branches if b.accepted == round_.accepted), None)
+        return proposal.branches.get(round_.accepted)
     round_.timings.guess_hit = proposal.tokens[0] == token
     return proposal.after_guess() if round_.timings.guess_hit else None
 
