@@ -14,7 +14,7 @@ import statistics
 import yaml
 
 from benchmarks.plan import PREDICTABLE, BenchConfig
-from benchmarks.service import log, running_data
+from benchmarks.service import log, running_data, stream_one, whole_one
 from benchmarks.single_stream import BASE_ROW, best_transformers, hf_rows, specpool_row, with_model_terms
 from settings.schema import SpeculationConfig
 from protos.specpool.v1 import admin_pb2
@@ -31,6 +31,7 @@ def set_speculation(service, **values) -> None:
 ONE_CALL_PER_TOKEN = "in turn K=0, one call per token"   # decode runs off (speculation.decode_steps 1)
 EACH_ANSWER_AT_ONCE = "in turn K=0, each answer at once"  # decode runs, speculation.answer_delay_ms 0
 NO_BRANCHES = ", no branches"                              # speculation.overlap_branches 0
+READ_WHOLE = ", read whole"                                # unary Generate (the rest: GenerateStream)
 
 
 def counters(service) -> dict:
@@ -42,12 +43,12 @@ def counters(service) -> dict:
     return {**parts, "rounds": rounds}
 
 
-def measured_row(service, cfg: BenchConfig, k: int | None, speculation: dict) -> dict:
+def measured_row(service, cfg: BenchConfig, k: int | None, speculation: dict, whole: bool = False) -> dict:
     """specpool_row at K = k (None: adaptive) with these speculation settings (overlap, decode_steps,
-    answer_delay_ms), plus ms per round by part."""
+    answer_delay_ms), streamed or (`whole`) read whole, plus ms per round by part."""
     set_speculation(service, **speculation)
     before = counters(service)
-    row = service.client(specpool_row, cfg, k)
+    row = service.client(specpool_row, cfg, k, whole_one if whole else stream_one)
     after = counters(service)
     rounds = max(after["rounds"] - before["rounds"], 1)
     row["parts_ms"] = {part: 1e3 * (after.get(part, 0.0) - before.get(part, 0.0)) / rounds for part in PARTS}
@@ -68,11 +69,14 @@ def pair_rows(service, cfg: BenchConfig, c: float, base: float) -> dict:
          {"overlap": overlap, **runs_as_configured})
         for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))] + [
         (f"overlap {'adaptive' if k is None else f'K={k}'}{NO_BRANCHES}", k,
-         {"overlap": True, **runs_as_configured, "overlap_branches": 0}) for k in (max(cfg.ks), None)]
+         {"overlap": True, **runs_as_configured, "overlap_branches": 0}) for k in (max(cfg.ks), None)] + [
+        (f"{name}{READ_WHOLE}", k, {"overlap": overlap, **runs_as_configured})
+        for name, k, overlap in (("in turn K=0", 0, False), ("overlap adaptive", None, True))]
     runs = {name: [] for name, *_ in plan}
     for repeat in range(cfg.repeats):
         for name, k, speculation in plan:
-            runs[name].append(measured_row(service, dataclasses.replace(cfg, repeats=1), k, speculation))
+            runs[name].append(measured_row(service, dataclasses.replace(cfg, repeats=1), k, speculation,
+                                           whole=name.endswith(READ_WHOLE)))
         log(f"overlap rows, repeat {repeat + 1}/{cfg.repeats}: " + ", ".join(
             f"{name} {runs[name][-1]['tokens_per_s']:.0f}" for name, *_ in plan) + " tokens/s")
     set_speculation(service, overlap=configured.overlap, **runs_as_configured)
@@ -118,7 +122,9 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
     assisted, base = best_transformers(transformers, True), best_transformers(transformers, False)
     out = {"adaptive / best assisted": rows["overlap adaptive"]["tokens_per_s"] / assisted,
            "in-turn adaptive / best assisted": rows["in turn adaptive"]["tokens_per_s"] / assisted,
+           "adaptive read whole / best assisted": rows["overlap adaptive" + READ_WHOLE]["tokens_per_s"] / assisted,
            "K=0 / generate()": rows["in turn K=0"]["tokens_per_s"] / base,
+           "K=0 read whole / generate()": rows["in turn K=0" + READ_WHOLE]["tokens_per_s"] / base,
            "K=0 one call per token / generate()": rows[ONE_CALL_PER_TOKEN]["tokens_per_s"] / base,
            "K=0 each answer at once / generate()": rows[EACH_ANSWER_AT_ONCE]["tokens_per_s"] / base,
            "ms per token beyond compute (K=0, decode runs)": hop_ms(rows["in turn K=0"]),

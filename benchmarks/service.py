@@ -57,6 +57,24 @@ def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: floa
             "k_per_round": list(stats.k_per_round), "accepted_per_round": [len(c.token_ids) - 1 for c in chunks]}
 
 
+def whole_one(stub, prompt: str, max_new: int, k: int | None, temperature: float = 0.0) -> dict:
+    """stream_one's figures for a unary Generate request (the output read whole, as generate() returns it): no
+    time to first token or inter-token gaps, one chunk."""
+    request = generation_pb2.GenerateRequest(prompt=prompt, max_new_tokens=max_new)
+    request.sampling.temperature = temperature
+    if temperature:
+        request.sampling.seed = 1
+    if k is not None:
+        request.speculation.k = k
+    started = time.perf_counter()
+    response = stub.Generate(request)
+    seconds, stats = time.perf_counter() - started, response.stats
+    return {"seconds": seconds, "tokens": len(response.token_ids), "ttft": seconds, "itl": [],
+            "draft": stats.draft_tokens, "accepted": stats.accepted_tokens, "rounds": stats.target_passes,
+            "wire": stats.wire_bytes, "predraft_hits": stats.predraft_hits, "sources": list(stats.source_per_round),
+            "k_per_round": list(stats.k_per_round), "accepted_per_round": []}
+
+
 _STUBS: dict = {}
 
 

@@ -84,9 +84,10 @@ def best_transformers(rows: dict, assisted: bool) -> float:
 
 
 # ---- specpool rows ----------------------------------------------------------------------------
-def specpool_row(stub, cfg: BenchConfig, k: int | None) -> dict:
-    """One specpool row at K = k (None: adaptive), measured in the client process."""
-    runs = [[stream_one(stub, p, cfg.max_new_tokens, k) for p in cfg.prompts] for _ in range(cfg.repeats)]
+def specpool_row(stub, cfg: BenchConfig, k: int | None, call=stream_one) -> dict:
+    """One specpool row at K = k (None: adaptive), measured in the client process: each request a GenerateStream
+    (stream_one), or a Generate read whole (whole_one)."""
+    runs = [[call(stub, p, cfg.max_new_tokens, k) for p in cfg.prompts] for _ in range(cfg.repeats)]
     flat = [r for run in runs for r in run]
     rates = [sum(r["tokens"] for r in run) / sum(r["seconds"] for r in run) for run in runs]
     draft, accepted, rounds = (sum(r[key] for r in flat) for key in ("draft", "accepted", "rounds"))

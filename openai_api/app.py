@@ -120,9 +120,9 @@ def check_model(body: SamplingBody, served: str) -> str:
     return served
 
 
-async def admit(router: Router, generate, n: int, prompt_param: str) -> list:
+async def admit(router: Router, generate, n: int, prompt_param: str, streamed: bool) -> list:
     try:
-        return [await router.admit(with_seed(generate, i)) for i in range(n)]
+        return [await router.admit(with_seed(generate, i), streamed) for i in range(n)]
     except RequestError as exc:
         count(router, "INVALID_ARGUMENT", time.perf_counter())
         raise ApiError(400, str(exc), openai_param(exc.field, prompt_param)) from exc
@@ -130,7 +130,7 @@ async def admit(router: Router, generate, n: int, prompt_param: str) -> list:
 
 async def answer(request: Request, router: Router, body: SamplingBody, generate, kind: Completions,
                  prompt_param: str, model: str) -> Response:
-    states = await admit(router, generate, body.n, prompt_param)
+    states = await admit(router, generate, body.n, prompt_param, body.stream)
     request_id, started = uuid.uuid4().hex, time.perf_counter()
     chunks = choice_chunks(router, states)
     if body.stream:

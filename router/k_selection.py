@@ -115,11 +115,14 @@ class KSelector:
         load = min(max(round(self.controller(state).load), 1), _PLAIN_RUN_LOAD_CAP)
         return self.config.decode_steps * load
 
-    @property
-    def answer_delay_s(self) -> float:
-        """How long the target may hold a decode run's answer to send it with later ones
-        (speculation.answer_delay_ms)."""
-        return self.config.answer_delay_ms / 1000
+    def answer_delay_s(self, state: RequestState) -> float:
+        """How long the target may hold a decode run's answer to send it with later ones: answer_delay_ms for a
+        request streamed to its client, unstreamed_answer_delay_ms for one whose client takes the output whole.
+        Nobody reads the latter's tokens before its end, and each message costs CPU in the target, the router
+        and their cores' neighbours, so its answers travel several steps to a message even where a step is long;
+        its stop strings, matched as tokens arrive, keep the short delay so that the run is withdrawn promptly."""
+        unstreamed = not state.streamed and not state.stop_strings
+        return (self.config.unstreamed_answer_delay_ms if unstreamed else self.config.answer_delay_ms) / 1000
 
     @property
     def predraft_k(self) -> int:

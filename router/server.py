@@ -77,9 +77,10 @@ class Router:
                            self.config.speculation.k_max, self.config.router.max_prompt_tokens,
                            self.config.router.max_new_tokens, self._max_token_chars)
 
-    async def admit(self, request: generation_pb2.GenerateRequest) -> RequestState:
+    async def admit(self, request: generation_pb2.GenerateRequest, streamed: bool = True) -> RequestState:
         """Validate and normalise a request into the router's state for it (raises RequestError). A text
-        prompt's size is checked before it is encoded, and it is encoded off the event loop."""
+        prompt's size is checked before it is encoded, and it is encoded off the event loop. `streamed`: the
+        client reads the output as it comes (False: whole, at the end; see KSelector.answer_delay_s)."""
         if request.prompt and not request.prompt_token_ids:
             check_prompt_text(request, self.limits)
             prompt_ids = await encode(self.tokenizer, request.prompt)
@@ -105,7 +106,8 @@ class Router:
                             method=self.config.draft.method,
                             ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max),
                             stop_strings=tuple(request.stop),
-                            top_logprobs=request.logprobs if request.HasField("logprobs") else None)
+                            top_logprobs=request.logprobs if request.HasField("logprobs") else None,
+                            streamed=streamed)
 
     async def run(self, state: RequestState):
         """The request's rounds on the least-loaded draft and target replicas (sticky for the request)."""
@@ -236,13 +238,13 @@ class GenerationServicer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"request: not a specpool.v1.GenerateRequest ({exc})")
 
-    async def _admit(self, context) -> tuple[Router, RequestState, str]:
+    async def _admit(self, context, streamed: bool) -> tuple[Router, RequestState, str]:
         request = await self._read(context)
         router = self.router
         if router is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "specpool is still loading its worker pools")
         try:
-            state = await router.admit(request)
+            state = await router.admit(request, streamed)
         except RequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         remaining = context.time_remaining()
@@ -277,13 +279,13 @@ class GenerationServicer:
 
     async def GenerateStream(self, request_iterator, context):
         async with self._tracked(context):
-            router, state, request_id = await self._admit(context)
+            router, state, request_id = await self._admit(context, streamed=True)
             async for chunk in output_chunks(router.run(state), state, router.tokenizer):
                 yield _response(state, request_id, chunk.token_ids, chunk.text, chunk.logprobs)
 
     async def Generate(self, request_iterator, context):
         async with self._tracked(context):
-            router, state, request_id = await self._admit(context)
+            router, state, request_id = await self._admit(context, streamed=False)
             text = [chunk.text async for chunk in output_chunks(router.run(state), state, router.tokenizer)]
             return _response(state, request_id, state.tokens[state.prompt_len:], "".join(text), state.logprobs)
 

@@ -73,6 +73,7 @@ class RequestState:
                                            # even as the fallback while the draft worker is down)
     stop_strings: tuple = ()               # matched on the decoded output by router.stopping
     top_logprobs: int | None = None        # set: the target answers each committed token's logprobs
+    streamed: bool = True                  # the client reads the output as it comes (False: whole, at the end)
     logprobs: list = field(default_factory=list)   # ... generation_pb2.TokenLogprob per output token
 
     @property
@@ -133,7 +134,8 @@ class KPolicy(Protocol):
     predraft_k: int                  # ... with at most this many drafts after the guess
     decode_steps: int                # a decode run commits up to this many tokens in one target call
     def plain_run_steps(self, state: "RequestState") -> int: ...   # ... a plain one (no lookup) this many
-    answer_delay_s: float            # ... and the target may hold its answers this long to send them together
+    def answer_delay_s(self, state: "RequestState") -> float: ...   # ... whose answers the target may hold
+                                                                      # this long to send them together
     def choose_k(self, state: "RequestState", source: int = ...) -> int: ...
     def predraft_branches(self, state: "RequestState") -> int: ...   # rejection branches beside a pre-draft
     def choose_source(self, state: "RequestState", candidates: list[int]) -> int: ...
@@ -246,6 +248,7 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
                                         proposal.hidden, state.sampling, state.timeout(target.timeout), **logprobs)
     state.stats.wire_bytes += wire
     state.stats.target_calls += 1
+    state.stats.target_answers += 1
     verify_s, rtt_s, worker_s = split_time(started, verdict)
     return verdict, worker_s, RoundTimings(
         draft_seconds=proposal.seconds, draft_rtt_seconds=proposal.rtt_seconds, verify_seconds=verify_s,
@@ -273,6 +276,7 @@ async def decode_run(state: RequestState, target: TargetClient, steps: int, sour
     async with contextlib.aclosing(answers):
         async for verdict, wire in answers:
             state.stats.wire_bytes += wire
+            state.stats.target_answers += 1
             answered = [step for step in (*verdict.earlier, verdict) if not step.missed]
             share, held = (time.perf_counter() - started) / max(len(answered), 1), len(state.tokens)
             rounds = [run_step(state, step, share, source) for step in answered]
@@ -574,7 +578,7 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             source, k = (MODEL, len(ready.tokens)) if ready else plan_round(state, draft, policy, planned)
             steps, lookup = (1, None) if ready else run_plan(state, draft, policy, source, k)
             if steps > 1:
-                run = resilient_run(state, target, steps, recovery_s, source, policy.answer_delay_s, lookup)
+                run = resilient_run(state, target, steps, recovery_s, source, policy.answer_delay_s(state), lookup)
                 async with contextlib.aclosing(run) as messages:
                     async for rounds in messages:
                         committed, between = conclude_all(state, policy, rounds, between), None

@@ -155,6 +155,8 @@ class ControllerConfig:
                                      # round trip between them (1: one call per token)
     answer_delay_ms: float = 10.0    # ... and may hold a step's answer this long to send it with later steps'
                                      # in one message (steps shorter than a message's cost; 0: each at once)
+    unstreamed_answer_delay_ms: float = 200.0   # ... this long instead for a request whose client takes its
+                                     # output whole (Generate, HTTP without stream) and has no stop strings
     # threshold policy
     raise_above: float = 0.8         # K += 1 when the acceptance rate since the last step is above this
     lower_below: float = 0.4         # K -= 1 when it is below this
@@ -186,6 +188,7 @@ class ControllerConfig:
             ("overlap_branches", self.overlap_branches >= 0, "must be >= 0"),
             ("decode_steps", self.decode_steps >= 1, "must be >= 1"),
             ("answer_delay_ms", 0 <= self.answer_delay_ms <= 1000, "must be in [0, 1000]"),
+            ("unstreamed_answer_delay_ms", 0 <= self.unstreamed_answer_delay_ms <= 10000, "must be in [0, 10000]"),
             ("raise_above", 0.0 <= self.raise_above <= 1.0, "must be in [0, 1]"),
             ("lower_below", 0.0 <= self.lower_below <= self.raise_above,
              f"must be in [0, raise_above={self.raise_above}]"),

@@ -120,10 +120,18 @@ class RunningService:
 
     def reload_draft_method(self, method: str) -> None:
         """Hot-reload the running config with draft.method = `method` (as Admin.Reload would)."""
+        self.reload(draft={"method": method})
+
+    def reload(self, **sections) -> dict:
+        """Hot-reload the running config with these keys changed (section -> {key: value}), as Admin.Reload
+        would; returns what they were, for a test to put back."""
         router = self.service.router
         data = dataclasses.asdict(router.config)
-        data["draft"]["method"] = method
+        before = {section: {key: data[section][key] for key in values} for section, values in sections.items()}
+        for section, values in sections.items():
+            data[section].update(values)
         self._run(router.reload(data))
+        return before
 
     def stop(self):
         self.channel.close()

@@ -83,6 +83,22 @@ def test_plain_target_decoding_with_k0(service, reference_generate):
     check_round_accounting(list(response.token_ids), response.stats, response.finish_reason)
 
 
+def test_a_run_read_whole_comes_in_two_messages_and_a_streamed_one_in_one_per_step(service, reference_generate):
+    """Pinned to K = 0, a request is one decode run to its end. Streamed with answer_delay_ms 0, each step is its
+    own message; read whole (Generate) with unstreamed_answer_delay_ms longer than the run, the run answers its
+    session's first token at once and everything else with its last step. The tokens are the same."""
+    expected = reference_generate(PROMPTS[1], MAX_NEW)
+    before = service.reload(speculation={"answer_delay_ms": 0, "unstreamed_answer_delay_ms": 10_000})
+    try:
+        streamed, chunks = stream_tokens(service.stub, greedy_request(PROMPTS[1], 0))
+        whole = service.stub.Generate(greedy_request(PROMPTS[1], 0))
+    finally:
+        service.reload(**before)
+    assert streamed == list(whole.token_ids) == expected
+    assert chunks[-1].stats.target_answers == len(chunks) == len(expected)
+    assert whole.stats.target_answers == min(2, len(expected)) and whole.stats.target_calls == 1
+
+
 def test_concurrent_requests_each_match_alone(service, reference_generate):
     requests = [(prompt, k) for prompt in PROMPTS for k in (1, 4)] * 2
     with ThreadPoolExecutor(8) as pool:

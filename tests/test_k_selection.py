@@ -199,3 +199,18 @@ def test_plain_runs_grow_with_the_target_load_up_to_four_times_decode_steps():
         for _ in range(64):                       # the load estimate moves over load_window rounds
             selector.observe(state, Round([], 0, [1], RoundTimings(batch_size=rows)))
         assert selector.plain_run_steps(state) == steps, rows
+
+
+def test_answers_wait_longer_only_for_a_client_that_takes_its_output_whole_and_has_no_stop_strings():
+    """A streamed request's run answers within answer_delay_ms; one read whole at the end (Generate, HTTP without
+    stream) within unstreamed_answer_delay_ms, unless stop strings need its tokens as they come."""
+    import dataclasses
+
+    from settings.schema import ControllerConfig
+    selector = KSelector(ControllerConfig(answer_delay_ms=10, unstreamed_answer_delay_ms=250), Metrics(),
+                         random.Random(0))
+    streamed = request_state(0, worker_pb2.DRAFT_MODE_GREEDY)
+    whole = dataclasses.replace(streamed, streamed=False)
+    assert selector.answer_delay_s(streamed) == pytest.approx(0.010)
+    assert selector.answer_delay_s(whole) == pytest.approx(0.250)
+    assert selector.answer_delay_s(dataclasses.replace(whole, stop_strings=("\n\n",))) == pytest.approx(0.010)
