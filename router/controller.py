@@ -489,8 +489,10 @@ class KController:
 
     def _record_predraft(self, t: RoundTimings) -> None:
         """Size the next pre-drafts' branches: one fewer than a pre-draft that was still running when its verdict
-        came back (it would have delayed a hit), one more after _BRANCH_GROW_AFTER in a row that were done."""
-        if t.predraft_done is None:
+        came back (it would have delayed a hit), one more after _BRANCH_GROW_AFTER in a row that were done. While
+        the operator has branches off (overlap_branches 0) nothing is learnt about them: the budget waits as it
+        was for when they are turned back on."""
+        if t.predraft_done is None or not self.config.overlap_branches:
             return
         if not t.predraft_done:
             self._branches, self._fits = min(self._branches, max(t.branches - 1, 0)), 0

@@ -515,6 +515,21 @@ def test_predraft_branches_shrink_while_predrafts_outlast_their_verdicts_and_gro
     assert controller.snapshot()["overlap"]["branches"] == 2                     # shown by specpool status
 
 
+def test_a_pool_keeps_its_branch_budget_while_the_operator_turns_branches_off():
+    """Pre-drafts without branches say nothing of what branches cost: a hot reload that turns them off and on again
+    finds the budget as it was, not at 0 (where one late pre-draft, or growth capped at 0, had left it)."""
+    import dataclasses
+    config = overlapped(k_max=4, overlap_branches=3)
+    controller = KController(config, random.Random(0))
+    controller.update_config(dataclasses.replace(config, overlap_branches=0))
+    assert controller.branches == 0
+    controller.observe(2, 2, RoundTimings(predraft_done=False, branches=0))
+    for _ in range(16):
+        controller.observe(2, 2, RoundTimings(predraft_done=True, branches=0))
+    controller.update_config(config)
+    assert controller.branches == 3
+
+
 def test_a_request_controller_starts_from_its_pool_guess_and_runner_up_rates():
     """A request's own controller sees few overlapped rounds: its guess and runner-up rates start at its pool's and
     move towards its own (shrinking a few tries towards 0 made it think overlap pays less and drop K)."""
