@@ -180,6 +180,10 @@ def tp_rank(rank: int, port: int, families: dict, out) -> None:
         results[name] = (speculate(DraftEngine(draft_path), target, PROMPTS, KS, MAX_NEW)[0], held)
     if rank == 0:
         out.put(results)
+    # Both ranks leave the group together: a rank that exits while the other still holds the group (rank 0 hosts
+    # its store) can die in gloo's teardown ("terminate called without an active exception", exit code -6).
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def test_tp2_speculation_is_identical_to_the_target_alone(family_models):
