@@ -35,44 +35,45 @@ def load_service_config(path: str | os.PathLike) -> dict:
     return with_model_paths_from(read_yaml(path) or {}, Path(path).parent)
 
 
-def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: float = 0.0) -> dict:
-    """One GenerateStream request (k None: the adaptive policy), timed per chunk: seconds, tokens, time to
-    first token, inter-token gaps, the request's stats and K and accepted tokens per round."""
+def bench_request(prompt: str, max_new: int, k: int | None, temperature: float) -> generation_pb2.GenerateRequest:
+    """A benchmark request: greedy, or seeded sampling at `temperature`; K = k (None: the adaptive policy)."""
     request = generation_pb2.GenerateRequest(prompt=prompt, max_new_tokens=max_new)
     request.sampling.temperature = temperature
     if temperature:
         request.sampling.seed = 1
     if k is not None:
         request.speculation.k = k
+    return request
+
+
+def stats_fields(stats: generation_pb2.GenerationStats) -> dict:
+    """A request's stats as stream_one and whole_one report them."""
+    return {"draft": stats.draft_tokens, "accepted": stats.accepted_tokens, "rounds": stats.target_passes,
+            "wire": stats.wire_bytes, "predraft_hits": stats.predraft_hits, "sources": list(stats.source_per_round),
+            "k_per_round": list(stats.k_per_round)}
+
+
+def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: float = 0.0) -> dict:
+    """One GenerateStream request (k None: the adaptive policy), timed per chunk: seconds, tokens, time to
+    first token, inter-token gaps, the request's stats and K and accepted tokens per round."""
     started, arrivals, chunks = time.perf_counter(), [], []
-    for chunk in stub.GenerateStream(request):
+    for chunk in stub.GenerateStream(bench_request(prompt, max_new, k, temperature)):
         arrivals.append(time.perf_counter())
         chunks.append(chunk)
-    stats = chunks[-1].stats
     gaps = [(b - a) / len(c.token_ids) for a, b, c in zip(arrivals, arrivals[1:], chunks[1:]) for _ in c.token_ids]
     return {"seconds": arrivals[-1] - started, "tokens": sum(len(c.token_ids) for c in chunks),
-            "ttft": arrivals[0] - started, "itl": gaps, "draft": stats.draft_tokens,
-            "accepted": stats.accepted_tokens, "rounds": stats.target_passes, "wire": stats.wire_bytes,
-            "predraft_hits": stats.predraft_hits, "sources": list(stats.source_per_round),
-            "k_per_round": list(stats.k_per_round), "accepted_per_round": [len(c.token_ids) - 1 for c in chunks]}
+            "ttft": arrivals[0] - started, "itl": gaps, **stats_fields(chunks[-1].stats),
+            "accepted_per_round": [len(c.token_ids) - 1 for c in chunks]}
 
 
 def whole_one(stub, prompt: str, max_new: int, k: int | None, temperature: float = 0.0) -> dict:
     """stream_one's figures for a unary Generate request (the output read whole, as generate() returns it): no
     time to first token or inter-token gaps, one chunk."""
-    request = generation_pb2.GenerateRequest(prompt=prompt, max_new_tokens=max_new)
-    request.sampling.temperature = temperature
-    if temperature:
-        request.sampling.seed = 1
-    if k is not None:
-        request.speculation.k = k
     started = time.perf_counter()
-    response = stub.Generate(request)
-    seconds, stats = time.perf_counter() - started, response.stats
+    response = stub.Generate(bench_request(prompt, max_new, k, temperature))
+    seconds = time.perf_counter() - started
     return {"seconds": seconds, "tokens": len(response.token_ids), "ttft": seconds, "itl": [],
-            "draft": stats.draft_tokens, "accepted": stats.accepted_tokens, "rounds": stats.target_passes,
-            "wire": stats.wire_bytes, "predraft_hits": stats.predraft_hits, "sources": list(stats.source_per_round),
-            "k_per_round": list(stats.k_per_round), "accepted_per_round": []}
+            **stats_fields(response.stats), "accepted_per_round": []}
 
 
 _STUBS: dict = {}

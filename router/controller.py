@@ -489,17 +489,19 @@ class KController:
 
     def _record_predraft(self, t: RoundTimings) -> None:
         """Size the next pre-drafts' branches: one fewer than a pre-draft that was still running when its verdict
-        came back (it would have delayed a hit), one more after _BRANCH_GROW_AFTER in a row that were done. While
-        the operator has branches off (overlap_branches 0) nothing is learnt about them: the budget waits as it
-        was for when they are turned back on."""
+        came back (it would have delayed a hit), one more after _BRANCH_GROW_AFTER in a row that were done, up to
+        overlap_branches. A late pre-draft without branches says nothing of what branches cost, and while the
+        operator has branches off or lowered, the budget waits as it was for when they are turned back up."""
         if t.predraft_done is None or not self.config.overlap_branches:
             return
         if not t.predraft_done:
-            self._branches, self._fits = min(self._branches, max(t.branches - 1, 0)), 0
+            if t.branches:
+                self._branches, self._fits = min(self._branches, t.branches - 1), 0
         elif t.branches >= self.branches:
             self._fits += 1
             if self._fits >= _BRANCH_GROW_AFTER:
-                self._branches, self._fits = min(self._branches + 1, self.config.overlap_branches), 0
+                self._fits = 0
+                self._branches = max(self._branches, min(self._branches + 1, self.config.overlap_branches))
 
     @property
     def load(self) -> float:

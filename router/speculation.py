@@ -26,8 +26,9 @@ has a match (instead of plain decoding).
 Decode runs. A round at K = 0 is one target call that decodes up to `decode_steps` tokens, with no round trip
 between the target's steps; so is every round of a request whose only proposer is prompt lookup, the target then
 looking up its own drafts, and an n-gram round of model+ngram, until a lookup misses (run_plan). The target
-answers each step as it is sampled, or holds it up to `answer_delay_ms` to send several in one message. Each
-step is a round here, as it would have been one call at a time.
+answers each step as it is sampled, or holds it up to `answer_delay_ms` (`unstreamed_answer_delay_ms` for a request
+read whole, KSelector.answer_delay_s) to send several in one message. Each step is a round here, as it would have
+been one call at a time.
 """
 from __future__ import annotations
 

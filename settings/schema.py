@@ -323,10 +323,22 @@ def config_from_dict(data: dict, base_dir: str | os.PathLike | None = None) -> S
     config = _build(SpecpoolConfig, data or {}, "")
     for section in dataclasses.fields(SpecpoolConfig):
         getattr(config, section.name).validate(section.name)
+    check_answer_delays(config)
     for section in ("draft", "target"):
         pool = getattr(config, section)
         pool.model = resolve_model(pool.model, f"{section}.model", base_dir)
     return config
+
+
+def check_answer_delays(config: SpecpoolConfig) -> None:
+    """A decode run's held answers must reach the router within its wait for each answer (router.worker_timeout_s),
+    or every held run would time out."""
+    wait = config.router.worker_timeout_s
+    for key in ("answer_delay_ms", "unstreamed_answer_delay_ms"):
+        held = getattr(config.speculation, key)
+        if held / 1000 >= wait:
+            raise ConfigError(f"speculation.{key}: must be shorter than router.worker_timeout_s={wait:g} s "
+                              f"(got {held:g} ms)")
 
 
 def parse_config(data, base_dir: str | os.PathLike | None) -> SpecpoolConfig:

@@ -59,3 +59,12 @@ def test_missing_paths_that_are_no_hub_id_are_refused(model, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"^target\.model: no model folder .* \(tried "):
         config_from_dict({"target": {"model": model}}, tmp_path / "conf")
+
+
+def test_a_hold_longer_than_the_routers_wait_for_an_answer_is_refused_naming_both_keys(tmp_path):
+    """Held answers must come back within router.worker_timeout_s, or every held decode run would time out."""
+    config = {"router": {"worker_timeout_s": 5}, "speculation": {"unstreamed_answer_delay_ms": 6000},
+              "draft": {"model": "gpt2"}, "target": {"model": "gpt2"}}
+    with pytest.raises(ConfigError, match=r"^speculation\.unstreamed_answer_delay_ms: must be shorter than "
+                                          r"router\.worker_timeout_s=5 s \(got 6000 ms\)"):
+        config_from_dict(config, tmp_path)

@@ -515,19 +515,21 @@ def test_predraft_branches_shrink_while_predrafts_outlast_their_verdicts_and_gro
     assert controller.snapshot()["overlap"]["branches"] == 2                     # shown by specpool status
 
 
-def test_a_pool_keeps_its_branch_budget_while_the_operator_turns_branches_off():
-    """Pre-drafts without branches say nothing of what branches cost: a hot reload that turns them off and on again
-    finds the budget as it was, not at 0 (where one late pre-draft, or growth capped at 0, had left it)."""
-    import dataclasses
+def test_a_pool_keeps_its_branch_budget_while_the_operator_turns_branches_off_or_down():
+    """Pre-drafts without branches say nothing of what branches cost: a hot reload that turns them off (or lowers
+    them) and back finds the budget as it was, not at 0 (where one late pre-draft, or growth capped at the lower
+    limit, had left it), even if a branchless pre-draft from before the reload comes back late after it."""
     config = overlapped(k_max=4, overlap_branches=3)
     controller = KController(config, random.Random(0))
-    controller.update_config(dataclasses.replace(config, overlap_branches=0))
-    assert controller.branches == 0
-    controller.observe(2, 2, RoundTimings(predraft_done=False, branches=0))
-    for _ in range(16):
-        controller.observe(2, 2, RoundTimings(predraft_done=True, branches=0))
-    controller.update_config(config)
-    assert controller.branches == 3
+    for lowered in (0, 1):
+        controller.update_config(replace(config, overlap_branches=lowered))
+        assert controller.branches == lowered
+        controller.observe(2, 2, RoundTimings(predraft_done=False, branches=0))
+        for _ in range(16):
+            controller.observe(2, 2, RoundTimings(predraft_done=True, branches=lowered))
+        controller.update_config(config)
+        controller.observe(2, 2, RoundTimings(predraft_done=False, branches=0))    # planned before the reload
+        assert controller.branches == 3
 
 
 def test_a_request_controller_starts_from_its_pool_guess_and_runner_up_rates():

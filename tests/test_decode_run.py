@@ -196,10 +196,13 @@ def test_a_lookup_run_that_may_end_on_a_miss_ends_there_without_the_step(engine)
 # ---- the router's choice of runs (router.speculation.run_plan) ---------------------------------------------
 
 class Policy:
-    decode_steps, overlap, predraft_k, answer_delay_s = 16, True, 8, 0.0
+    decode_steps, overlap, predraft_k = 16, True, 8
 
     def plain_run_steps(self, state):
         return self.decode_steps
+
+    def answer_delay_s(self, state):
+        return 0.0
 
     def choose_k(self, state, source=None):
         return 5

@@ -200,9 +200,14 @@ def test_tp2_speculation_is_identical_to_the_target_alone(family_models):
     ranks = [context.Process(target=tp_rank, args=(rank, port, families, out)) for rank in range(2)]
     for process in ranks:
         process.start()
-    results = out.get(timeout=600)
-    for process in ranks:
-        process.join(60)
+    try:
+        results = out.get(timeout=600)
+        for process in ranks:
+            process.join(60)
+    finally:
+        for process in ranks:       # a rank that failed leaves the other waiting in the group: end it
+            if process.is_alive():
+                process.terminate()
     assert [p.exitcode for p in ranks] == [0, 0]
     from transformers import AutoModelForCausalLM
     for name, (draft_path, target_path) in families.items():

@@ -74,6 +74,23 @@ def test_sdk_completion_greedy_matches_grpc_and_target_alone(served, target):
     assert answer.choices[0].finish_reason == "length"
 
 
+def test_a_completion_without_stream_is_read_whole_and_one_with_stream_is_streamed(served, target):
+    """Without `stream` the client reads the output whole, so a K = 0 decode run holds its answers
+    (unstreamed_answer_delay_ms, here longer than the run: its first token, then the rest); with `stream` each
+    step goes at once (answer_delay_ms 0 here). The text is the same."""
+    before = served.reload(speculation={"answer_delay_ms": 0, "unstreamed_answer_delay_ms": 10_000})
+    body = dict(model=served.model, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"speculation": {"k": 0}})
+    try:
+        whole = served.client.completions.create(**body)
+        chunks = list(served.client.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+    finally:
+        served.reload(**before)
+    tokens = greedy_alone(target, PROMPT, 24)
+    assert whole.choices[0].text == "".join(c.choices[0].text for c in chunks if c.choices)
+    assert whole.model_extra["specpool"]["target_answers"] == 2
+    assert chunks[-1].model_extra["specpool"]["target_answers"] == len(tokens)
+
+
 def test_sdk_streaming_completion_and_n(served, target):
     expected = target[1].decode(greedy_alone(target, PROMPT, 20), skip_special_tokens=True)
     chunks = list(served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=20, temperature=0,
