@@ -42,6 +42,13 @@ class Pools:
             remove_placement_group(group)
 
 
+# A local instance runs no dashboard, so Ray's own metrics have no agent to go to (every export failed, logged), and
+# tearing their exporter down raced with its threads: the driver died with SIGSEGV right after "Stats module has
+# shutdown" (seen twice in the test suite's process, a thread of that exporter jumping to address 0). specpool's own
+# metrics are the router's Prometheus endpoint.
+LOCAL_SYSTEM_CONFIG = {"enable_metrics_collection": False}
+
+
 def connect(config: SpecpoolConfig, quiet: bool = False) -> bool:
     """Join RAY_ADDRESS / ray.address, or start a local instance with the configured resources (logical CPUs:
     `local_num_cpus`). True if this started a local instance (then `disconnect` stops it). `quiet`: only Ray's
@@ -55,7 +62,7 @@ def connect(config: SpecpoolConfig, quiet: bool = False) -> bool:
         ray.init(address=address, **kwargs)
         return False
     kwargs.update(include_dashboard=False, resources=config.ray.resources or None, num_cpus=local_num_cpus(config),
-                  _node_ip_address=config.ray.node_ip or None)
+                  _node_ip_address=config.ray.node_ip or None, _system_config=LOCAL_SYSTEM_CONFIG)
     try:
         ray.init(address=address, **kwargs)
     except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception when its processes start too slowly

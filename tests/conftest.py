@@ -70,8 +70,10 @@ def ray_local():
     """A local Ray instance per test module (so no Ray of ours runs beside the ray-up test)."""
     import ray
     environ = dict(os.environ)
+    from router.launch import LOCAL_SYSTEM_CONFIG
     kwargs = dict(address="local", num_cpus=32, resources={"draft_pool": 16, "target_pool": 32},
-                  include_dashboard=False, namespace="specpool-tests", _node_ip_address="127.0.0.1", log_to_driver=False)
+                  include_dashboard=False, namespace="specpool-tests", _node_ip_address="127.0.0.1", log_to_driver=False,
+                  _system_config=LOCAL_SYSTEM_CONFIG)
     for attempt in range(3):      # Ray's processes can start too slowly on a loaded 2-core machine (seen in CI:
         try:                      # GCS deadline exceeded twice in a row for one module): up to twice more
             ray.init(**kwargs)

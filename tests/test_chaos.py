@@ -76,6 +76,32 @@ def test_target_rank_killed_mid_request_gives_identical_tokens(tp2, reference_ge
     assert list(after.token_ids) == reference_generate(PROMPT, 20)
 
 
+def itl_observed(service) -> float:
+    """Output tokens the router has seen arrive after a request's first (its inter-token latency histogram)."""
+    return next(s.value for m in service.service.router.metrics.itl.collect() for s in m.samples
+                if s.name.endswith("_count"))
+
+
+def test_target_rank_killed_while_a_run_read_whole_holds_answers_gives_identical_tokens(tp2, reference_generate):
+    """A request read whole (Generate) lets the target hold its decode run's answers (unstreamed_answer_delay_ms):
+    those it holds when rank 1 dies are lost with the group, and the router runs again from what it had received."""
+    rank1 = tp2.service.pools.target_actors[0][1]
+    before = tp2.reload(speculation={"unstreamed_answer_delay_ms": 30})    # several held messages per run
+    try:
+        seen = itl_observed(tp2)
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(tp2.stub.Generate, greedy(k=0), timeout=180)
+            deadline = time.monotonic() + 60
+            while itl_observed(tp2) == seen and time.monotonic() < deadline:    # a held message came: mid-run
+                time.sleep(0.002)
+            sigkill(rank1)
+            response = future.result()
+    finally:
+        tp2.reload(**before)
+    assert list(response.token_ids) == reference_generate(PROMPT, LONG)
+    assert response.stats.target_calls >= 2           # the kill cut the run short, and it was sent again
+
+
 @pytest.fixture(scope="module")
 def small(start_service, byte_pair):
     return start_service(service_config(byte_pair, router={"max_active_requests": 1, "max_queued_requests": 1}))
