@@ -114,19 +114,20 @@ def lookup_cost(service, contexts: list[list[int]]) -> dict:
             "draft_s_per_token": model["t_draft"]}
 
 
+def goal_line(name: str, ratio: float) -> str:
+    """One goal's verdict: the ratio against its mark of 1.0."""
+    return f"{name} = {ratio:.2f} (goal >= 1.0: {'met' if ratio >= 1.0 else 'missed'})"
+
+
 def goals(section: dict) -> list[str]:
     grounded, usual = section["grounded"], section["usual"]
-    ratio = grounded["ngram"]["tokens_per_s"] / grounded[HF_LOOKUP]["tokens_per_s"]
-    whole = grounded[NGRAM_WHOLE]["tokens_per_s"] / grounded[HF_LOOKUP]["tokens_per_s"]
-    lines = [f"ngram / transformers prompt lookup (input-grounded) = {ratio:.2f} (goal >= 1.0: "
-             f"{'met' if ratio >= 1.0 else 'missed'})",
-             f"ngram read whole / transformers prompt lookup (input-grounded) = {whole:.2f} (goal >= 1.0: "
-             f"{'met' if whole >= 1.0 else 'missed'})"]
+    lookup = grounded[HF_LOOKUP]["tokens_per_s"]
+    lines = [goal_line(f"{name} / transformers prompt lookup (input-grounded)", grounded[row]["tokens_per_s"] / lookup)
+             for name, row in (("ngram", "ngram"), ("ngram read whole", NGRAM_WHOLE))]
     for name, rows in (("input-grounded", grounded), ("usual prompts", usual)):
         best = max(rows["model"]["tokens_per_s"], rows["ngram"]["tokens_per_s"])
-        ratio = rows["model+ngram"]["tokens_per_s"] / best
-        lines.append(f"model+ngram / better of model and ngram ({name}) = {ratio:.2f} (goal >= 1.0: "
-                     f"{'met' if ratio >= 1.0 else 'missed'})")
+        lines.append(goal_line(f"model+ngram / better of model and ngram ({name})",
+                               rows["model+ngram"]["tokens_per_s"] / best))
     return lines
 
 

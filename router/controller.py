@@ -501,7 +501,8 @@ class KController:
             self._fits += 1
             if self._fits >= _BRANCH_GROW_AFTER:
                 self._fits = 0
-                self._branches = max(self._branches, min(self._branches + 1, self.config.overlap_branches))
+                if self._branches < self.config.overlap_branches:
+                    self._branches += 1
 
     @property
     def load(self) -> float:
