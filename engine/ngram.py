@@ -73,7 +73,10 @@ class NgramIndex:
         self._last = (len(tokens), found)
         return found
 
-    def propose(self, tokens: list[int], k: int) -> list[int]:
-        """Up to k drafts after `tokens` (none when no suffix matched)."""
+    def propose(self, tokens: list[int], k: int, at_least: int = 0) -> list[int]:
+        """Up to k drafts after `tokens` (none when no suffix matched, or the longest match is shorter than
+        `at_least` tokens)."""
         found = self.match(tokens)
-        return continuation(tokens, found.start, k) if found is not None and k > 0 else []
+        if found is None or found.size < at_least or k <= 0:
+            return []
+        return continuation(tokens, found.start, k)

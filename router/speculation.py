@@ -124,6 +124,7 @@ class Round:
     parts: dict = field(default_factory=dict)   # where the round's wall time went (seconds), see PARTS
     source: int = MODEL              # the drafts' source (for a round with no drafts: the one it planned)
     logprobs: list = field(default_factory=list)  # of `committed`, when the request asked for them
+    match_size: int = 0              # n-gram drafts: the length of the context suffix they were looked up after
 
     @property
     def k(self) -> int:
@@ -139,7 +140,9 @@ class KPolicy(Protocol):
                                                                       # this long to send them together
     def choose_k(self, state: "RequestState", source: int = ...) -> int: ...
     def predraft_branches(self, state: "RequestState") -> int: ...   # rejection branches beside a pre-draft
-    def choose_source(self, state: "RequestState", candidates: list[int]) -> int: ...
+    def choose_source(self, state: "RequestState", candidates: list[int], match_size: int = ...) -> int: ...
+    def lookup_min_match(self, state: "RequestState", with_model: bool) -> int: ...   # shortest n-gram match
+                                                                                      # worth drafting from
     def observe(self, state: "RequestState", round_: Round) -> None: ...
 
 
@@ -491,13 +494,14 @@ def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
     draft worker is reachable) and prompt lookup (methods ngram and model+ngram, or as the fallback while the
     draft worker is not), when the context's suffix occurred before. `planned`: a model K already chosen."""
     model, lookup = model_allowed(state, draft), lookup_allowed(state, draft)
-    candidates = [s for s, ok in ((MODEL, model), (NGRAM, lookup and state.ngram.match(state.tokens))) if ok]
+    found = state.ngram.match(state.tokens) if lookup else None
+    candidates = [s for s, ok in ((MODEL, model), (NGRAM, found is not None)) if ok]
     if not candidates:
         return (MODEL if state.method != "ngram" else NGRAM), 0
     # A request with its own K takes n-gram drafts whenever they match: a rule that depends only on the tokens,
     # so a seeded request in sampled-draft mode (whose K is pinned for that reason) still gives one output.
     pick = len(candidates) > 1 and state.fixed_k is None
-    source = policy.choose_source(state, candidates) if pick else candidates[-1]
+    source = policy.choose_source(state, candidates, found.size) if pick else candidates[-1]
     k = planned if source == MODEL and planned is not None else choose_k(state, policy, source)
     return source, clamp_k(state, k)
 
@@ -533,20 +537,31 @@ def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, so
             return clamp_k(state, state.max_new_tokens) + 1, None
         return (clamp_k(state, policy.plain_run_steps(state) - 1) + 1, None) if k == 0 else (1, None)
     if not model or k == 0:
-        return tokens, prompt_lookup(state, clamp_k(state, choose_k(state, policy, NGRAM)), end_on_miss=False)
-    return (tokens, prompt_lookup(state, k, end_on_miss=True)) if source == NGRAM else (1, None)
+        k = clamp_k(state, choose_k(state, policy, NGRAM))
+        return tokens, prompt_lookup(state, policy, k, end_on_miss=False, with_model=model)
+    return (tokens, prompt_lookup(state, policy, k, end_on_miss=True, with_model=True)) if source == NGRAM \
+        else (1, None)
 
 
-def prompt_lookup(state: RequestState, k: int, end_on_miss: bool) -> worker_pb2.PromptLookup:
-    """The target's prompt lookup for a decode run: the request's n-gram sizes, up to k drafts per step."""
+def prompt_lookup(state: RequestState, policy: KPolicy, k: int, end_on_miss: bool,
+                  with_model: bool) -> worker_pb2.PromptLookup:
+    """The target's prompt lookup for a decode run: the request's n-gram sizes, up to k drafts per step, from
+    matches at least as long as the policy finds worth it against the alternative (the draft model `with_model`,
+    else plain decoding), but never longer than the context's match now (the round was planned on it). A request
+    with its own K drafts from any match (a rule of its tokens alone, as plan_round's)."""
+    found = state.ngram.match(state.tokens)
+    least = 0 if state.fixed_k is not None else policy.lookup_min_match(state, with_model)
     return worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n, max_tokens=k,
-                                   end_on_miss=end_on_miss)
+                                   end_on_miss=end_on_miss, min_match=min(least, found.size) if found else least)
 
 
 def conclude(state: RequestState, policy: KPolicy, round_: Round, between: float | None) -> list[int]:
     """The router's side of a finished round: the policy learns from it, its tokens are committed (up to a stop)
     with their logprobs; returns the committed tokens."""
     round_.timings.between_seconds = between
+    if round_.source == NGRAM and round_.k and state.ngram is not None:   # the tokens are the round's context
+        found = state.ngram.match(state.tokens)
+        round_.match_size = found.size if found else 0
     policy.observe(state, round_)
     committed = commit(state, round_.committed)
     state.logprobs.extend(round_.logprobs[:len(committed)])

@@ -169,22 +169,24 @@ def test_a_run_that_looks_up_its_own_drafts_commits_what_plain_decoding_would(en
         assert len(looked_up) < len(plain)
 
 
-def test_a_lookup_run_that_may_end_on_a_miss_ends_there_without_the_step(engine):
+@pytest.mark.parametrize("min_n, min_match", [(4, 0), (1, 4)], ids=["4-grams only", "shorter matches refused"])
+def test_a_lookup_run_that_may_end_on_a_miss_ends_there_without_the_step(engine, min_n, min_match):
     """end_on_miss (model+ngram: the router has the draft model for the next round): the run stops at the first
-    step after the first whose lookup finds no match, answering `missed` and committing nothing for it."""
+    step after the first whose lookup finds no match, answering `missed` and committing nothing for it. A match
+    shorter than min_match counts as none: with it at 4, matching 1 to 4 tokens ends where matching 4 does."""
     def request(session_id: int, lookup: bool) -> worker_pb2.VerifyRequest:
         call = start(session_id, 0.0, steps=40)
         call.new_token_ids[:] = PROMPT + PROMPT[:4]             # only this 4-token suffix occurred before
         if lookup:
-            call.lookup.min_n, call.lookup.max_n, call.lookup.max_tokens = 4, 4, 6
-            call.lookup.end_on_miss = True
+            call.lookup.min_n, call.lookup.max_n, call.lookup.max_tokens = min_n, 4, 6
+            call.lookup.end_on_miss, call.lookup.min_match = True, min_match
         return call
 
     async def scenario():
         servicer = TargetServicer(engine, 1)
-        plain = await decode(servicer, request(50, False))
-        run = await decode(servicer, request(51, True))
-        return plain, run, engine.sessions._sessions[51].length
+        plain = await decode(servicer, request(50 + 10 * min_n, False))
+        run = await decode(servicer, request(51 + 10 * min_n, True))
+        return plain, run, engine.sessions._sessions[51 + 10 * min_n].length
     plain, run, held = asyncio.run(scenario())
     committed = tokens_of(run[:-1])
     assert run[-1].missed and not run[-1].more and all(a.more for a in run[:-1])
@@ -206,6 +208,10 @@ class Policy:
 
     def choose_k(self, state, source=None):
         return 5
+
+    def lookup_min_match(self, state, with_model):
+        self.against_model = with_model
+        return getattr(self, "min_match", 0)
 
 
 class Draft:
@@ -239,6 +245,24 @@ def test_which_rounds_are_decode_runs(method, draft, source, k, expected):
     assert (tokens, lookup and (lookup.max_tokens, lookup.end_on_miss)) == expected
     if lookup:
         assert (lookup.min_n, lookup.max_n) == (2, 4)
+
+
+@pytest.mark.parametrize("method, draft, policy_says, expected", [
+    ("model+ngram", Draft(), 3, (3, True)),          # against the draft model: matches of 3 or 4 tokens
+    ("model+ngram", Draft(), 5, (4, True)),          # none pays, but this round was planned on a 4-token match
+    ("ngram", None, 2, (2, False)),                  # against plain decoding
+    ("model", Draft(healthy=False), 3, (3, False)),  # the fallback while the draft is down: likewise
+])
+def test_a_lookup_run_drafts_only_after_matches_as_long_as_the_policy_finds_worth_it(method, draft, policy_says,
+                                                                                     expected):
+    from router.speculation import NGRAM, run_plan
+    state, policy = router_state(method), Policy()
+    state.tokens += [101, 102, 103, 104, 105, 101, 102, 103, 104]     # its suffix matched 4 tokens back
+    policy.min_match = policy_says
+    _, lookup = run_plan(state, draft, policy, NGRAM, 3)
+    assert (lookup.min_match, policy.against_model) == expected
+    state.fixed_k = 3                       # a request with its own K drafts after any match (a rule of its tokens)
+    assert run_plan(state, draft, policy, NGRAM, 3)[1].min_match == 0
 
 
 def test_a_run_stays_within_max_new_tokens_and_runs_turn_off_with_one_step():

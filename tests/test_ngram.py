@@ -38,6 +38,14 @@ def test_longest_match_wins():
     assert index.propose(tokens, 4) == [9, 6, 7, 1]
 
 
+def test_a_match_shorter_than_asked_for_proposes_nothing():
+    index = NgramIndex(1, 3)
+    tokens = [5, 6, 7, 9, 6, 7, 1, 2, 7, 5, 6, 7]               # its longest match: 3 tokens
+    assert index.propose(tokens, 2, at_least=3) == [9, 6] and index.propose(tokens, 2, at_least=4) == []
+    short = NgramIndex(1, 3)
+    assert short.propose([4, 8, 2, 8], 2, at_least=2) == [] and short.propose([4, 8, 2, 8], 2) == [2, 8]
+
+
 def test_most_recent_occurrence_is_used():
     tokens = [1, 2, 10, 1, 2, 20, 1, 2, 30, 1, 2]
     assert NgramIndex(2, 2).propose(tokens, 1) == [30]          # not 10 (the earliest) or 20

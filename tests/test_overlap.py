@@ -131,8 +131,11 @@ class FixedK:
     def choose_k(self, state, source=None):
         return self.k
 
-    def choose_source(self, state, candidates):
+    def choose_source(self, state, candidates, match_size=0):
         return candidates[-1]               # n-gram drafts whenever they match
+
+    def lookup_min_match(self, state, with_model):
+        return 0
 
     def predraft_branches(self, state):
         return self.branches
