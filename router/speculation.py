@@ -545,14 +545,17 @@ def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, so
 
 def prompt_lookup(state: RequestState, policy: KPolicy, k: int, end_on_miss: bool,
                   with_model: bool) -> worker_pb2.PromptLookup:
-    """The target's prompt lookup for a decode run: the request's n-gram sizes, up to k drafts per step, from
+    """The target's prompt lookup for a decode run: the request's n-gram sizes, up to k drafts per step, after
     matches at least as long as the policy finds worth it against the alternative (the draft model `with_model`,
-    else plain decoding), but never longer than the context's match now (the round was planned on it). A request
-    with its own K drafts from any match (a rule of its tokens alone, as plan_round's)."""
-    found = state.ngram.match(state.tokens)
+    else plain decoding). A run that ends on a miss is an n-gram round of model+ngram, planned on the match at
+    hand (a probe may pick a shorter one): its first step drafts after that. A request with its own K drafts
+    after any match (a rule of its tokens alone, as plan_round's)."""
     least = 0 if state.fixed_k is not None else policy.lookup_min_match(state, with_model)
+    found = state.ngram.match(state.tokens) if end_on_miss else None
+    if found is not None:
+        least = min(least, found.size)
     return worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n, max_tokens=k,
-                                   end_on_miss=end_on_miss, min_match=min(least, found.size) if found else least)
+                                   end_on_miss=end_on_miss, min_match=least)
 
 
 def conclude(state: RequestState, policy: KPolicy, round_: Round, between: float | None) -> list[int]:

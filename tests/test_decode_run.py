@@ -251,6 +251,7 @@ def test_which_rounds_are_decode_runs(method, draft, source, k, expected):
     ("model+ngram", Draft(), 3, (3, True)),          # against the draft model: matches of 3 or 4 tokens
     ("model+ngram", Draft(), 5, (4, True)),          # none pays, but this round was planned on a 4-token match
     ("ngram", None, 2, (2, False)),                  # against plain decoding
+    ("ngram", None, 5, (5, False)),                  # ... where none pays: a plain run
     ("model", Draft(healthy=False), 3, (3, False)),  # the fallback while the draft is down: likewise
 ])
 def test_a_lookup_run_drafts_only_after_matches_as_long_as_the_policy_finds_worth_it(method, draft, policy_says,
