@@ -73,10 +73,10 @@ class NgramIndex:
         self._last = (len(tokens), found)
         return found
 
-    def propose(self, tokens: list[int], k: int, at_least: int = 0) -> list[int]:
+    def propose(self, tokens: list[int], k: int, min_match: int = 0) -> list[int]:
         """Up to k drafts after `tokens` (none when no suffix matched, or the longest match is shorter than
-        `at_least` tokens)."""
+        `min_match` tokens)."""
         found = self.match(tokens)
-        if found is None or found.size < at_least or k <= 0:
+        if found is None or found.size < min_match or k <= 0:
             return []
         return continuation(tokens, found.start, k)

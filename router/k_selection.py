@@ -17,13 +17,16 @@ except that such a round tries the other one with chance `random_probe` (when pr
 statistics go stale.
 
 Match length. How far n-gram drafts are accepted depends on how long a suffix of the context they were looked
-up after (the demo pair, in a benchmark run: the first draft after a 2-, 3- and 4-token match accepted 66 %, 42 %
-and 89 % of the time). So beside each regime's n-gram controller the pool keeps one per match length, which learns that length's
-acceptance (shrunk towards the n-gram controller's, whose costs it takes). The source choice compares the
-draft model with the controller of the match at hand, and a decode run that looks its drafts up drafts only
-from matches at least `lookup_min_match` long: the shortest length whose modeled goodput beats the alternative
-(the draft model, or plain decoding where there is none). Until the lengths differ, they model what the n-gram
-controller does, and every match counts as before.
+up after (the demo pair, in a benchmark run: the first draft after a 2-, 3- and 4-or-more-token match accepted
+66 %, 42 % and 89 % of the time). So beside each regime's n-gram controller the pool keeps one per match length,
+which learns that length's acceptance (shrunk towards the n-gram controller's, whose costs it takes). The source
+choice compares the draft model with the controller of the match at hand (drafting at its best K > 0), and a
+decode run that looks its drafts up drafts only after matches at least `lookup_min_match` long: the shortest
+length whose modeled goodput beats the alternative (the draft model, or plain decoding where there is none); with
+chance random_probe every length counts, so a length left out is still measured. A length no round has drafted
+after yet models as the n-gram controller does. (Rounds that the router drafts itself, with decode runs off,
+draft after the match they were planned on.) The lengths are the pool's: a request's own n-gram controller is not
+split by length.
 """
 from __future__ import annotations
 
@@ -64,7 +67,8 @@ class KSelector:
         self.pools = {(source, name): KController(self._config(source), random.Random(self._rng.getrandbits(64)))
                       for source in SOURCE_NAMES for name in REGIMES}
         self.metrics = metrics
-        self.by_match: dict[tuple[str, int], KController] = {}   # (regime, n-gram match length) -> its controller
+        self.by_match: dict[tuple, KController] = {}   # (regime, n-gram match length, the longest size?) -> its
+                                                        # controller (a match of the longest size is "at least")
         self.active: dict[int, dict[int, KController]] = {}     # session id -> its controllers per source
         metrics.k.set(self.pool.k)
 
@@ -96,21 +100,24 @@ class KSelector:
         return self.controller(state, source).choose_k()
 
     def match_controller(self, state: RequestState, size: int) -> KController:
-        """The pool's n-gram controller for drafts after a match of `size` tokens (made on first use)."""
-        key = (regime(state), size)
+        """The pool's n-gram controller for drafts after a match of `size` tokens (made on first use). A match of
+        the request's longest size means "at least that long", so it is kept apart from the same length matched
+        when a reload has made the longest size larger."""
+        key = (regime(state), size, size >= state.ngram.max_n)
         if key not in self.by_match:
             self.by_match[key] = KController(self._config(NGRAM), random.Random(self._rng.getrandbits(64)),
                                              pool=self.pools[(NGRAM, key[0])])
         return self.by_match[key]
 
     def _best_goodput(self, state: RequestState, source: int, match_size: int = 0) -> float:
-        controller = self.match_controller(state, match_size) if source == NGRAM and match_size else \
-            self.controller(state, source)
-        return max(controller.goodput_curve().values())
+        """The source's best modeled goodput; n-gram drafts after a match of `match_size`: at its best K > 0."""
+        if source == NGRAM and match_size:
+            return self._drafting_goodput(state, match_size)
+        return max(self.controller(state, source).goodput_curve().values())
 
     def choose_source(self, state: RequestState, candidates: list[int], match_size: int = 0) -> int:
         """The candidate with the highest modeled goodput (n-gram drafts: as drafts after a match of
-        `match_size` tokens, when given); with chance random_probe (a probe) another one, or a fifth of that if
+        `match_size` tokens, when given; a tie goes to the first); with chance random_probe (a probe) another one, or a fifth of that if
         the other one holds K = 0 (a round it would run as plain decoding teaches it nothing, and that chance only
         keeps its own K probes going)."""
         best = max(candidates, key=lambda s: self._best_goodput(state, s, match_size))
@@ -124,13 +131,16 @@ class KSelector:
     def lookup_min_match(self, state: RequestState, with_model: bool) -> int:
         """The shortest n-gram match (of the request's sizes) whose drafts model a higher goodput than the
         alternative: the draft model at its best K (`with_model`), else plain decoding; past the longest size
-        when none does. Lengths no round has drafted after yet model as the n-gram controller does."""
+        when none does. Lengths no round has drafted after yet model as the n-gram controller does. With chance
+        random_probe (when probing is on) every length counts, so that a length left out keeps being measured."""
+        sizes = range(state.ngram.min_n, state.ngram.max_n + 1)
+        if self.config.probe_every and self._rng.random() < self.config.random_probe:
+            return sizes[0]
         if with_model:
             baseline = self._best_goodput(state, MODEL)
         else:
             baseline = self.controller(state, NGRAM).goodput_curve().get(0, 0.0)
-        sizes = range(state.ngram.min_n, state.ngram.max_n + 1)
-        return next((n for n in sizes if self._drafting_goodput(state, n) >= baseline), state.ngram.max_n + 1)
+        return next((n for n in sizes if self._drafting_goodput(state, n) > baseline), sizes[-1] + 1)
 
     def _drafting_goodput(self, state: RequestState, size: int) -> float:
         """The best modeled goodput of drafts after a match of `size` tokens, over K > 0."""
@@ -174,7 +184,7 @@ class KSelector:
 
     def observe(self, state: RequestState, round_: Round) -> None:
         self.pools[(round_.source, regime(state))].observe(round_.k, round_.accepted, round_.timings)
-        if round_.source == NGRAM and round_.match_size:
+        if round_.source == NGRAM and round_.match_size and state.ngram is not None:
             self.match_controller(state, round_.match_size).observe(round_.k, round_.accepted, round_.timings)
         own = (state.controller or {}).get(round_.source)
         if own is not None:
@@ -195,6 +205,7 @@ class KSelector:
 
     def snapshot(self) -> dict:
         """Every pool controller's snapshot, keyed "source/regime" (e.g. "ngram/sampled"), and those per n-gram
-        match length, keyed "ngram/regime/match n"."""
+        match length, keyed "ngram/regime/match n" ("match n+" for the longest size: at least n)."""
         pools = {f"{SOURCE_NAMES[source]}/{name}": c.snapshot() for (source, name), c in self.pools.items()}
-        return {**pools, **{f"ngram/{name}/match {n}": c.snapshot() for (name, n), c in sorted(self.by_match.items())}}
+        return {**pools, **{f"ngram/{name}/match {n}{'+' if longest else ''}": c.snapshot()
+                            for (name, n, longest), c in sorted(self.by_match.items())}}

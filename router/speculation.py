@@ -42,7 +42,7 @@ import grpc
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from router.controller import RoundTimings
-from engine.ngram import NgramIndex
+from engine.ngram import Match, NgramIndex
 from router.worker_client import DraftClient, TargetClient
 
 NONE, MODEL, NGRAM = (generation_pb2.PROPOSAL_SOURCE_NONE, generation_pb2.PROPOSAL_SOURCE_MODEL,
@@ -538,24 +538,24 @@ def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, so
         return (clamp_k(state, policy.plain_run_steps(state) - 1) + 1, None) if k == 0 else (1, None)
     if not model or k == 0:
         k = clamp_k(state, choose_k(state, policy, NGRAM))
-        return tokens, prompt_lookup(state, policy, k, end_on_miss=False, with_model=model)
-    return (tokens, prompt_lookup(state, policy, k, end_on_miss=True, with_model=True)) if source == NGRAM \
-        else (1, None)
+        return tokens, prompt_lookup(state, policy, k, with_model=model)
+    if source != NGRAM:
+        return 1, None
+    return tokens, prompt_lookup(state, policy, k, with_model=True, planned_on=state.ngram.match(state.tokens))
 
 
-def prompt_lookup(state: RequestState, policy: KPolicy, k: int, end_on_miss: bool,
-                  with_model: bool) -> worker_pb2.PromptLookup:
+def prompt_lookup(state: RequestState, policy: KPolicy, k: int, with_model: bool,
+                  planned_on: Match | None = None) -> worker_pb2.PromptLookup:
     """The target's prompt lookup for a decode run: the request's n-gram sizes, up to k drafts per step, after
     matches at least as long as the policy finds worth it against the alternative (the draft model `with_model`,
-    else plain decoding). A run that ends on a miss is an n-gram round of model+ngram, planned on the match at
-    hand (a probe may pick a shorter one): its first step drafts after that. A request with its own K drafts
-    after any match (a rule of its tokens alone, as plan_round's)."""
+    else plain decoding). A run `planned_on` a match is an n-gram round of model+ngram: it ends at a step that
+    finds no match, and it also drafts after matches as short as that one (a probe may have picked it). A request
+    with its own K drafts after any match (a rule of its tokens alone, as plan_round's)."""
     least = 0 if state.fixed_k is not None else policy.lookup_min_match(state, with_model)
-    found = state.ngram.match(state.tokens) if end_on_miss else None
-    if found is not None:
-        least = min(least, found.size)
+    if planned_on is not None:
+        least = min(least, planned_on.size)
     return worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n, max_tokens=k,
-                                   end_on_miss=end_on_miss, min_match=least)
+                                   end_on_miss=planned_on is not None, min_match=least)
 
 
 def conclude(state: RequestState, policy: KPolicy, round_: Round, between: float | None) -> list[int]:

@@ -169,30 +169,33 @@ def test_a_run_that_looks_up_its_own_drafts_commits_what_plain_decoding_would(en
         assert len(looked_up) < len(plain)
 
 
-@pytest.mark.parametrize("min_n, min_match", [(4, 0), (1, 4)], ids=["4-grams only", "shorter matches refused"])
-def test_a_lookup_run_that_may_end_on_a_miss_ends_there_without_the_step(engine, min_n, min_match):
+def test_a_lookup_run_that_may_end_on_a_miss_ends_there_without_the_step(engine):
     """end_on_miss (model+ngram: the router has the draft model for the next round): the run stops at the first
     step after the first whose lookup finds no match, answering `missed` and committing nothing for it. A match
-    shorter than min_match counts as none: with it at 4, matching 1 to 4 tokens ends where matching 4 does."""
-    def request(session_id: int, lookup: bool) -> worker_pb2.VerifyRequest:
+    shorter than min_match counts as none: matching 1 to 4 tokens with min_match 4 drafts and ends exactly where
+    matching 4 tokens only does, and without min_match it goes on differently."""
+    context = list(range(257)) + PROMPT + PROMPT[:4]   # every token occurred before, and this 4-token suffix
+    def request(session_id: int, lookup: tuple | None) -> worker_pb2.VerifyRequest:
         call = start(session_id, 0.0, steps=40)
-        call.new_token_ids[:] = PROMPT + PROMPT[:4]             # only this 4-token suffix occurred before
+        call.new_token_ids[:] = context
         if lookup:
-            call.lookup.min_n, call.lookup.max_n, call.lookup.max_tokens = min_n, 4, 6
-            call.lookup.end_on_miss, call.lookup.min_match = True, min_match
+            (call.lookup.min_n, call.lookup.min_match), call.lookup.max_n, call.lookup.max_tokens = lookup, 4, 6
+            call.lookup.end_on_miss = True
         return call
 
     async def scenario():
         servicer = TargetServicer(engine, 1)
-        plain = await decode(servicer, request(50 + 10 * min_n, False))
-        run = await decode(servicer, request(51 + 10 * min_n, True))
-        return plain, run, engine.sessions._sessions[51 + 10 * min_n].length
-    plain, run, held = asyncio.run(scenario())
+        plain = await decode(servicer, request(50, None))
+        runs = [await decode(servicer, request(51 + i, sizes)) for i, sizes in enumerate(((4, 0), (1, 4), (1, 0)))]
+        return plain, runs, engine.sessions._sessions[51].length
+    plain, (run, refusing, any_match), held = asyncio.run(scenario())
     committed = tokens_of(run[:-1])
     assert run[-1].missed and not run[-1].more and all(a.more for a in run[:-1])
     assert run[0].draft_token_ids and 0 < len(committed) < 40
     assert committed == tokens_of(plain)[:len(committed)]
-    assert held == len(PROMPT) + 4 + len(committed) - 1       # the missed step never ran
+    assert held == len(context) + len(committed) - 1         # the missed step never ran
+    drafts = [[list(a.draft_token_ids) for a in r] for r in (run, refusing, any_match)]
+    assert drafts[1] == drafts[0] and drafts[2] != drafts[0]
 
 
 # ---- the router's choice of runs (router.speculation.run_plan) ---------------------------------------------
@@ -212,6 +215,13 @@ class Policy:
     def lookup_min_match(self, state, with_model):
         self.against_model = with_model
         return getattr(self, "min_match", 0)
+
+    def choose_source(self, state, candidates, match_size=0):
+        self.match_size = match_size
+        return candidates[-1]
+
+    def observe(self, state, round_):
+        self.observed = round_
 
 
 class Draft:
@@ -241,7 +251,9 @@ def router_state(method: str, generated: int = 0, max_new: int = 100):
 ])
 def test_which_rounds_are_decode_runs(method, draft, source, k, expected):
     from router.speculation import MODEL, NGRAM, run_plan
-    tokens, lookup = run_plan(router_state(method), draft, Policy(), {"model": MODEL, "ngram": NGRAM}[source], k)
+    state = router_state(method)
+    state.tokens += PROMPT[:3]              # its last 3 tokens occurred before (an n-gram round needs a match)
+    tokens, lookup = run_plan(state, draft, Policy(), {"model": MODEL, "ngram": NGRAM}[source], k)
     assert (tokens, lookup and (lookup.max_tokens, lookup.end_on_miss)) == expected
     if lookup:
         assert (lookup.min_n, lookup.max_n) == (2, 4)
@@ -264,6 +276,20 @@ def test_a_lookup_run_drafts_only_after_matches_as_long_as_the_policy_finds_wort
     assert (lookup.min_match, policy.against_model) == expected
     state.fixed_k = 3                       # a request with its own K drafts after any match (a rule of its tokens)
     assert run_plan(state, draft, policy, NGRAM, 3)[1].min_match == 0
+
+
+def test_a_round_knows_the_length_of_the_match_its_ngram_drafts_followed():
+    """plan_round tells the policy the match at hand; a round of n-gram drafts is observed with the length of the
+    match before it (its context: the tokens committed before it)."""
+    from router.controller import RoundTimings
+    from router.speculation import NGRAM, Round, conclude, plan_round
+    state, policy = router_state("model+ngram"), Policy()
+    state.tokens += [101, 102, 103, 104, 105, 101, 102, 103]     # its suffix matched 3 tokens back
+    assert plan_round(state, Draft(), policy) == (NGRAM, 5) and policy.match_size == 3
+    conclude(state, policy, Round([104, 9], 1, [104, 7], RoundTimings(), source=NGRAM), None)
+    assert policy.observed.match_size == 3 and state.tokens[-2:] == [104, 7]
+    conclude(state, policy, Round([], 0, [8], RoundTimings(), source=NGRAM), None)
+    assert policy.observed.match_size == 0                       # no drafts: no match to learn about
 
 
 def test_a_run_stays_within_max_new_tokens_and_runs_turn_off_with_one_step():

@@ -156,6 +156,19 @@ def heavy_costs():
                     verify_per_token=0.6, rtt_plain=0.1, rtt_busy=1.1, between=0.1)
 
 
+def play_round(selector: KSelector, state: RequestState, cost, source: int, k: int, alpha: float, rng,
+               match_size: int = 0) -> tuple[int, float]:
+    """One round of K drafts from `source`, each accepted with chance alpha, observed by the selector at `cost`'s
+    per-call costs (in turn): (tokens committed, its seconds)."""
+    accepted = next((j for j in range(k) if rng.random() >= alpha), k)
+    draft_s, draft_rtt = (cost.draft(k), cost.draft_rtt) if k and source == MODEL else (1e-3 * k, 0.0)
+    verify_s, rtt = cost.verify(k, False)
+    timings = RoundTimings(draft_s, None, draft_rtt, verify_s, rtt, between_seconds=cost.between)
+    selector.observe(state, Round([0] * k, accepted, [0] * (accepted + 1), timings, source=source,
+                                  match_size=match_size if source == NGRAM and k else 0))
+    return accepted + 1, cost.between + draft_s + draft_rtt + verify_s + rtt
+
+
 def method_run(method: str, rounds: int = 3000, cost=None, match_alpha: dict | None = None,
                blind: bool = False) -> tuple[float, dict]:
     """Rounds of one greedy request under `cost` (default: tests.test_controller_measured's MEASURED, in turn), as
@@ -163,10 +176,12 @@ def method_run(method: str, rounds: int = 3000, cost=None, match_alpha: dict | N
     the selector), else the draft model (model, model+ngram) or plain decoding (ngram). With `match_alpha`, a
     match is of one of its lengths, equally often, and its drafts accept at that length's rate; `blind`: the
     selector is not told the length. Returns (tokens per ms, rounds per (source, K > 0))."""
+    from engine.ngram import NgramIndex
     from tests.test_controller_measured import MEASURED
     cost = cost or MEASURED
     selector = KSelector(sequential(k_max=K_MAX), Metrics(), random.Random(5), ngram_tokens=K_MAX)
     state = request_state(0, worker_pb2.DRAFT_MODE_GREEDY)
+    state.ngram = NgramIndex(2, 4)
     selector.attach(state)
     rng, tokens, elapsed, used = random.Random(9), 0.0, 0.0, {}
     for _ in range(rounds):
@@ -177,17 +192,10 @@ def method_run(method: str, rounds: int = 3000, cost=None, match_alpha: dict | N
                   else candidates[0] if candidates else NGRAM)
         k = selector.choose_k(state, source) if candidates else 0
         alpha = match_alpha[size] if source == NGRAM and size else LOOKUP_ALPHA[source]
-        accepted = next((j for j in range(k) if rng.random() >= alpha), k)
-        draft_s = cost.draft(k) if k and source == MODEL else 1e-3 * k
-        draft_rtt = cost.draft_rtt if k and source == MODEL else 0.0
-        verify_s, rtt = cost.verify(k, False)
-        timings = RoundTimings(draft_s, None, draft_rtt, verify_s, rtt, between_seconds=cost.between)
-        round_ = Round([0] * k, accepted, [0] * (accepted + 1), timings, source=source)
-        round_.match_size = size if source == NGRAM and k else 0
-        selector.observe(state, round_)
-        tokens, elapsed = tokens + accepted + 1, elapsed + cost.between + draft_s + draft_rtt + verify_s + rtt
+        committed, seconds = play_round(selector, state, cost, source, k, alpha, rng, size)
+        tokens, elapsed = tokens + committed, elapsed + seconds
         used[(source, k > 0)] = used.get((source, k > 0), 0) + 1
-        if round_.match_size:
+        if source == NGRAM and k and size:
             used[("ngram after", size)] = used.get(("ngram after", size), 0) + 1
     return tokens / elapsed, used
 
@@ -239,17 +247,28 @@ def test_lookup_runs_draft_after_the_shortest_match_that_beats_the_alternative()
     for _ in range(200):
         for source, size, k, alpha in ((MODEL, 0, 4, 0.55), (NGRAM, 2, 4, 0.1), (NGRAM, 3, 4, 0.35),
                                        (NGRAM, 4, 8, 0.85), (MODEL, 0, 0, 0.0), (NGRAM, 0, 0, 0.0)):
-            accepted = next((j for j in range(k) if rng.random() >= alpha), k)
-            draft = (cost.draft(k), cost.draft_rtt) if source == MODEL and k else (1e-3 * k, 0.0)
-            timings = RoundTimings(draft[0], None, draft[1], *cost.verify(k, False), between_seconds=cost.between)
-            round_ = Round([0] * k, accepted, [0] * (accepted + 1), timings, source=source, match_size=size)
-            selector.observe(state, round_)
+            play_round(selector, state, cost, source, k, alpha, rng, size)
     assert selector.lookup_min_match(state, with_model=True) == 4
     assert selector.lookup_min_match(state, with_model=False) == 3
     assert [selector.choose_source(state, [MODEL, NGRAM], n) for n in (2, 3, 4)] == [MODEL, MODEL, NGRAM]
-    assert "ngram/greedy/match 4" in selector.snapshot()
+    assert "ngram/greedy/match 4+" in selector.snapshot() and "ngram/greedy/match 3" in selector.snapshot()
     fresh = KSelector(sequential(k_max=K_MAX, probe_every=0), Metrics(), random.Random(0), ngram_tokens=K_MAX)
     assert fresh.lookup_min_match(state, with_model=False) == 2
+    probing = KSelector(sequential(k_max=K_MAX, random_probe=1.0), Metrics(), random.Random(0), ngram_tokens=K_MAX)
+    probing.by_match = selector.by_match
+    assert probing.lookup_min_match(state, with_model=True) == 2   # a probe: every length counts
+
+
+def test_a_reload_to_longer_ngrams_keeps_the_old_longest_size_apart():
+    """A match of the longest size means "at least that long": after ngram_max grows, the same length is counted
+    apart from it."""
+    from engine.ngram import NgramIndex
+    selector = KSelector(sequential(k_max=K_MAX), Metrics(), random.Random(0), ngram_tokens=K_MAX)
+    state = request_state(0, worker_pb2.DRAFT_MODE_GREEDY)
+    state.ngram = NgramIndex(2, 4)
+    longest = selector.match_controller(state, 4)
+    state.ngram = NgramIndex(2, 6)
+    assert selector.match_controller(state, 4) is not longest and selector.match_controller(state, 6) is not longest
 
 
 def test_plain_runs_grow_with_the_target_load_up_to_four_times_decode_steps():

@@ -41,9 +41,9 @@ def test_longest_match_wins():
 def test_a_match_shorter_than_asked_for_proposes_nothing():
     index = NgramIndex(1, 3)
     tokens = [5, 6, 7, 9, 6, 7, 1, 2, 7, 5, 6, 7]               # its longest match: 3 tokens
-    assert index.propose(tokens, 2, at_least=3) == [9, 6] and index.propose(tokens, 2, at_least=4) == []
+    assert index.propose(tokens, 2, min_match=3) == [9, 6] and index.propose(tokens, 2, min_match=4) == []
     short = NgramIndex(1, 3)
-    assert short.propose([4, 8, 2, 8], 2, at_least=2) == [] and short.propose([4, 8, 2, 8], 2) == [2, 8]
+    assert short.propose([4, 8, 2, 8], 2, min_match=2) == [] and short.propose([4, 8, 2, 8], 2) == [2, 8]
 
 
 def test_most_recent_occurrence_is_used():
