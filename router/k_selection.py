@@ -117,9 +117,9 @@ class KSelector:
 
     def choose_source(self, state: RequestState, candidates: list[int], match_size: int = 0) -> int:
         """The candidate with the highest modeled goodput (n-gram drafts: as drafts after a match of
-        `match_size` tokens, when given; a tie goes to the first); with chance random_probe (a probe) another one, or a fifth of that if
-        the other one holds K = 0 (a round it would run as plain decoding teaches it nothing, and that chance only
-        keeps its own K probes going)."""
+        `match_size` tokens, when given; a tie goes to the first); with chance random_probe (a probe) another
+        one, or a fifth of that if the other one holds K = 0 (a round it would run as plain decoding teaches it
+        nothing, and that chance only keeps its own K probes going)."""
         best = max(candidates, key=lambda s: self._best_goodput(state, s, match_size))
         others = [s for s in candidates if s != best]
         if not self.config.probe_every or not others:
