@@ -99,6 +99,10 @@ class KSelector:
     def choose_k(self, state: RequestState, source: int = MODEL) -> int:
         return self.controller(state, source).choose_k()
 
+    def held_k(self, state: RequestState, source: int) -> int:
+        """The K the source's controller holds, with no probe drawn."""
+        return self.controller(state, source).k
+
     def match_controller(self, state: RequestState, size: int) -> KController:
         """The pool's n-gram controller for drafts after a match of `size` tokens (made on first use). A match of
         the request's longest size means "at least that long", so it is kept apart from the same length matched

@@ -139,6 +139,7 @@ class KPolicy(Protocol):
     def answer_delay_s(self, state: "RequestState") -> float: ...   # ... whose answers the target may hold
                                                                       # this long to send them together
     def choose_k(self, state: "RequestState", source: int = ...) -> int: ...
+    def held_k(self, state: "RequestState", source: int) -> int: ...   # the K it holds (no probe drawn)
     def predraft_branches(self, state: "RequestState") -> int: ...   # rejection branches beside a pre-draft
     def choose_source(self, state: "RequestState", candidates: list[int], match_size: int = ...) -> int: ...
     def lookup_min_match(self, state: "RequestState", with_model: bool) -> int: ...   # shortest n-gram match
@@ -524,7 +525,8 @@ def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, so
     round at K = 0 (plain decoding or, where prompt lookup may propose, the target looking up its own drafts at
     every step); every round of a request whose only proposer is prompt lookup (draft.method ngram, or the
     fallback while the draft worker is down), likewise; and an n-gram round of model+ngram, whose run ends at the
-    first step that finds no match (the next round may use the model). The target looks those drafts up itself,
+    first step that finds no match while the draft model holds a K > 0 (the next round may use it; at K = 0 the
+    next round would be a lookup run again, so the run goes on: one call fewer per miss). The target looks those drafts up itself,
     with no round trip per round. A run is at most decode_steps tokens long, so that the policy plans again (a
     plain run: policy.plain_run_steps, longer under load), but a request pinned to K = 0 with no lookup has
     nothing to plan: its run goes on to its end. decode_steps 1 turns runs off."""
@@ -541,21 +543,23 @@ def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, so
         return tokens, prompt_lookup(state, policy, k, with_model=model)
     if source != NGRAM:
         return 1, None
-    return tokens, prompt_lookup(state, policy, k, with_model=True, planned_on=state.ngram.match(state.tokens))
+    model_k = state.fixed_k if state.fixed_k is not None else policy.held_k(state, MODEL)
+    return tokens, prompt_lookup(state, policy, k, with_model=True, planned_on=state.ngram.match(state.tokens),
+                                 end_on_miss=model_k > 0)
 
 
 def prompt_lookup(state: RequestState, policy: KPolicy, k: int, with_model: bool,
-                  planned_on: Match | None = None) -> worker_pb2.PromptLookup:
+                  planned_on: Match | None = None, end_on_miss: bool = False) -> worker_pb2.PromptLookup:
     """The target's prompt lookup for a decode run: the request's n-gram sizes, up to k drafts per step, after
     matches at least as long as the policy finds worth it against the alternative (the draft model `with_model`,
-    else plain decoding). A run `planned_on` a match is an n-gram round of model+ngram: it ends at a step that
-    finds no match, and it also drafts after matches as short as that one (a probe may have picked it). A request
-    with its own K drafts after any match (a rule of its tokens alone, as plan_round's)."""
+    else plain decoding); the run ends at a step that finds no match if `end_on_miss`. A run `planned_on` a match
+    is an n-gram round of model+ngram: it also drafts after matches as short as that one (a probe may have picked
+    it). A request with its own K drafts after any match (a rule of its tokens alone, as plan_round's)."""
     least = 0 if state.fixed_k is not None else policy.lookup_min_match(state, with_model)
     if planned_on is not None:
         least = min(least, planned_on.size)
     return worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n, max_tokens=k,
-                                   end_on_miss=planned_on is not None, min_match=least)
+                                   end_on_miss=end_on_miss, min_match=least)
 
 
 def conclude(state: RequestState, policy: KPolicy, round_: Round, between: float | None) -> list[int]:

@@ -212,6 +212,9 @@ class Policy:
     def choose_k(self, state, source=None):
         return 5
 
+    def held_k(self, state, source):
+        return getattr(self, "model_k", 4)
+
     def lookup_min_match(self, state, with_model):
         self.against_model = with_model
         return getattr(self, "min_match", 0)
@@ -257,6 +260,21 @@ def test_which_rounds_are_decode_runs(method, draft, source, k, expected):
     assert (tokens, lookup and (lookup.max_tokens, lookup.end_on_miss)) == expected
     if lookup:
         assert (lookup.min_n, lookup.max_n) == (2, 4)
+
+
+def test_an_ngram_run_of_model_plus_ngram_ends_at_a_miss_only_while_the_draft_model_would_draft():
+    """At a miss the next round may use the draft model, so the run ends there; not while the model holds K = 0
+    (the next round would be a lookup run again: ending would cost a call for nothing). A request with its own K
+    > 0 uses the model at a miss."""
+    from router.speculation import NGRAM, run_plan
+    state, policy = router_state("model+ngram"), Policy()
+    state.tokens += PROMPT[:3]
+    ends = [run_plan(state, Draft(), policy, NGRAM, 3)[1].end_on_miss]
+    policy.model_k = 0
+    ends.append(run_plan(state, Draft(), policy, NGRAM, 3)[1].end_on_miss)
+    state.fixed_k = 3
+    ends.append(run_plan(state, Draft(), policy, NGRAM, 3)[1].end_on_miss)
+    assert ends == [True, False, True]
 
 
 @pytest.mark.parametrize("method, draft, policy_says, expected", [

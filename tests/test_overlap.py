@@ -131,6 +131,9 @@ class FixedK:
     def choose_k(self, state, source=None):
         return self.k
 
+    def held_k(self, state, source):
+        return self.k
+
     def choose_source(self, state, candidates, match_size=0):
         return candidates[-1]               # n-gram drafts whenever they match
 
