@@ -25,7 +25,7 @@ from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_c
 from router.k_selection import KSelector
 from router.metrics import Metrics
 from engine.ngram import NgramIndex
-from router.speculation import DRAFT_MODES, RequestState, generate
+from router.speculation import DRAFT_MODES, RequestState, generate, releases_done
 from router.stopping import output_chunks
 from router.text import encode, max_token_chars
 from router.validation import ModelLimits, RequestError, check_prompt_text, validate
@@ -153,7 +153,9 @@ class Router:
         self.config = new
 
     async def close(self) -> None:
-        """Close every worker client, cancelling recoveries still in progress."""
+        """Close every worker client once the releases of ended requests are done, cancelling recoveries still in
+        progress."""
+        await releases_done()
         await asyncio.gather(*(client.close() for client in self.drafts + self.targets), return_exceptions=True)
 
     def status(self) -> dict:

@@ -1,5 +1,5 @@
-"""Text <-> token IDs on the router, with the target's tokenizer.json and no torch. Work that grows with a
-request's size (a prompt's encoding, a whole output's decoding) runs on a thread, never on the event loop."""
+"""Text <-> token IDs on the router, with the target's tokenizer.json and no torch. A long prompt is encoded on a
+thread, never on the event loop; a short one on the loop (see encode)."""
 from __future__ import annotations
 
 import asyncio
@@ -24,12 +24,16 @@ def max_token_chars(tokenizer: Tokenizer) -> int:
     return max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1)
 
 
+INLINE_CHARS = 512     # a prompt this short is encoded on the event loop
+
+
 async def encode(tokenizer: Tokenizer, text: str) -> list[int]:
+    """The text's token IDs. A prompt of at most INLINE_CHARS characters is encoded on the event loop, since the
+    thread hop costs more than encoding it: 0.29 ms per request against ~0.1 ms for 512 characters (~0.2 µs per
+    character, the demo pair's tokenizer on this machine); a longer one on a thread."""
+    if len(text) <= INLINE_CHARS:
+        return tokenizer.encode(text).ids
     return (await asyncio.to_thread(tokenizer.encode, text)).ids
-
-
-async def decode(tokenizer: Tokenizer, token_ids: list[int]) -> str:
-    return await asyncio.to_thread(tokenizer.decode, token_ids, skip_special_tokens=True)
 
 
 class IncrementalDetokenizer:

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from router.speculation import RequestState, generate
+from router.speculation import RequestState, generate, releases_done
 
 VOCAB = 50
 PROMPT = [3, 1, 4, 1, 5]
@@ -162,6 +162,7 @@ def run(draft, target, policy, state=None, stop_after: int | None = None) -> Req
             if stop_after is not None and len(policy.rounds) >= stop_after:
                 break
         await rounds.aclose()
+        await releases_done()               # released in the background (release_later)
     asyncio.run(main())
     return state
 
@@ -216,3 +217,23 @@ def test_a_request_that_ends_cancels_its_predraft_before_releasing():
     run(draft, target, policy, stop_after=3)
     assert draft.released == [7] and target.released == [7]
     assert draft.held == {} and target.held == {}                    # no pre-draft re-created the session
+
+
+class SlowRelease(FakeTarget):
+    async def release(self, session_id: int):
+        await asyncio.sleep(0.2)
+        await super().release(session_id)
+
+
+def test_a_request_ends_without_waiting_for_its_release_and_releases_the_draft_only_if_it_called_it():
+    """The workers' caches are freed in the background: the request's rounds end while a slow release is in
+    flight, and releases_done() waits for it. A request that never called the draft (K = 0) releases only the
+    target; one that drafted releases both."""
+    async def main(draft, target, k):
+        async for _ in generate(request(), draft, target, FixedK(k, True)):
+            pass
+        in_flight = list(target.released)
+        await releases_done()
+        return in_flight, draft.released, target.released
+    assert asyncio.run(main(FakeDraft(), SlowRelease(), 0)) == ([], [], [7])
+    assert asyncio.run(main(FakeDraft(), SlowRelease(), 3)) == ([], [7], [7])

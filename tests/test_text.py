@@ -1,10 +1,13 @@
 """Streaming detokenization: the deltas concatenate to the full decode, however the tokens are chunked,
-including multi-byte characters split across tokens (held back until complete)."""
+including multi-byte characters split across tokens (held back until complete). Prompt encoding: on the event
+loop when short, on a thread when long, the same IDs either way."""
+import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 
-from router.text import IncrementalDetokenizer, load_tokenizer
+from router.text import INLINE_CHARS, IncrementalDetokenizer, encode, load_tokenizer
 
 DEMO_TARGET = Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair" / "target"
 TEXT = "def __init__(self, x):\n    return 'héllo wörld ✓ 😀' + str(x)  # ünïcode\n" * 3
@@ -19,3 +22,23 @@ def test_deltas_concatenate_to_the_full_text(chunk):
         deltas.append(detokenizer.push(ids[start:start + chunk], final=start + chunk >= len(ids)))
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
     assert not any("\ufffd" in delta for delta in deltas)
+
+
+def test_a_short_prompt_is_encoded_on_the_event_loop_and_a_long_one_on_a_thread():
+    tokenizer = load_tokenizer(str(DEMO_TARGET))
+
+    class Recording:
+        def __init__(self):
+            self.threads = []
+
+        def encode(self, text):
+            self.threads.append(threading.current_thread())
+            return tokenizer.encode(text)
+
+    async def encoded(text):
+        recording = Recording()
+        ids = await encode(recording, text)
+        return ids, recording.threads == [threading.current_thread()]
+    short, long = TEXT[:INLINE_CHARS], TEXT * (INLINE_CHARS // len(TEXT) + 1)
+    assert asyncio.run(encoded(short)) == (tokenizer.encode(short).ids, True)
+    assert asyncio.run(encoded(long)) == (tokenizer.encode(long).ids, False)
