@@ -15,6 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.specpool.v1 import generation_pb2
+from router.text import INLINE_CHARS
 from tests.conftest import service_config
 
 GENERATE = "/specpool.v1.Generation/Generate"
@@ -87,12 +88,14 @@ def test_an_over_long_prompt_error_names_prompt(service):
 
 
 def test_a_prompt_being_encoded_stalls_no_other_request(service, tokenizer):
-    """The encode is held mid-way: health checks and another client's stream are answered meanwhile (with the
-    encode on the event loop, the health check timed out)."""
+    """The encode of a prompt longer than router.text.INLINE_CHARS (a short one is encoded on the event loop, in
+    ~0.1 ms) is held mid-way: health checks and another client's stream are answered meanwhile (with the encode
+    on the event loop, the health check timed out)."""
     tokenizer.gate.clear()
     outcome = {}
+    prompt = "abc " * (INLINE_CHARS // 4 + 1)
     held = threading.Thread(target=lambda: outcome.setdefault("response", service.stub.Generate(
-        generation_pb2.GenerateRequest(prompt="abc", max_new_tokens=3), timeout=60)))
+        generation_pb2.GenerateRequest(prompt=prompt, max_new_tokens=3), timeout=60)))
     held.start()
     assert tokenizer.entered.wait(30)
     health = health_pb2_grpc.HealthStub(service.channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
