@@ -18,6 +18,7 @@ few that follow its last occurrence.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 
 class LookupMissed(Exception):
@@ -73,10 +74,12 @@ class NgramIndex:
         self._last = (len(tokens), found)
         return found
 
-    def propose(self, tokens: list[int], k: int, min_match: int = 0) -> list[int]:
+    def propose(self, tokens: list[int], k: int, min_match: int = 0, k_by_size: Sequence[int] = ()) -> list[int]:
         """Up to k drafts after `tokens` (none when no suffix matched, or the longest match is shorter than
-        `min_match` tokens)."""
+        `min_match` tokens); with `k_by_size` (one per size, min_n first), up to its entry for the match's size."""
         found = self.match(tokens)
-        if found is None or found.size < min_match or k <= 0:
+        if found is None or found.size < min_match:
             return []
-        return continuation(tokens, found.start, k)
+        if found.size - self.min_n < len(k_by_size):
+            k = min(k, k_by_size[found.size - self.min_n])
+        return continuation(tokens, found.start, k) if k > 0 else []

@@ -146,9 +146,24 @@ class KSelector:
             baseline = self.controller(state, NGRAM).goodput_curve().get(0, 0.0)
         return next((n for n in sizes if self._drafting_goodput(state, n) > baseline), sizes[-1] + 1)
 
+    def lookup_ks(self, state: RequestState, k: int) -> list[int]:
+        """Per n-gram match length (the request's sizes, shortest first), the most drafts worth proposing after a
+        match of that length, up to k: the K > 0 of best modeled goodput of that length's controller (short
+        matches' drafts are accepted less, and where a verify costs more per token they are worth fewer). With
+        chance random_probe (when probing is on) none: every length drafts up to k, so that K past a length's
+        best stays measured."""
+        if self.config.probe_every and self._rng.random() < self.config.random_probe:
+            return []
+        return [min(k, self._best_drafting(state, n)[0]) for n in range(state.ngram.min_n, state.ngram.max_n + 1)]
+
     def _drafting_goodput(self, state: RequestState, size: int) -> float:
         """The best modeled goodput of drafts after a match of `size` tokens, over K > 0."""
-        return max((g for k, g in self.match_controller(state, size).goodput_curve().items() if k > 0), default=0.0)
+        return self._best_drafting(state, size)[1]
+
+    def _best_drafting(self, state: RequestState, size: int) -> tuple[int, float]:
+        """(K, goodput) of the best modeled goodput of drafts after a match of `size` tokens, over K > 0."""
+        curve = self.match_controller(state, size).goodput_curve()
+        return max(((k, g) for k, g in curve.items() if k > 0), key=lambda kg: kg[1], default=(0, 0.0))
 
     @property
     def overlap(self) -> bool:

@@ -145,6 +145,7 @@ class KPolicy(Protocol):
     def choose_source(self, state: "RequestState", candidates: list[int], match_size: int = ...) -> int: ...
     def lookup_min_match(self, state: "RequestState", with_model: bool) -> int: ...   # shortest n-gram match
                                                                                       # worth drafting from
+    def lookup_ks(self, state: "RequestState", k: int) -> list[int]: ...   # most drafts worth it per match length
     def observe(self, state: "RequestState", round_: Round) -> None: ...
 
 
@@ -551,16 +552,19 @@ def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, so
 
 def prompt_lookup(state: RequestState, policy: KPolicy, k: int, with_model: bool,
                   planned_on: Match | None = None, end_on_miss: bool = False) -> worker_pb2.PromptLookup:
-    """The target's prompt lookup for a decode run: the request's n-gram sizes, up to k drafts per step, after
-    matches at least as long as the policy finds worth it against the alternative (the draft model `with_model`,
-    else plain decoding); the run ends at a step that finds no match if `end_on_miss`. A run `planned_on` a match
-    is an n-gram round of model+ngram: it also drafts after matches as short as that one (a probe may have picked
-    it). A request with its own K drafts after any match (a rule of its tokens alone, as plan_round's)."""
-    least = 0 if state.fixed_k is not None else policy.lookup_min_match(state, with_model)
+    """The target's prompt lookup for a decode run: the request's n-gram sizes, up to k drafts per step (fewer
+    after a match whose length the policy finds worth fewer), after matches at least as long as the policy finds
+    worth it against the alternative (the draft model `with_model`, else plain decoding); the run ends at a step
+    that finds no match if `end_on_miss`. A run `planned_on` a match is an n-gram round of model+ngram: it also
+    drafts after matches as short as that one (a probe may have picked it). A request with its own K drafts up to
+    it after any match (a rule of its tokens alone, as plan_round's)."""
+    own = state.fixed_k is not None
+    least = 0 if own else policy.lookup_min_match(state, with_model)
     if planned_on is not None:
         least = min(least, planned_on.size)
     return worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n, max_tokens=k,
-                                   end_on_miss=end_on_miss, min_match=least)
+                                   end_on_miss=end_on_miss, min_match=least,
+                                   max_tokens_by_match=[] if own else policy.lookup_ks(state, k))
 
 
 def conclude(state: RequestState, policy: KPolicy, round_: Round, between: float | None) -> list[int]:

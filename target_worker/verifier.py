@@ -32,7 +32,8 @@ def own_drafts(request: worker_pb2.VerifyRequest, session) -> list[int]:
         return list(request.draft_token_ids)
     if session.ngram is None:
         session.ngram = NgramIndex(request.lookup.min_n, request.lookup.max_n)
-    drafts = session.ngram.propose(session.tokens, request.lookup.max_tokens, request.lookup.min_match)
+    lookup = request.lookup
+    drafts = session.ngram.propose(session.tokens, lookup.max_tokens, lookup.min_match, lookup.max_tokens_by_match)
     if not drafts and request.lookup.end_on_miss and request.lookup.max_tokens:
         raise LookupMissed(f"session {request.session_id}: no n-gram match")
     return drafts

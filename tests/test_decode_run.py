@@ -169,6 +169,25 @@ def test_a_run_that_looks_up_its_own_drafts_commits_what_plain_decoding_would(en
         assert len(looked_up) < len(plain)
 
 
+def test_a_lookup_run_drafts_after_a_match_at_most_the_k_for_its_length(engine):
+    """max_tokens_by_match caps the drafts after a match of each length (0: none after it); the run still commits
+    plain decoding's tokens."""
+    def request(session_id: int, by_match: list[int]) -> worker_pb2.VerifyRequest:
+        call = start(session_id, 0.0, steps=40)
+        call.new_token_ids[:] = PROMPT * 3
+        call.lookup.min_n, call.lookup.max_n, call.lookup.max_tokens = 1, 3, 6
+        call.lookup.max_tokens_by_match[:] = by_match
+        return call
+
+    async def scenario():
+        servicer = TargetServicer(engine, 1)
+        return [await decode(servicer, request(60 + i, b)) for i, b in enumerate(([], [2, 2, 2], [0, 0, 0]))]
+    free, capped, none = asyncio.run(scenario())
+    assert tokens_of(free) == tokens_of(capped) == tokens_of(none)
+    assert max(len(a.draft_token_ids) for a in free) > 2 >= max(len(a.draft_token_ids) for a in capped) > 0
+    assert not any(a.draft_token_ids for a in none)
+
+
 def test_a_lookup_run_that_may_end_on_a_miss_ends_there_without_the_step(engine):
     """end_on_miss (model+ngram: the router has the draft model for the next round): the run stops at the first
     step after the first whose lookup finds no match, answering `missed` and committing nothing for it. A match
@@ -218,6 +237,9 @@ class Policy:
     def lookup_min_match(self, state, with_model):
         self.against_model = with_model
         return getattr(self, "min_match", 0)
+
+    def lookup_ks(self, state, k):
+        return [min(k, n) for n in getattr(self, "ks", [])]
 
     def choose_source(self, state, candidates, match_size=0):
         self.match_size = match_size
@@ -294,6 +316,18 @@ def test_a_lookup_run_drafts_only_after_matches_as_long_as_the_policy_finds_wort
     assert (lookup.min_match, policy.against_model) == expected
     state.fixed_k = 3                       # a request with its own K drafts after any match (a rule of its tokens)
     assert run_plan(state, draft, policy, NGRAM, 3)[1].min_match == 0
+
+
+def test_a_lookup_run_drafts_after_each_match_length_as_many_tokens_as_the_policy_finds_worth_it():
+    """The policy's K per match length travels within the run's K; a request with its own K drafts up to it after
+    every length."""
+    from router.speculation import NGRAM, run_plan
+    state, policy = router_state("ngram"), Policy()
+    policy.ks = [1, 4, 8]
+    lookup = run_plan(state, None, policy, NGRAM, 0)[1]
+    assert (lookup.max_tokens, list(lookup.max_tokens_by_match)) == (5, [1, 4, 5])
+    state.fixed_k = 3
+    assert list(run_plan(state, None, policy, NGRAM, 3)[1].max_tokens_by_match) == []
 
 
 def test_a_round_knows_the_length_of_the_match_its_ngram_drafts_followed():

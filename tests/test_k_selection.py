@@ -259,6 +259,27 @@ def test_lookup_runs_draft_after_the_shortest_match_that_beats_the_alternative()
     assert probing.lookup_min_match(state, with_model=True) == 2   # a probe: every length counts
 
 
+def test_lookup_drafts_after_each_match_length_as_many_tokens_as_its_own_acceptance_is_worth():
+    """On the heavy pair's costs (a verify costs more per token), drafts after 2-token matches (alpha 0.1) are
+    worth one token, after 4-token ones (0.85) the most allowed; 3 (0.35) in between. Within the run's K; none
+    on a probe (every length drafts up to the run's K, so that longer drafts stay measured)."""
+    from engine.ngram import NgramIndex
+    cost, rng = heavy_costs(), random.Random(1)
+    selector = KSelector(sequential(k_max=K_MAX, probe_every=0), Metrics(), random.Random(0), ngram_tokens=K_MAX)
+    state = request_state(0, worker_pb2.DRAFT_MODE_GREEDY)
+    state.ngram = NgramIndex(2, 4)
+    selector.attach(state)
+    for _ in range(300):                # at varying K, so that a verify's cost per token is learned
+        for size, alpha in ((2, 0.1), (3, 0.35), (4, 0.85)):
+            play_round(selector, state, cost, NGRAM, rng.randint(1, K_MAX), alpha, rng, size)
+    ks = selector.lookup_ks(state, K_MAX)
+    assert ks[0] == 1 and 1 <= ks[1] < K_MAX and ks[2] == K_MAX and ks == sorted(ks), ks
+    assert selector.lookup_ks(state, 3) == [min(k, 3) for k in ks]
+    probing = KSelector(sequential(k_max=K_MAX, random_probe=1.0), Metrics(), random.Random(0), ngram_tokens=K_MAX)
+    probing.by_match = selector.by_match
+    assert probing.lookup_ks(state, K_MAX) == []
+
+
 def test_a_reload_to_longer_ngrams_keeps_the_old_longest_size_apart():
     """A match of the longest size means "at least that long": after ngram_max grows, the same length is counted
     apart from it."""

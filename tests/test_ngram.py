@@ -46,6 +46,14 @@ def test_a_match_shorter_than_asked_for_proposes_nothing():
     assert short.propose([4, 8, 2, 8], 2, min_match=2) == [] and short.propose([4, 8, 2, 8], 2) == [2, 8]
 
 
+def test_drafts_after_a_match_are_capped_by_the_k_for_its_length():
+    tokens = [5, 6, 7, 9, 6, 7, 1, 2, 7, 5, 6, 7]               # its longest match: 3 tokens (5 6 7 -> 9 6 7 ...)
+    assert NgramIndex(1, 3).propose(tokens, 4, k_by_size=[4, 4, 2]) == [9, 6]
+    assert NgramIndex(1, 3).propose(tokens, 1, k_by_size=[4, 4, 2]) == [9]     # within k
+    assert NgramIndex(1, 3).propose(tokens, 4, k_by_size=[4, 4, 0]) == []      # none after a match of 3
+    assert NgramIndex(2, 3).propose([1, 2, 3, 4, 9, 2, 3], 4, k_by_size=[1, 3]) == [4]      # a 2-token match
+
+
 def test_most_recent_occurrence_is_used():
     tokens = [1, 2, 10, 1, 2, 20, 1, 2, 30, 1, 2]
     assert NgramIndex(2, 2).propose(tokens, 1) == [30]          # not 10 (the earliest) or 20

@@ -110,18 +110,20 @@ class VerifyRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., decode_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., lookup: _Optional[_Union[PromptLookup, _Mapping]] = ..., answer_delay_us: _Optional[int] = ...) -> None: ...
 
 class PromptLookup(_message.Message):
-    __slots__ = ("min_n", "max_n", "max_tokens", "end_on_miss", "min_match")
+    __slots__ = ("min_n", "max_n", "max_tokens", "end_on_miss", "min_match", "max_tokens_by_match")
     MIN_N_FIELD_NUMBER: _ClassVar[int]
     MAX_N_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     END_ON_MISS_FIELD_NUMBER: _ClassVar[int]
     MIN_MATCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_BY_MATCH_FIELD_NUMBER: _ClassVar[int]
     min_n: int
     max_n: int
     max_tokens: int
     end_on_miss: bool
     min_match: int
-    def __init__(self, min_n: _Optional[int] = ..., max_n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., end_on_miss: _Optional[bool] = ..., min_match: _Optional[int] = ...) -> None: ...
+    max_tokens_by_match: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, min_n: _Optional[int] = ..., max_n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., end_on_miss: _Optional[bool] = ..., min_match: _Optional[int] = ..., max_tokens_by_match: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status", "logprobs", "more", "draft_token_ids", "missed", "earlier")
