@@ -21,7 +21,7 @@ up after (the demo pair, in a benchmark run: the first draft after a 2-, 3- and 
 66 %, 42 % and 89 % of the time). So beside each regime's n-gram controller the pool keeps one per match length,
 which learns that length's acceptance (shrunk towards the n-gram controller's, whose costs it takes). The source
 choice compares the draft model with the controller of the match at hand (drafting at its best K > 0), and a
-decode run that looks its drafts up drafts only after matches at least `lookup_min_match` long: the shortest
+decode run that looks its drafts up drafts only after matches at least as long as `lookup_limits` says: the shortest
 length whose modeled goodput beats the alternative (the draft model, or plain decoding where there is none); with
 chance random_probe every length counts, so a length left out is still measured. A length no round has drafted
 after yet models as the n-gram controller does. (Rounds that the router drafts itself, with decode runs off,
@@ -132,29 +132,25 @@ class KSelector:
         chance = self.config.random_probe * (1.0 if self.controller(state, other).k > 0 else 0.2)
         return other if self._rng.random() < chance else best
 
-    def lookup_min_match(self, state: RequestState, with_model: bool) -> int:
-        """The shortest n-gram match (of the request's sizes) whose drafts model a higher goodput than the
-        alternative: the draft model at its best K (`with_model`), else plain decoding; past the longest size
-        when none does. Lengths no round has drafted after yet model as the n-gram controller does. With chance
-        random_probe (when probing is on) every length counts, so that a length left out keeps being measured."""
+    def lookup_limits(self, state: RequestState, k: int, with_model: bool) -> tuple[int, list[int]]:
+        """For a run that looks its drafts up: (the shortest n-gram match, of the request's sizes, whose drafts
+        model a higher goodput than the alternative, i.e. the draft model at its best K (`with_model`), else plain
+        decoding, or past the longest size when none does; per size, shortest first, the most drafts worth
+        proposing after a match of it, up to k: the K > 0 of best modeled goodput of its controller). Short
+        matches' drafts are accepted less, and where a verify costs more per token they are worth fewer. Sizes no
+        round has drafted after yet model as the n-gram controller does. With chance random_probe (when probing is
+        on): (the shortest size, []), every size drafting up to k, so that a size left out, or K past a size's
+        best, keeps being measured."""
         sizes = range(state.ngram.min_n, state.ngram.max_n + 1)
         if self.config.probe_every and self._rng.random() < self.config.random_probe:
-            return sizes[0]
+            return sizes[0], []
         if with_model:
             baseline = self._best_goodput(state, MODEL)
         else:
             baseline = self.controller(state, NGRAM).goodput_curve().get(0, 0.0)
-        return next((n for n in sizes if self._drafting_goodput(state, n) > baseline), sizes[-1] + 1)
-
-    def lookup_ks(self, state: RequestState, k: int) -> list[int]:
-        """Per n-gram match length (the request's sizes, shortest first), the most drafts worth proposing after a
-        match of that length, up to k: the K > 0 of best modeled goodput of that length's controller (short
-        matches' drafts are accepted less, and where a verify costs more per token they are worth fewer). With
-        chance random_probe (when probing is on) none: every length drafts up to k, so that K past a length's
-        best stays measured."""
-        if self.config.probe_every and self._rng.random() < self.config.random_probe:
-            return []
-        return [min(k, self._best_drafting(state, n)[0]) for n in range(state.ngram.min_n, state.ngram.max_n + 1)]
+        best = [self._best_drafting(state, n) for n in sizes]
+        least = next((n for n, (_, goodput) in zip(sizes, best) if goodput > baseline), sizes[-1] + 1)
+        return least, [min(k, size_k) for size_k, _ in best]
 
     def _drafting_goodput(self, state: RequestState, size: int) -> float:
         """The best modeled goodput of drafts after a match of `size` tokens, over K > 0."""

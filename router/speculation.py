@@ -143,9 +143,8 @@ class KPolicy(Protocol):
     def held_k(self, state: "RequestState", source: int) -> int: ...   # the K it holds (no probe drawn)
     def predraft_branches(self, state: "RequestState") -> int: ...   # rejection branches beside a pre-draft
     def choose_source(self, state: "RequestState", candidates: list[int], match_size: int = ...) -> int: ...
-    def lookup_min_match(self, state: "RequestState", with_model: bool) -> int: ...   # shortest n-gram match
-                                                                                      # worth drafting from
-    def lookup_ks(self, state: "RequestState", k: int) -> list[int]: ...   # most drafts worth it per match length
+    def lookup_limits(self, state: "RequestState", k: int, with_model: bool) -> tuple[int, list[int]]: ...
+                                      # (shortest n-gram match worth drafting from, most drafts per match length)
     def observe(self, state: "RequestState", round_: Round) -> None: ...
 
 
@@ -528,8 +527,8 @@ def run_plan(state: RequestState, draft: DraftClient | None, policy: KPolicy, so
     every step); every round of a request whose only proposer is prompt lookup (draft.method ngram, or the
     fallback while the draft worker is down), likewise; and an n-gram round of model+ngram, whose run ends at the
     first step that finds no match while the draft model holds a K > 0 (the next round may use it; at K = 0 the
-    next round would be a lookup run again, so the run goes on: one call fewer per miss). The target looks those drafts up itself,
-    with no round trip per round. A run is at most decode_steps tokens long, so that the policy plans again (a
+    next round would be a lookup run again, so the run goes on: one call fewer per miss). The target looks those
+    drafts up itself, with no round trip per round. A run is at most decode_steps tokens long, so that the policy plans again (a
     plain run: policy.plain_run_steps, longer under load), but a request pinned to K = 0 with no lookup has
     nothing to plan: its run goes on to its end. decode_steps 1 turns runs off."""
     if policy.decode_steps <= 1:
@@ -558,13 +557,11 @@ def prompt_lookup(state: RequestState, policy: KPolicy, k: int, with_model: bool
     that finds no match if `end_on_miss`. A run `planned_on` a match is an n-gram round of model+ngram: it also
     drafts after matches as short as that one (a probe may have picked it). A request with its own K drafts up to
     it after any match (a rule of its tokens alone, as plan_round's)."""
-    own = state.fixed_k is not None
-    least = 0 if own else policy.lookup_min_match(state, with_model)
+    least, by_match = (0, []) if state.fixed_k is not None else policy.lookup_limits(state, k, with_model)
     if planned_on is not None:
         least = min(least, planned_on.size)
     return worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n, max_tokens=k,
-                                   end_on_miss=end_on_miss, min_match=least,
-                                   max_tokens_by_match=[] if own else policy.lookup_ks(state, k))
+                                   end_on_miss=end_on_miss, min_match=least, max_tokens_by_match=by_match)
 
 
 def conclude(state: RequestState, policy: KPolicy, round_: Round, between: float | None) -> list[int]:

@@ -34,7 +34,7 @@ def own_drafts(request: worker_pb2.VerifyRequest, session) -> list[int]:
         session.ngram = NgramIndex(request.lookup.min_n, request.lookup.max_n)
     lookup = request.lookup
     drafts = session.ngram.propose(session.tokens, lookup.max_tokens, lookup.min_match, lookup.max_tokens_by_match)
-    if not drafts and request.lookup.end_on_miss and request.lookup.max_tokens:
+    if not drafts and lookup.end_on_miss and lookup.max_tokens:
         raise LookupMissed(f"session {request.session_id}: no n-gram match")
     return drafts
 

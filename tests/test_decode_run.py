@@ -234,12 +234,9 @@ class Policy:
     def held_k(self, state, source):
         return getattr(self, "model_k", 4)
 
-    def lookup_min_match(self, state, with_model):
+    def lookup_limits(self, state, k, with_model):
         self.against_model = with_model
-        return getattr(self, "min_match", 0)
-
-    def lookup_ks(self, state, k):
-        return [min(k, n) for n in getattr(self, "ks", [])]
+        return getattr(self, "min_match", 0), [min(k, n) for n in getattr(self, "ks", [])]
 
     def choose_source(self, state, candidates, match_size=0):
         self.match_size = match_size

@@ -248,15 +248,15 @@ def test_lookup_runs_draft_after_the_shortest_match_that_beats_the_alternative()
         for source, size, k, alpha in ((MODEL, 0, 4, 0.55), (NGRAM, 2, 4, 0.1), (NGRAM, 3, 4, 0.35),
                                        (NGRAM, 4, 8, 0.85), (MODEL, 0, 0, 0.0), (NGRAM, 0, 0, 0.0)):
             play_round(selector, state, cost, source, k, alpha, rng, size)
-    assert selector.lookup_min_match(state, with_model=True) == 4
-    assert selector.lookup_min_match(state, with_model=False) == 3
+    assert selector.lookup_limits(state, K_MAX, with_model=True)[0] == 4
+    assert selector.lookup_limits(state, K_MAX, with_model=False)[0] == 3
     assert [selector.choose_source(state, [MODEL, NGRAM], n) for n in (2, 3, 4)] == [MODEL, MODEL, NGRAM]
     assert "ngram/greedy/match 4+" in selector.snapshot() and "ngram/greedy/match 3" in selector.snapshot()
     fresh = KSelector(sequential(k_max=K_MAX, probe_every=0), Metrics(), random.Random(0), ngram_tokens=K_MAX)
-    assert fresh.lookup_min_match(state, with_model=False) == 2
+    assert fresh.lookup_limits(state, K_MAX, with_model=False)[0] == 2
     probing = KSelector(sequential(k_max=K_MAX, random_probe=1.0), Metrics(), random.Random(0), ngram_tokens=K_MAX)
     probing.by_match = selector.by_match
-    assert probing.lookup_min_match(state, with_model=True) == 2   # a probe: every length counts
+    assert probing.lookup_limits(state, K_MAX, with_model=True) == (2, [])   # a probe: every length counts
 
 
 def test_lookup_drafts_after_each_match_length_as_many_tokens_as_its_own_acceptance_is_worth():
@@ -272,12 +272,12 @@ def test_lookup_drafts_after_each_match_length_as_many_tokens_as_its_own_accepta
     for _ in range(300):                # at varying K, so that a verify's cost per token is learned
         for size, alpha in ((2, 0.1), (3, 0.35), (4, 0.85)):
             play_round(selector, state, cost, NGRAM, rng.randint(1, K_MAX), alpha, rng, size)
-    ks = selector.lookup_ks(state, K_MAX)
+    ks = selector.lookup_limits(state, K_MAX, with_model=False)[1]
     assert ks[0] == 1 and 1 <= ks[1] < K_MAX and ks[2] == K_MAX and ks == sorted(ks), ks
-    assert selector.lookup_ks(state, 3) == [min(k, 3) for k in ks]
+    assert selector.lookup_limits(state, 3, with_model=False)[1] == [min(k, 3) for k in ks]
     probing = KSelector(sequential(k_max=K_MAX, random_probe=1.0), Metrics(), random.Random(0), ngram_tokens=K_MAX)
     probing.by_match = selector.by_match
-    assert probing.lookup_ks(state, K_MAX) == []
+    assert probing.lookup_limits(state, K_MAX, with_model=False) == (2, [])
 
 
 def test_a_reload_to_longer_ngrams_keeps_the_old_longest_size_apart():

@@ -137,8 +137,8 @@ class FixedK:
     def choose_source(self, state, candidates, match_size=0):
         return candidates[-1]               # n-gram drafts whenever they match
 
-    def lookup_min_match(self, state, with_model):
-        return 0
+    def lookup_limits(self, state, k, with_model):
+        return 0, []
 
     def predraft_branches(self, state):
         return self.branches
