@@ -1,6 +1,7 @@
 """The concurrency sweep: n concurrent streams (stream j runs through the prompt set once, starting at prompt
 j) for each n of --concurrency. Aggregate tokens/s of specpool adaptive with batching on (the config's
-max_batch_size) and off (max_batch_size 1), K = 0 with batching on, and transformers generate() of the target
+max_batch_size) and off (max_batch_size 1), K = 0 with batching on (interleaved with adaptive on, repeat by
+repeat), and transformers generate() of the target
 as left-padded batches of n; forward passes per generated token and mean batch from the workers'
 batch_stats(); the ratios between them and their goals.
 
@@ -62,19 +63,21 @@ def sweep_sample(service, cfg: BenchConfig, n: int, k: int | None) -> dict:
     return sample
 
 
-def sweep_level(service, cfg: BenchConfig, n: int, k: int | None) -> dict:
-    """Medians over repeats of sweep_sample()."""
-    samples = [sweep_sample(service, cfg, n, k) for _ in range(cfg.repeats)]
-    return {key: statistics.median(sample[key] for sample in samples) for key in samples[0]}
-
-
-def specpool_sweep(service, cfg: BenchConfig, name: str, k: int | None) -> dict:
-    """{n: level} of the running service at K = k (None: adaptive) for each stream count n."""
-    result = {}
+def specpool_sweep(service, cfg: BenchConfig, variants: dict[str, int | None]) -> dict:
+    """{name: {n: level}} of the running service for each named K (None: adaptive) and stream count n: medians
+    over repeats of sweep_sample(), the variants' samples interleaved (each variant once, then each again), so
+    that the machine's drift over minutes falls on all of them alike and their ratio compares like with like."""
+    result: dict = {name: {} for name in variants}
     for n in cfg.concurrency:
-        result[n] = level = sweep_level(service, cfg, n, k)
-        log(f"{name}, {n} stream(s): {level['tokens_per_s']:.1f} tokens/s, {level['target_passes_per_token']:.3f} "
-            f"target passes/token, mean target batch {level['target_mean_batch']:.2f}")
+        samples = {name: [] for name in variants}
+        for _ in range(cfg.repeats):
+            for name, k in variants.items():
+                samples[name].append(sweep_sample(service, cfg, n, k))
+        for name, runs in samples.items():
+            result[name][n] = level = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+            log(f"{name}, {n} stream(s): {level['tokens_per_s']:.1f} tokens/s, "
+                f"{level['target_passes_per_token']:.3f} target passes/token, mean target batch "
+                f"{level['target_mean_batch']:.2f}")
     return result
 
 

@@ -34,10 +34,11 @@ class TokenClock:
         pass
 
     def run(self) -> dict:
-        """{"ttft", "itl"} in stream_one's format."""
+        """{"ttft", "itl", "waits"} in stream_one's format (an assisted round's tokens arrive together)."""
         times = [t for t, _ in self.arrivals[1:]]
         gaps = [(b - a) / n for (a, _), (b, n) in zip(self.arrivals[1:], self.arrivals[2:]) for _ in range(n)]
-        return {"ttft": times[0] - self.started if times else 0.0, "itl": gaps}
+        waits = [b - a for (a, _), (b, _) in zip(self.arrivals[1:], self.arrivals[2:])]
+        return {"ttft": times[0] - self.started if times else 0.0, "itl": gaps, "waits": waits}
 
 
 def assisted_kwargs(assistant, k: int) -> dict:

@@ -30,6 +30,8 @@ def set_speculation(service, **values) -> None:
 
 ONE_CALL_PER_TOKEN = "in turn K=0, one call per token"   # decode runs off (speculation.decode_steps 1)
 EACH_ANSWER_AT_ONCE = "in turn K=0, each answer at once"  # decode runs, speculation.answer_delay_ms 0
+HELD_LONGER_MS = 40                                        # ... and with answers held up to this long:
+HELD_LONGER = f"in turn K=0, answers held up to {HELD_LONGER_MS} ms"
 NO_BRANCHES = ", no branches"                              # speculation.overlap_branches 0
 READ_WHOLE = ", read whole"                                # unary Generate (the rest: GenerateStream)
 
@@ -64,7 +66,8 @@ def pair_rows(service, cfg: BenchConfig, c: float, base: float) -> dict:
     runs_as_configured = {"decode_steps": configured.decode_steps, "answer_delay_ms": configured.answer_delay_ms,
                           "overlap_branches": configured.overlap_branches}
     plan = [(ONE_CALL_PER_TOKEN, 0, {"overlap": False, "decode_steps": 1}),
-            (EACH_ANSWER_AT_ONCE, 0, {"overlap": False, **runs_as_configured, "answer_delay_ms": 0})] + [
+            (EACH_ANSWER_AT_ONCE, 0, {"overlap": False, **runs_as_configured, "answer_delay_ms": 0}),
+            (HELD_LONGER, 0, {"overlap": False, **runs_as_configured, "answer_delay_ms": HELD_LONGER_MS})] + [
         (f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}", k,
          {"overlap": overlap, **runs_as_configured})
         for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))] + [
@@ -127,6 +130,7 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
            "K=0 read whole / generate()": rows["in turn K=0" + READ_WHOLE]["tokens_per_s"] / base,
            "K=0 one call per token / generate()": rows[ONE_CALL_PER_TOKEN]["tokens_per_s"] / base,
            "K=0 each answer at once / generate()": rows[EACH_ANSWER_AT_ONCE]["tokens_per_s"] / base,
+           f"K=0 answers held up to {HELD_LONGER_MS} ms / generate()": rows[HELD_LONGER]["tokens_per_s"] / base,
            "ms per token beyond compute (K=0, decode runs)": hop_ms(rows["in turn K=0"]),
            "hop ms per call (K=0 one call per token, beyond compute)": hop_ms(rows[ONE_CALL_PER_TOKEN]),
            f"hop ms per round (in turn K={max(ks)}, both calls, beyond compute)":

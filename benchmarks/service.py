@@ -55,14 +55,16 @@ def stats_fields(stats: generation_pb2.GenerationStats) -> dict:
 
 def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: float = 0.0) -> dict:
     """One GenerateStream request (k None: the adaptive policy), timed per chunk: seconds, tokens, time to
-    first token, inter-token gaps, the request's stats and K and accepted tokens per round."""
+    first token, inter-token gaps (a chunk's gap shared by its tokens), the client's waits between chunks, the
+    request's stats and K and accepted tokens per round."""
     started, arrivals, chunks = time.perf_counter(), [], []
     for chunk in stub.GenerateStream(bench_request(prompt, max_new, k, temperature)):
         arrivals.append(time.perf_counter())
         chunks.append(chunk)
     gaps = [(b - a) / len(c.token_ids) for a, b, c in zip(arrivals, arrivals[1:], chunks[1:]) for _ in c.token_ids]
     return {"seconds": arrivals[-1] - started, "tokens": sum(len(c.token_ids) for c in chunks),
-            "ttft": arrivals[0] - started, "itl": gaps, **stats_fields(chunks[-1].stats),
+            "ttft": arrivals[0] - started, "itl": gaps, "waits": [b - a for a, b in zip(arrivals, arrivals[1:])],
+            **stats_fields(chunks[-1].stats),
             "accepted_per_round": [len(c.token_ids) - 1 for c in chunks]}
 
 
@@ -72,7 +74,7 @@ def whole_one(stub, prompt: str, max_new: int, k: int | None, temperature: float
     started = time.perf_counter()
     response = stub.Generate(bench_request(prompt, max_new, k, temperature))
     seconds = time.perf_counter() - started
-    return {"seconds": seconds, "tokens": len(response.token_ids), "ttft": seconds, "itl": [],
+    return {"seconds": seconds, "tokens": len(response.token_ids), "ttft": seconds, "itl": [], "waits": [],
             **stats_fields(response.stats), "accepted_per_round": []}
 
 

@@ -36,10 +36,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def latencies(runs: list[dict]) -> dict:
-    """Median time to first token and inter-token latency p50 / p99 (ms) over runs with "ttft" and "itl"."""
-    itl = [g for r in runs for g in r["itl"]]
+    """Median time to first token, inter-token latency p50 / p99 and the p99 of the client's waits between
+    messages (ms) over runs with "ttft", "itl" and "waits"."""
+    itl, waits = [g for r in runs for g in r["itl"]], [w for r in runs for w in r["waits"]]
     return {"ttft_ms": 1e3 * statistics.median(r["ttft"] for r in runs),
-            "itl_p50_ms": 1e3 * percentile(itl, 0.5), "itl_p99_ms": 1e3 * percentile(itl, 0.99)}
+            "itl_p50_ms": 1e3 * percentile(itl, 0.5), "itl_p99_ms": 1e3 * percentile(itl, 0.99),
+            "wait_p99_ms": 1e3 * percentile(waits, 0.99)}
 
 
 # ---- transformers rows ------------------------------------------------------------------------

@@ -78,12 +78,11 @@ def run(cfg: BenchConfig) -> tuple[dict, dict | None]:
             results["overlap"] = overlap_section(service, cfg, results["single"].pop("transformers"),
                                                  results["single"]["c"])
             results["lookup"] = lookup_section(service, cfg)
-        sweep[ON_ADAPTIVE] = specpool_sweep(service, cfg, ON_ADAPTIVE, None)
-        sweep[ON_K0] = specpool_sweep(service, cfg, ON_K0, 0)
+        sweep.update(specpool_sweep(service, cfg, {ON_ADAPTIVE: None, ON_K0: 0}))
         results["batching"]["on"] = batching_config(service)
         model_path = service.service.pools.target_info["model_path"]
     with running(cfg.config, batching=False) as service:
-        sweep[OFF_ADAPTIVE] = specpool_sweep(service, cfg, OFF_ADAPTIVE, None)
+        sweep.update(specpool_sweep(service, cfg, {OFF_ADAPTIVE: None}))
         results["batching"]["off"] = batching_config(service)
     if cfg.heavy_layers and not cfg.sweep_only:
         results["heavy"] = heavy_section(load_service_config(cfg.config), cfg, cfg.heavy_layers)
