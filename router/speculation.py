@@ -508,6 +508,17 @@ def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
     return source, clamp_k(state, k)
 
 
+def ngram_round_k(state: RequestState, policy: KPolicy, k: int) -> int:
+    """K of an n-gram round the router drafts itself: at most the drafts the policy finds worth proposing after
+    a match as long as the one at hand, as a decode run's lookup drafts (KPolicy.lookup_limits; none on its
+    probe). A request with its own K drafts up to it after any match."""
+    found = state.ngram.match(state.tokens)
+    if state.fixed_k is not None or found is None:
+        return k
+    by_match = policy.lookup_limits(state, k, with_model=False)[1]
+    return by_match[found.size - state.ngram.min_n] if by_match else k
+
+
 def model_allowed(state: RequestState, draft: DraftClient | None) -> bool:
     """Whether rounds may take the draft model's drafts: methods model and model+ngram, while it is reachable."""
     return state.method != "ngram" and draft is not None and draft.healthy
@@ -613,6 +624,8 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
                             break
                 planned = None
                 continue
+            if source == NGRAM:            # drafts the router looks up itself (decode runs off)
+                k = ngram_round_k(state, policy, k)
             overlap = policy.overlap and source == MODEL
             next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source,

@@ -237,3 +237,34 @@ def test_a_request_ends_without_waiting_for_its_release_and_releases_the_draft_o
         return in_flight, draft.released, target.released
     assert asyncio.run(main(FakeDraft(), SlowRelease(), 0)) == ([], [], [7])
     assert asyncio.run(main(FakeDraft(), SlowRelease(), 3)) == ([], [7], [7])
+
+
+
+class SizedLookup(FixedK):
+    """FixedK whose n-gram drafts are worth at most CAPS[n - 1] tokens after a match of n tokens."""
+    CAPS = [1, 1, 2, 3]
+
+    def lookup_limits(self, state, k, with_model):
+        return 0, [min(k, cap) for cap in self.CAPS]
+
+
+def lookup_rounds(fixed_k: int | None) -> tuple[RequestState, list]:
+    """A request drafting only by prompt lookup (1- to 4-grams) with decode runs off, and its n-gram rounds."""
+    from engine.ngram import NgramIndex
+    from router.speculation import NGRAM
+    state, policy = request(), SizedLookup(6, overlap=False)
+    state.method, state.ngram, state.fixed_k = "ngram", NgramIndex(1, 4), fixed_k
+    run(None, FakeTarget(), policy, state)
+    return state, [r for r in policy.rounds if r.source == NGRAM and r.k]
+
+
+@pytest.mark.parametrize("fixed_k", [None, 6])
+def test_a_round_the_router_looks_up_drafts_after_a_match_at_most_the_k_for_its_length(fixed_k):
+    """With decode runs off the router drafts by prompt lookup itself: after a match of n tokens it proposes at
+    most the policy's K for that length (a request with its own K: up to it after any match), and the output
+    stays the target's alone."""
+    state, drafted = lookup_rounds(fixed_k)
+    assert state.tokens[len(PROMPT):] == reference()
+    assert min(r.match_size for r in drafted) < 4 == drafted[-1].match_size       # short matches and long ones
+    steady = drafted[:-2]                           # the last rounds are cut short by max_new_tokens
+    assert all(r.k == (fixed_k or SizedLookup.CAPS[r.match_size - 1]) for r in steady)
