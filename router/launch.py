@@ -153,11 +153,20 @@ def _bundle(pool: PoolConfig) -> dict:
     return {name: amount for name, amount in bundle.items() if amount} or {"CPU": 0.01}
 
 
+def _worker_options(config: SpecpoolConfig, pool: PoolConfig) -> dict:
+    """Actor options every draft and target worker shares: its pool's resources, restarts, and its process's CPU
+    priority. Ray starts worker processes at nice 15 (RAY_worker_niceness) so that they yield to its own daemons;
+    a model's forward is the work a serving node exists for, and at 15 every process at 0 beside it (the router,
+    Ray's agents, a client on the same machine) pre-empts it. The variable reaches each worker, restarts too."""
+    return {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus, "resources": pool.resources, "max_restarts": -1,
+            "max_task_retries": -1, "max_concurrency": 64,
+            "runtime_env": {"env_vars": {"RAY_worker_niceness": str(config.ray.worker_niceness)}}}
+
+
 def start_draft(config: SpecpoolConfig, index: int, tag: str):
     pool = config.draft
     actor = ray.remote(DraftWorker).options(
-        name=f"specpool-{tag}-draft-{index}", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
-        resources=pool.resources, max_restarts=-1, max_task_retries=-1, max_concurrency=64,
+        name=f"specpool-{tag}-draft-{index}", **_worker_options(config, pool),
     ).remote(dataclasses.asdict(pool), dataclasses.asdict(config.tls))
     return actor, actor.start.remote(config.ray.node_ip or None)
 
@@ -166,8 +175,7 @@ def start_target(config: SpecpoolConfig, index: int, tag: str):
     pool, size = config.target, config.target.tensor_parallel_size
     group = placement_group([_bundle(pool)] * size, strategy="STRICT_PACK", name=f"specpool-{tag}-target-{index}")
     ranks = [ray.remote(TargetRank).options(
-        name=f"specpool-{tag}-target-{index}-rank-{rank}", num_cpus=pool.num_cpus, num_gpus=pool.num_gpus,
-        resources=pool.resources, max_restarts=-1, max_task_retries=-1, max_concurrency=64,
+        name=f"specpool-{tag}-target-{index}-rank-{rank}", **_worker_options(config, pool),
         scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
     ).remote(dataclasses.asdict(pool), dataclasses.asdict(config.draft), rank, size, dataclasses.asdict(config.tls))
         for rank in range(size)]

@@ -250,10 +250,15 @@ class RayConfig:
                                      # 127.0.0.1 keeps a single-machine deployment on loopback
     num_cpus: int = 0                # local instance only: logical CPUs (0: Ray's default)
     resources: dict = field(default_factory=dict)   # local instance only: custom resources to declare
+    worker_niceness: int = 0         # CPU priority (nice) of the draft and target worker processes; Ray's own
+                                     # default for its workers, 15, lets any other process pre-empt a forward
 
     def validate(self, section: str = "ray") -> None:
         if self.num_cpus < 0:
             raise ConfigError(f"{section}.num_cpus: must be >= 0 (got {self.num_cpus!r})")
+        if not (isinstance(self.worker_niceness, int) and 0 <= self.worker_niceness <= 19):
+            raise ConfigError(f"{section}.worker_niceness: must be an integer from 0 to 19 (got "
+                              f"{self.worker_niceness!r}; below 0 needs privileges a worker does not have)")
 
 
 @dataclass

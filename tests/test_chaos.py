@@ -49,6 +49,15 @@ def tp2(start_service, byte_pair):
                                         router={"target_recovery_s": 120.0}))
 
 
+def test_every_worker_runs_at_the_configured_cpu_priority_not_rays_default_15(tp2):
+    """ray.worker_niceness (0 by default) for the draft and each target rank: Ray's 15 let every other process
+    on the machine pre-empt a forward."""
+    pools = tp2.service.pools
+    actors = pools.draft_actors + [rank for ranks in pools.target_actors for rank in ranks]
+    pids = ray.get([actor.pid.remote() for actor in actors])
+    assert len(set(pids)) == 3 and all(os.getpriority(os.PRIO_PROCESS, pid) == 0 for pid in pids)
+
+
 def test_draft_killed_mid_request_gives_identical_tokens(tp2, reference_generate):
     draft = tp2.service.pools.draft_actors[0]
     chunks = stream_with_fault(tp2, greedy(), lambda: sigkill(draft))

@@ -36,6 +36,7 @@ def test_local_config_loads():
     ({"speculation": {"k": -1}}, "speculation.k:"),
     ({"draft": {"dtype": "float8"}}, "draft.dtype:"),
     ({"bogus": {}}, "bogus: unknown key"),
+    ({"ray": {"worker_niceness": -5}}, "ray.worker_niceness:"),
 ])
 def test_bad_config_names_the_key(data, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
