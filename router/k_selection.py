@@ -24,8 +24,8 @@ choice compares the draft model with the controller of the match at hand (drafti
 decode run that looks its drafts up drafts only after matches at least as long as `lookup_limits` says: the shortest
 length whose modeled goodput beats the alternative (the draft model, or plain decoding where there is none); with
 chance random_probe every length counts, so a length left out is still measured. A length no round has drafted
-after yet models as the n-gram controller does. (Rounds that the router drafts itself, with decode runs off,
-draft after the match they were planned on.) The lengths are the pool's: a request's own n-gram controller is not
+after yet models as the n-gram controller does. After a match of each length a run drafts at most that length's
+K of best goodput, and so does a round the router drafts itself with decode runs off (`match_k`). The lengths are the pool's: a request's own n-gram controller is not
 split by length.
 """
 from __future__ import annotations
@@ -142,7 +142,7 @@ class KSelector:
         on): (the shortest size, []), every size drafting up to k, so that a size left out, or K past a size's
         best, keeps being measured."""
         sizes = range(state.ngram.min_n, state.ngram.max_n + 1)
-        if self.config.probe_every and self._rng.random() < self.config.random_probe:
+        if self._probe_drawn():
             return sizes[0], []
         if with_model:
             baseline = self._best_goodput(state, MODEL)
@@ -151,6 +151,16 @@ class KSelector:
         best = [self._best_drafting(state, n) for n in sizes]
         least = next((n for n, (_, goodput) in zip(sizes, best) if goodput > baseline), sizes[-1] + 1)
         return least, [min(k, size_k) for size_k, _ in best]
+
+    def match_k(self, state: RequestState, size: int, k: int) -> int:
+        """lookup_limits' K for one match length, for a round that drafts after a match of `size` tokens: the most
+        drafts worth proposing after it, up to k; k on a probe (chance random_probe). Only that length's curve
+        is computed: a round the router drafts itself asks this every round."""
+        return k if self._probe_drawn() else min(k, self._best_drafting(state, size)[0])
+
+    def _probe_drawn(self) -> bool:
+        """Whether this plan is a random probe (chance random_probe, when probing is on)."""
+        return bool(self.config.probe_every) and self._rng.random() < self.config.random_probe
 
     def _drafting_goodput(self, state: RequestState, size: int) -> float:
         """The best modeled goodput of drafts after a match of `size` tokens, over K > 0."""

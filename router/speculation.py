@@ -145,6 +145,7 @@ class KPolicy(Protocol):
     def choose_source(self, state: "RequestState", candidates: list[int], match_size: int = ...) -> int: ...
     def lookup_limits(self, state: "RequestState", k: int, with_model: bool) -> tuple[int, list[int]]: ...
                                       # (shortest n-gram match worth drafting from, most drafts per match length)
+    def match_k(self, state: "RequestState", size: int, k: int) -> int: ...   # ... for one match length
     def observe(self, state: "RequestState", round_: Round) -> None: ...
 
 
@@ -510,13 +511,12 @@ def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
 
 def ngram_round_k(state: RequestState, policy: KPolicy, k: int) -> int:
     """K of an n-gram round the router drafts itself: at most the drafts the policy finds worth proposing after
-    a match as long as the one at hand, as a decode run's lookup drafts (KPolicy.lookup_limits; none on its
-    probe). A request with its own K drafts up to it after any match."""
+    a match as long as the one at hand, as a decode run's lookup drafts (KPolicy.match_k; none on its probe). A
+    request with its own K drafts up to it after any match."""
     found = state.ngram.match(state.tokens)
     if state.fixed_k is not None or found is None:
         return k
-    by_match = policy.lookup_limits(state, k, with_model=False)[1]
-    return by_match[found.size - state.ngram.min_n] if by_match else k
+    return policy.match_k(state, found.size, k)
 
 
 def model_allowed(state: RequestState, draft: DraftClient | None) -> bool:

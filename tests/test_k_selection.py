@@ -275,9 +275,12 @@ def test_lookup_drafts_after_each_match_length_as_many_tokens_as_its_own_accepta
     ks = selector.lookup_limits(state, K_MAX, with_model=False)[1]
     assert ks[0] == 1 and 1 <= ks[1] < K_MAX and ks[2] == K_MAX and ks == sorted(ks), ks
     assert selector.lookup_limits(state, 3, with_model=False)[1] == [min(k, 3) for k in ks]
+    assert [selector.match_k(state, size, k) for size in (2, 3, 4) for k in (3, K_MAX)] == [
+        min(size_k, k) for size_k in ks for k in (3, K_MAX)]        # one length's K: the same figures
     probing = KSelector(sequential(k_max=K_MAX, random_probe=1.0), Metrics(), random.Random(0), ngram_tokens=K_MAX)
     probing.by_match = selector.by_match
     assert probing.lookup_limits(state, K_MAX, with_model=False) == (2, [])
+    assert probing.match_k(state, 2, K_MAX) == K_MAX
 
 
 def test_a_reload_to_longer_ngrams_keeps_the_old_longest_size_apart():

@@ -140,6 +140,9 @@ class FixedK:
     def lookup_limits(self, state, k, with_model):
         return 0, []
 
+    def match_k(self, state, size, k):
+        return k
+
     def predraft_branches(self, state):
         return self.branches
 
@@ -244,8 +247,8 @@ class SizedLookup(FixedK):
     """FixedK whose n-gram drafts are worth at most CAPS[n - 1] tokens after a match of n tokens."""
     CAPS = [1, 1, 2, 3]
 
-    def lookup_limits(self, state, k, with_model):
-        return 0, [min(k, cap) for cap in self.CAPS]
+    def match_k(self, state, size, k):
+        return min(k, self.CAPS[size - 1])
 
 
 def lookup_rounds(fixed_k: int | None) -> tuple[RequestState, list]:
