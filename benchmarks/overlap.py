@@ -33,6 +33,7 @@ EACH_ANSWER_AT_ONCE = "in turn K=0, each answer at once"  # decode runs, specula
 HELD_LONGER_MS = 40                                        # ... and with answers held up to this long:
 HELD_LONGER = f"in turn K=0, answers held up to {HELD_LONGER_MS} ms"
 NO_BRANCHES = ", no branches"                              # speculation.overlap_branches 0
+NOT_STAGED = ", not staged"                                # speculation.stage_predrafts false
 READ_WHOLE = ", read whole"                                # unary Generate (the rest: GenerateStream)
 
 
@@ -55,6 +56,7 @@ def measured_row(service, cfg: BenchConfig, k: int | None, speculation: dict, wh
     rounds = max(after["rounds"] - before["rounds"], 1)
     row["parts_ms"] = {part: 1e3 * (after.get(part, 0.0) - before.get(part, 0.0)) / rounds for part in PARTS}
     row["hits"] = row.pop("predraft_hits", 0) / rounds
+    row["staged"] = row.pop("staged", 0) / rounds
     return row
 
 
@@ -64,7 +66,8 @@ def pair_rows(service, cfg: BenchConfig, c: float, base: float) -> dict:
     falls on every row alike; tokens/s is the median over repeats, the other figures their mean."""
     configured = SpeculationConfig(**(service.data.get("speculation") or {}))
     runs_as_configured = {"decode_steps": configured.decode_steps, "answer_delay_ms": configured.answer_delay_ms,
-                          "overlap_branches": configured.overlap_branches}
+                          "overlap_branches": configured.overlap_branches,
+                          "stage_predrafts": configured.stage_predrafts}
     plan = [(ONE_CALL_PER_TOKEN, 0, {"overlap": False, "decode_steps": 1}),
             (EACH_ANSWER_AT_ONCE, 0, {"overlap": False, **runs_as_configured, "answer_delay_ms": 0}),
             (HELD_LONGER, 0, {"overlap": False, **runs_as_configured, "answer_delay_ms": HELD_LONGER_MS})] + [
@@ -73,6 +76,8 @@ def pair_rows(service, cfg: BenchConfig, c: float, base: float) -> dict:
         for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))] + [
         (f"overlap {'adaptive' if k is None else f'K={k}'}{NO_BRANCHES}", k,
          {"overlap": True, **runs_as_configured, "overlap_branches": 0}) for k in (max(cfg.ks), None)] + [
+        (f"overlap {'adaptive' if k is None else f'K={k}'}{NOT_STAGED}", k,
+         {"overlap": True, **runs_as_configured, "stage_predrafts": False}) for k in (max(cfg.ks), None)] + [
         (f"{name}{READ_WHOLE}", k, {"overlap": overlap, **runs_as_configured})
         for name, k, overlap in (("in turn K=0", 0, False), ("overlap adaptive", None, True))]
     runs = {name: [] for name, *_ in plan}
@@ -135,6 +140,9 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
            "hop ms per call (K=0 one call per token, beyond compute)": hop_ms(rows[ONE_CALL_PER_TOKEN]),
            f"hop ms per round (in turn K={max(ks)}, both calls, beyond compute)":
                hop_ms(rows[f"in turn K={max(ks)}"]),
+           f"hop ms per round (overlap K={max(ks)}, beyond compute)": hop_ms(rows[f"overlap K={max(ks)}"]),
+           f"hop ms per round (overlap K={max(ks)}, not staged, beyond compute)":
+               hop_ms(rows[f"overlap K={max(ks)}{NOT_STAGED}"]),
            "target pass ms (K=0)": rows["in turn K=0"]["parts_ms"]["verify_compute"],
            "overlap adaptive efficiency (vs in-turn analytic)": rows["overlap adaptive"]["efficiency"]}
     for k in ks:
@@ -143,6 +151,7 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
     for name in (f"overlap K={max(ks)}", "overlap adaptive"):
         out[f"{name}: with branches / without"] = (rows[name]["tokens_per_s"]
                                                    / rows[name + NO_BRANCHES]["tokens_per_s"])
+        out[f"{name}: staged / not staged"] = rows[name]["tokens_per_s"] / rows[name + NOT_STAGED]["tokens_per_s"]
     return out
 
 

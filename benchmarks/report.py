@@ -52,19 +52,19 @@ def sweep_markdown(results: dict) -> str:
             + f"\n\nbatching config: {json.dumps(results['batching'])}\n")
 
 
-OVERLAP_HEADER = ("| row | tokens/s | α | tokens/round | pre-draft hits/round | efficiency | client's wait p99 ms "
-                  "| ms per round: " + " / ".join(PARTS) + " |\n|---|---|---|---|---|---|---|---|\n")
+OVERLAP_HEADER = ("| row | tokens/s | α | tokens/round | pre-draft hits/round | staged/round | efficiency "
+                  "| client's wait p99 ms | ms per round: " + " / ".join(PARTS) + " |\n|---|---|---|---|---|---|---|---|---|\n")
 
 
 def overlap_line(name: str, r: dict) -> str:
     parts = " / ".join(f"{r['parts_ms'][part]:.2f}" for part in PARTS)
     return (f"| {name} | {r['tokens_per_s']:.1f} | {r['alpha']:.2f} | {r['mean_accepted_len']:.2f} | {r['hits']:.2f} "
-            f"| {r['efficiency']:.2f} | {r['wait_p99_ms']:.1f} | {parts} |")
+            f"| {r['staged']:.2f} | {r['efficiency']:.2f} | {r['wait_p99_ms']:.1f} | {parts} |")
 
 
 def overlap_markdown(title: str, section: dict) -> str:
     """One pair's transformers rows, overlap rows with their round breakdown, and the goal ratios."""
-    hf = "\n".join(f"| {name} | {r['tokens_per_s']:.1f} | | | | | {r['wait_p99_ms']:.1f} | |"
+    hf = "\n".join(f"| {name} | {r['tokens_per_s']:.1f} | | | | | | {r['wait_p99_ms']:.1f} | |"
                    for name, r in section["transformers"].items())
     rows = "\n".join(overlap_line(name, r) for name, r in section["rows"].items())
     ratios = "\n".join(f"- {key}: {value:.2f}" for key, value in section["ratios"].items())

@@ -49,7 +49,8 @@ def bench_request(prompt: str, max_new: int, k: int | None, temperature: float) 
 def stats_fields(stats: generation_pb2.GenerationStats) -> dict:
     """A request's stats as stream_one and whole_one report them."""
     return {"draft": stats.draft_tokens, "accepted": stats.accepted_tokens, "rounds": stats.target_passes,
-            "wire": stats.wire_bytes, "predraft_hits": stats.predraft_hits, "sources": list(stats.source_per_round),
+            "wire": stats.wire_bytes, "predraft_hits": stats.predraft_hits, "staged": stats.staged_rounds,
+            "sources": list(stats.source_per_round),
             "k_per_round": list(stats.k_per_round)}
 
 

@@ -97,7 +97,8 @@ def specpool_row(stub, cfg: BenchConfig, k: int | None, call=stream_one) -> dict
             "alpha": accepted / draft if draft else 0.0,
             "mean_accepted_len": sum(r["tokens"] for r in flat) / rounds,
             "wire_bytes_per_round": sum(r["wire"] for r in flat) / rounds,
-            "mean_k": draft / rounds, "predraft_hits": sum(r["predraft_hits"] for r in flat)}
+            "mean_k": draft / rounds, "predraft_hits": sum(r["predraft_hits"] for r in flat),
+            "staged": sum(r["staged"] for r in flat)}
 
 
 def with_model_terms(row: dict, k: int | None, c: float, base: float, vocab: int) -> dict:

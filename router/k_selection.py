@@ -203,6 +203,11 @@ class KSelector:
         """The most drafts a pre-draft may carry after its guess (speculation.overlap_tokens - 1)."""
         return (self.config.overlap_tokens or self.config.k_max + 1) - 1
 
+    @property
+    def stage_predrafts(self) -> bool:
+        """Whether a pre-draft back before its verdict is staged on the target (speculation.stage_predrafts)."""
+        return self.config.stage_predrafts
+
     def predraft_branches(self, state: RequestState) -> int:
         """Rejection branches the request's next pre-draft carries beside its main guess (KController.branches)."""
         return self.controller(state).branches

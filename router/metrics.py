@@ -35,6 +35,10 @@ class Metrics:
             "specpool_spec_decode_num_predraft_branch_hits",
             "Of those, rounds whose drafts came from a rejection branch (the previous verdict rejected a draft and "
             "corrected it to the draft's runner-up)", registry=r)
+        self.staged_rounds = Counter(
+            "specpool_spec_decode_num_staged_rounds",
+            "Of those, rounds the target had started verifying by itself when its verdict came (a staged pre-draft: "
+            "no router round trip)", registry=r)
         self.round_seconds = Counter("specpool_round_seconds", "Wall time of rounds, by where it went (compute, "
                                      "worker queue/thread hop, transport per call; pre-draft wait; router)", ["part"],
                                      registry=r)
@@ -80,6 +84,7 @@ class Metrics:
         self.predrafts.inc(round_.predraft_sent)
         self.predraft_hits.inc(round_.predrafted)
         self.predraft_branch_hits.inc(round_.from_branch)
+        self.staged_rounds.inc(round_.staged)
         if round_.k == 0:
             return
         self.drafts.inc()

@@ -12,7 +12,10 @@ steps, it drafts up to `predraft_branches` rejection branches: for draft positio
 drafts accepted, then the draft's runner-up at j" (the draft's next best token is the target's correction about
 half the time on the demo pair). If the verdict is one of the branches, round r+1's drafts are ready and its
 verify goes out at once; any other verdict cancels the pre-draft and r+1 drafts as usual. Drafts are only
-proposals, so this changes which tokens are proposed, never the distribution of what is committed.
+proposals, so this changes which tokens are proposed, never the distribution of what is committed. A pre-draft
+that is back before the verdict is staged on the target (`speculation.stage_predrafts`, StagedCall): the target
+holds its candidates and, the moment its verdict matches one, starts verifying round r+1 itself, so a hit costs
+no round trip through the router either.
 
 Proposal sources (`draft.method`). A round's drafts come from the draft model (the draft worker) or from prompt
 lookup (engine/ngram.py: the continuation of an earlier occurrence of the context's last n tokens, computed here
@@ -100,6 +103,7 @@ class Proposal:
     branches: dict = field(default_factory=dict)          # a pre-draft's rejection branches: {drafts accepted:
                                                           # the next round's drafts after the runner-up there}
     cached: bool = True              # the draft worker holds the context + tokens[:-1] (not so after a branch)
+    staged: asyncio.Task | None = None   # a staged call verifying these drafts already: its (answer, wire bytes)
 
     def after_guess(self) -> "Proposal":
         """A pre-draft is [guess of the target's next token, next round's drafts...]: the drafts alone."""
@@ -122,6 +126,7 @@ class Round:
     predrafted: bool = False         # the drafts came from the previous round's pre-draft
     predraft_sent: bool = False      # this round pre-drafted the next one while the target verified
     from_branch: bool = False        # ... the previous round's pre-draft's rejection branch (Proposal.branches)
+    staged: bool = False             # ... and the target had started verifying them itself (a staged call)
     parts: dict = field(default_factory=dict)   # where the round's wall time went (seconds), see PARTS
     source: int = MODEL              # the drafts' source (for a round with no drafts: the one it planned)
     logprobs: list = field(default_factory=list)  # of `committed`, when the request asked for them
@@ -135,6 +140,7 @@ class Round:
 class KPolicy(Protocol):
     overlap: bool                    # pre-draft the next round while the target verifies
     predraft_k: int                  # ... with at most this many drafts after the guess
+    stage_predrafts: bool            # ... staged on the target when back before the verdict (StagedCall)
     decode_steps: int                # a decode run commits up to this many tokens in one target call
     def plain_run_steps(self, state: "RequestState") -> int: ...   # ... a plain one (no lookup) this many
     def answer_delay_s(self, state: "RequestState") -> float: ...   # ... whose answers the target may hold
@@ -157,8 +163,13 @@ def clamp_k(state: RequestState, k: int, ahead: int = 0) -> int:
     return max(0, min(k, remaining - 1, room))
 
 
-def split_time(started: float, response) -> tuple[float, float, float]:
-    """split_wall of a call sent at `started` and answered now."""
+def split_time(started: float, response, staged: bool = False) -> tuple[float, float, float]:
+    """split_wall of a call sent at `started` and answered now; a `staged` call was sent before that, and the
+    target started it by itself: its compute is kept whole (it may outlast the round's wall time), the rest of
+    the round is transport, and its handler's time (mostly the wait for the verdict it followed) is nobody's."""
+    if staged:
+        compute = response.compute_us / 1e6
+        return compute, max(time.perf_counter() - started - compute, 0.0), 0.0
     return split_wall(time.perf_counter() - started, response)
 
 
@@ -181,7 +192,8 @@ def round_parts(wall: float, proposal: Proposal, ready: bool, timings: RoundTimi
     matching pre-draft; and the router's own work (the rest)."""
     draft = (0.0, 0.0, 0.0) if ready else (proposal.seconds, proposal.worker_seconds,
                                             proposal.rtt_seconds - proposal.worker_seconds)
-    verify = (timings.verify_seconds, verify_worker, timings.rtt_seconds - verify_worker)
+    waited = max(wall - sum(draft) - timings.rtt_seconds - predraft_wait, 0.0)   # a staged verify began earlier
+    verify = (min(timings.verify_seconds, waited), verify_worker, timings.rtt_seconds - verify_worker)
     known = dict(zip(PARTS, (*draft, *verify, predraft_wait)))
     return {**known, "router": max(wall - sum(known.values()), 0.0)}
 
@@ -247,20 +259,43 @@ def predraft(state: RequestState, draft: DraftClient | None, proposal: Proposal,
 
 
 async def verify(state: RequestState, target: TargetClient, proposal: Proposal) -> tuple:
-    """One target pass over the new tokens + the drafts: (verdict, the target's queue + thread hop seconds,
-    the round's RoundTimings)."""
+    """One target pass over the new tokens + the drafts, or the answer of the staged call that asked for it
+    already: (verdict, the target's queue + thread hop seconds, the round's RoundTimings, whether it was staged)."""
     started = time.perf_counter()
-    logprobs = {} if state.top_logprobs is None else {"top_logprobs": state.top_logprobs}   # only when asked
-    verdict, wire = await target.verify(state.session_id, state.tokens, state.target_synced, proposal.tokens,
-                                        proposal.hidden, state.sampling, state.timeout(target.timeout), **logprobs)
+    answer = await staged_answer(proposal)
+    if answer is None:
+        answer = await target.verify(state.session_id, state.tokens, state.target_synced, proposal.tokens,
+                                     proposal.hidden, state.sampling, state.timeout(target.timeout),
+                                     **logprobs_asked(state))
+    verdict, wire = answer
     state.stats.wire_bytes += wire
     state.stats.target_calls += 1
     state.stats.target_answers += 1
-    verify_s, rtt_s, worker_s = split_time(started, verdict)
+    verify_s, rtt_s, worker_s = split_time(started, verdict, staged=proposal.staged is not None)
     return verdict, worker_s, RoundTimings(
         draft_seconds=proposal.seconds, draft_rtt_seconds=proposal.rtt_seconds, verify_seconds=verify_s,
         rtt_seconds=rtt_s, batch_size=verdict.batch_size, batch_tokens=verdict.batch_tokens,
-        queue_depth=verdict.queue_depth)
+        queue_depth=verdict.queue_depth), proposal.staged is not None
+
+
+def logprobs_asked(state: RequestState) -> dict:
+    """The top_logprobs argument of a target call: only when the request asked for logprobs."""
+    return {} if state.top_logprobs is None else {"top_logprobs": state.top_logprobs}
+
+
+async def staged_answer(proposal: Proposal) -> tuple | None:
+    """(verdict, wire bytes) of the staged call that verified the proposal's drafts already; None when there was
+    none or it did not verify them (it failed: the round sends its verify as usual, re-prefilling if need be)."""
+    if proposal.staged is None:
+        return None
+    try:
+        answer = await proposal.staged
+    except grpc.aio.AioRpcError:
+        answer = None
+    if answer is None or answer[0].missed:
+        proposal.staged = None
+        return None
+    return answer
 
 
 async def decode_run(state: RequestState, target: TargetClient, steps: int, source: int, answer_delay_s: float = 0.0,
@@ -272,7 +307,7 @@ async def decode_run(state: RequestState, target: TargetClient, steps: int, sour
     timed as its share of the time since the previous message (so the K controller learns what a round costs in a
     run). The caller commits each message's rounds before asking for the next; closing the iterator early
     withdraws the call."""
-    extra = {} if state.top_logprobs is None else {"top_logprobs": state.top_logprobs}
+    extra = logprobs_asked(state)
     if lookup is not None:
         extra["lookup"] = lookup
     answers = target.decode_run(state.session_id, state.tokens, state.target_synced, steps,
@@ -328,10 +363,57 @@ async def settle(ahead: asyncio.Task | None, round_: Round, guesses: dict[int, i
     proposal = await ahead
     if proposal is None or not proposal.tokens:
         return None
-    if rejected:
-        return proposal.branches.get(round_.accepted)
-    round_.timings.guess_hit = proposal.tokens[0] == token
-    return proposal.after_guess() if round_.timings.guess_hit else None
+    if not rejected:
+        round_.timings.guess_hit = proposal.tokens[0] == token
+    return next_drafts(proposal, round_.k, guesses).get((round_.accepted, token))
+
+
+def next_drafts(predraft: Proposal, k: int, guesses: dict[int, int]) -> dict[tuple[int, int], Proposal]:
+    """The next round's drafts a pre-draft made, by the verdict each one guessed, (drafts accepted, next token):
+    all K accepted, then its guess of the bonus token (the main branch); a rejection at j, then the correction
+    guessed there (a rejection branch)."""
+    if not predraft.tokens:
+        return {}
+    main = {(k, predraft.tokens[0]): predraft.after_guess()}
+    return {**main, **{(j, token): predraft.branches[j] for j, token in guesses.items()
+                       if j < k and j in predraft.branches}}
+
+
+class StagedCall:
+    """The staged call of a pre-draft (speculation.stage_predrafts): sent the moment the pre-draft is back, unless
+    the verdict of the round beside it is back first (close()); its candidates are next_drafts' (none that
+    would end the request). `task`: the call, answering (VerifyResponse, wire bytes), `missed` when the verdict
+    was none of them."""
+
+    def __init__(self, state: RequestState, target: TargetClient, ahead: asyncio.Task, k: int,
+                 guesses: dict[int, int]):
+        self.state, self.target, self.k, self.guesses = state, target, k, guesses
+        self.before, self.task = len(state.tokens), None
+        ahead.add_done_callback(self._send)
+
+    def _send(self, ahead: asyncio.Task) -> None:
+        if self.state is None or ahead.cancelled() or ahead.exception() is not None or ahead.result() is None:
+            return
+        ends = self.state.stop_ids | self.state.eos_ids
+        candidates = [worker_pb2.StagedDrafts(num_accepted=j, next_token_id=token, draft_token_ids=drafts.tokens,
+                                              draft_hidden_states=drafts.hidden)
+                      for (j, token), drafts in next_drafts(ahead.result(), self.k, self.guesses).items()
+                      if token not in ends]
+        if candidates:
+            state = self.state
+            self.task = asyncio.ensure_future(self.target.stage(
+                state.session_id, self.before, candidates, state.timeout(self.target.timeout),
+                **logprobs_asked(state)))
+            self.task.add_done_callback(lambda task: task.cancelled() or task.exception())   # no unretrieved error
+
+    def close(self) -> None:
+        """The verdict is back: a pre-draft done after it is not staged."""
+        self.state = None
+
+    def cancel(self) -> None:
+        self.close()
+        if self.task is not None:
+            self.task.cancel()
 
 
 async def cancel(ahead: asyncio.Task | None) -> None:
@@ -342,10 +424,12 @@ async def cancel(ahead: asyncio.Task | None) -> None:
 
 async def speculative_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
                             ready: Proposal | None = None, next_k: int = 0,
-                            source: int = MODEL, branches: int = 0) -> tuple[Round, Proposal | None]:
+                            source: int = MODEL, branches: int = 0, stage: bool = False
+                            ) -> tuple[Round, Proposal | None]:
     """Draft K from `source` (or take the `ready` drafts a pre-draft made), verify them in one target pass and,
     with `next_k` > 0 after model drafts, pre-draft the next round meanwhile (with up to `branches` rejection
-    branches). Returns the round and the next round's drafts if the pre-draft matched the verdict."""
+    branches; `stage`d on the target if back before the verdict). Returns the round and the next round's drafts
+    if the pre-draft matched the verdict (with the staged call verifying them already, if there is one)."""
     before, started = len(state.tokens), time.perf_counter()
     catch_up = (0 if ready is not None else before - state.draft_synced, before - state.target_synced)
     proposal = ready if ready is not None else await propose(state, draft, k, source)
@@ -353,22 +437,29 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     points = guesses(proposal, branches)
     ahead = predraft(state, draft, proposal, clamp_k(state, next_k, len(proposal.tokens) + 1), points) \
         if from_model or not proposal.tokens else None
+    staging = StagedCall(state, target, ahead, len(proposal.tokens), points) if ahead and stage else None
     try:
-        verdict, verify_worker, timings = await verify(state, target, proposal)
+        verdict, verify_worker, timings, staged = await verify(state, target, proposal)
     except BaseException:
+        if staging is not None:
+            staging.cancel()
         await cancel(ahead)
         raise
+    if staging is not None:
+        staging.close()
     drafts, accepted = proposal.tokens, verdict.num_accepted
     timings.predraft_beside = ahead is not None
     timings.draft_catch_up, timings.target_catch_up = catch_up
     round_ = Round(drafts, accepted, drafts[:accepted] + [verdict.next_token_id], timings, ready is not None,
                    ahead is not None, source=proposal.source if drafts else source,
                    logprobs=list(verdict.logprobs))
-    round_.from_branch = ready is not None and not ready.cached
+    round_.from_branch, round_.staged = ready is not None and not ready.cached, staged
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
     settling = time.perf_counter()
     next_ready = await settle(ahead, round_, points)
+    if next_ready is not None and staging is not None:
+        next_ready.staged = staging.task
     round_.parts = round_parts(time.perf_counter() - started, proposal, ready is not None, timings, verify_worker,
                                time.perf_counter() - settling)
     state.target_synced = before + accepted
@@ -400,6 +491,7 @@ def record(stats: generation_pb2.GenerationStats, round_: Round) -> None:
     stats.target_passes += 1
     stats.draft_tokens += round_.k
     stats.accepted_tokens += round_.accepted
+    stats.staged_rounds += round_.staged
     stats.k_per_round.append(round_.k)
     stats.source_per_round.append(round_.source if round_.k else NONE)
     if round_.k:
@@ -439,14 +531,15 @@ def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
 
 async def resilient_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
                           recovery_s: float, ready: Proposal | None = None, next_k: int = 0,
-                          source: int = MODEL, branches: int = 0) -> tuple[Round, Proposal | None]:
+                          source: int = MODEL, branches: int = 0, stage: bool = False
+                          ) -> tuple[Round, Proposal | None]:
     """A round that survives a target failure: wait for the target group to be restarted, then run the
     round again; the restarted target has no cache, so it is re-prefilled. The round gives up (re-raising
     the failure) `recovery_s` after its first failure, or at the client's deadline if that comes sooner."""
     give_up = None
     while True:
         try:
-            return await speculative_round(state, draft, target, k, ready, next_k, source, branches)
+            return await speculative_round(state, draft, target, k, ready, next_k, source, branches, stage)
         except grpc.aio.AioRpcError as exc:
             give_up = await recover_target(state, target, exc, give_up, recovery_s)
 
@@ -629,7 +722,8 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             overlap = policy.overlap and source == MODEL
             next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source,
-                                                  policy.predraft_branches(state) if overlap else 0)
+                                                  policy.predraft_branches(state) if overlap else 0,
+                                                  overlap and policy.stage_predrafts)
             committed, ended = conclude(state, policy, round_, between), time.perf_counter()
             yield committed
             planned = next_k if overlap else None

@@ -339,6 +339,16 @@ class TargetClient(WorkerClient):
                                draft_hidden_states=hidden)
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
+    async def stage(self, session_id: int, position: int, candidates: list[worker_pb2.StagedDrafts],
+                    timeout: float, top_logprobs: int | None = None):
+        """A staged round (VerifyRequest.staged): the target verifies, once the session's round that starts at
+        `position` has its verdict, the candidate drafts that guessed it. Returns (response, wire_bytes); the
+        response is `missed` when no candidate did."""
+        request = worker_pb2.VerifyRequest(session_id=session_id, position=position, top_logprobs=top_logprobs,
+                                           staged=worker_pb2.StagedRound(candidates=candidates))
+        response = await self.stream(request, timeout=timeout)
+        return response, request.ByteSize() + response.ByteSize()
+
     def decode_run(self, session_id: int, tokens: list[int], synced: int, steps: int, stop_ids: frozenset,
                    sampling: generation_pb2.SamplingParams, timeout: float, top_logprobs: int | None = None,
                    lookup: worker_pb2.PromptLookup | None = None, answer_delay_us: int = 0) -> AsyncIterator:

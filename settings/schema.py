@@ -150,6 +150,8 @@ class ControllerConfig:
     overlap_tokens: int = 0          # most tokens one pre-draft may draft (guess + next K; 0: k_max + 1)
     overlap_branches: int = 8        # ... and beside that, drafts after "j drafts accepted, then the draft's
                                      # runner-up at j" for the first this many positions j (0: only all accepted)
+    stage_predrafts: bool = True     # a pre-draft back before the verdict is staged on the target, which starts the
+                                     # next round itself when the verdict is one it guessed (no router round trip)
     decode_steps: int = 32           # a round at K = 0 (chosen, or speculation.k: 0) is a decode run: the target
                                      # decodes up to this many tokens in one call, streaming each back, with no
                                      # round trip between them (1: one call per token)

@@ -7,6 +7,9 @@ A decode run (VerifyRequest.decode_steps > 1, no drafts) is plain decoding of se
 answered as soon as it is sampled. While it is all the worker has to do, its steps run back to back on the engine
 thread (no event-loop or thread hop between them); while other calls or runs wait, each step goes through the
 Batcher, so it batches with them.
+
+A staged call (VerifyRequest.staged, target_worker/staging.py) waits for the verdict of the round it follows and
+then verifies the candidate drafts that guessed it, as the router would have asked on seeing the verdict.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
 from engine.batching import Batcher, only_answer
 from engine.ngram import LookupMissed
 from engine.worker_server import EngineRunner, answer, serve_stream, timed
+from target_worker.staging import Verdicts, follow_up, round_key, settle
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
 
 
@@ -109,6 +113,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         self._runner = EngineRunner(inline_max_s)
         self._batcher = Batcher(self._verify_batch, max_batch, max_wait_s)
         self._runs = 0                    # decode runs in progress
+        self._verdicts = Verdicts()       # recent verify calls' verdicts, for the staged calls that follow them
 
     @property
     def _alone(self) -> bool:
@@ -117,8 +122,24 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
 
     async def _verify_batch(self, requests: list, gone=None) -> list:
         batch = worker_pb2.VerifyBatch(requests=requests)
-        return await self._runner.run(lead, self._engine, VERIFY_BATCH, batch, self._world_size,
-                                      inline=all(request.position for request in requests))
+        # A staged round never runs inline: the verdict it follows must go out while it runs.
+        inline = all(request.position and not request.HasField("staged") for request in requests)
+        return await self._runner.run(lead, self._engine, VERIFY_BATCH, batch, self._world_size, inline=inline)
+
+    async def _verified(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
+        """A verify call, its verdict kept for the staged call that may follow it."""
+        verdict, future = None, self._verdicts.expect(round_key(request))
+        try:
+            verdict = await self._batcher.submit(request)
+            return verdict
+        finally:
+            settle(future, verdict)
+
+    async def _staged(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
+        """A staged call: once the round it follows has its verdict, verify the candidate that guessed it (its
+        verdict kept in turn, for the next staged call), or answer `missed`."""
+        follow = follow_up(request, await self._verdicts.take(round_key(request)))
+        return worker_pb2.VerifyResponse(missed=True) if follow is None else await self._verified(follow)
 
     async def _decode_run(self, request: worker_pb2.VerifyRequest, emit: Callable) -> worker_pb2.VerifyResponse:
         """A decode run: its steps alone on the engine thread while no other call waits, else one at a time
@@ -151,9 +172,11 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             run.advance(only_answer(timed(lead, self._engine, VERIFY_BATCH, batch, self._world_size)), started)
 
     def _submit(self, request: worker_pb2.VerifyRequest, emit: Callable):
+        if request.HasField("staged"):
+            return self._staged(request)
         if request.decode_steps > 1 and not request.draft_token_ids:
             return self._decode_run(request, emit)
-        return self._batcher.submit(request)
+        return self._verified(request)
 
     async def Verify(self, request, context):
         if request.decode_steps > 1:

@@ -109,23 +109,49 @@ class FakeDraft(FakeWorker):
 
 
 class FakeTarget(FakeWorker):
+    """A target whose verify takes `delay` seconds and that keeps each verdict for the staged call that may follow
+    it (target_worker/staging.py), keyed as the real one keys them: (session, committed tokens before the drafts)."""
+
+    def __init__(self, delay: float = 0.001, die_on_stage: int = 0):
+        super().__init__()
+        self.delay, self.die_on_stage = delay, die_on_stage
+        self.verdicts: dict[tuple[int, int], asyncio.Future] = {}
+        self.staged = self.missed = 0
+
     async def verify(self, session_id, tokens, synced, drafts, hidden, sampling, timeout):
         context = self.sync(session_id, tokens, synced)
-        await asyncio.sleep(0.001)
+        verdict = self.verdicts[(session_id, len(tokens))] = asyncio.get_running_loop().create_future()
+        await asyncio.sleep(self.delay)
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == truth(context + list(drafts[:accepted])):
             accepted += 1
         context.extend(drafts)
-        return worker_pb2.VerifyResponse(num_accepted=accepted,
-                                         next_token_id=truth(context[:len(tokens) + accepted])), 0
+        response = worker_pb2.VerifyResponse(num_accepted=accepted,
+                                             next_token_id=truth(context[:len(tokens) + accepted]))
+        verdict.set_result(response)
+        return response, 0
+
+    async def stage(self, session_id, position, candidates, timeout):
+        """The staged call: once the round at `position` has its verdict, verify the candidate that guessed it."""
+        self.staged += 1
+        if self.staged == self.die_on_stage:
+            raise down()
+        verdict = await self.verdicts.pop((session_id, position))
+        for c in candidates:
+            if (c.num_accepted, c.next_token_id) == (verdict.num_accepted, verdict.next_token_id):
+                held = self.held[session_id][:position + c.num_accepted] + [c.next_token_id]
+                return await self.verify(session_id, held, position + c.num_accepted, list(c.draft_token_ids),
+                                         c.draft_hidden_states, None, timeout)
+        self.missed += 1
+        return worker_pb2.VerifyResponse(missed=True), 0
 
 
 class FixedK:
     """A KPolicy with one K, recording the rounds."""
 
-    def __init__(self, k: int, overlap: bool, branches: int = 0):
+    def __init__(self, k: int, overlap: bool, branches: int = 0, stage: bool = False):
         self.k, self.overlap, self.predraft_k, self.rounds = k, overlap, 8, []
-        self.branches = branches
+        self.branches, self.stage_predrafts = branches, stage
         self.decode_steps = 1               # the fake target answers one token per call
 
     def choose_k(self, state, source=None):
@@ -203,6 +229,39 @@ def test_a_hit_means_all_drafts_accepted_and_the_guess_right_or_a_branch_guessed
     branch_hits = sum(1 for r in policy.rounds if r.timings.branch_hit)
     assert state.stats.predraft_branch_hits == branch_hits and (branch_hits > 0) == (branches > 0)
     assert set(draft.branches) <= {0, min(branches, 3)}
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("branches", [0, 3])
+def test_a_staged_round_is_verified_by_the_target_on_its_own_and_the_output_stays_the_targets(k, branches):
+    """A verify slower than a pre-draft: each pre-draft is staged on the target before its verdict. Every hit is
+    then a round the target started by itself (no second verify call), every miss a staged call answered
+    `missed`, and the output and the workers' caches are exactly as without staging."""
+    draft, target, policy = FakeDraft(), FakeTarget(delay=0.006), FixedK(k, True, branches, stage=True)
+    state = run(draft, target, policy)
+    assert state.tokens[len(PROMPT):] == reference()
+    assert draft.reprefills == 0 and target.reprefills == 0
+    staged = [r.staged for r in policy.rounds]
+    assert staged == [r.predrafted for r in policy.rounds] and any(staged) and not all(staged)
+    assert state.stats.staged_rounds == sum(staged) == target.staged - target.missed
+    assert target.calls == len(policy.rounds)                          # a staged hit sends no verify of its own
+    assert all(r.parts["verify_worker"] == 0 for r in policy.rounds if r.staged)
+
+
+def test_a_staged_call_that_fails_leaves_its_round_to_verify_as_usual():
+    """The target fails the third staged call (UNAVAILABLE): that round sends its verify as it would have
+    without staging, and the tokens are unchanged."""
+    target = FakeTarget(delay=0.006, die_on_stage=3)
+    state = run(FakeDraft(), target, FixedK(3, True, 3, stage=True))
+    assert state.tokens[len(PROMPT):] == reference() and target.reprefills == 0
+    assert 0 < state.stats.staged_rounds < state.stats.predraft_hits
+
+
+def test_a_predraft_back_after_its_verdict_is_not_staged():
+    draft, target, policy = FakeDraft(), FakeTarget(delay=0.0), FixedK(3, True, 3, stage=True)
+    state = run(draft, target, policy)
+    assert state.tokens[len(PROMPT):] == reference()
+    assert target.staged == 0 and state.stats.predraft_hits > 0 and state.stats.staged_rounds == 0
 
 
 def test_draft_killed_while_a_predraft_is_pending_gives_identical_tokens():

@@ -1,0 +1,110 @@
+"""Staged rounds on the target worker (VerifyRequest.staged, target_worker/staging.py): a call sent while the
+target still verifies a round, naming the next round's drafts for the verdicts a pre-draft guessed. The real
+TargetServicer and TargetEngine on the byte pair, in-process (no Ray, no gRPC): the candidate that guessed the
+verdict is verified exactly as the call the router would have sent after seeing it (greedy and seeded sampled,
+with logprobs), a verdict no candidate guessed verifies nothing, and staged rounds chain."""
+import asyncio
+
+import pytest
+
+from protos.specpool.v1 import generation_pb2, worker_pb2
+from target_worker.server import TargetServicer
+from target_worker.verifier import TargetEngine
+
+PROMPT = [10, 200, 3, 77, 150, 42]
+DRAFTS = [[5, 9, 250], [17, 4], [88, 1, 2, 3]]          # each round's drafts (arbitrary: mostly rejected)
+
+
+@pytest.fixture(scope="module")
+def engine(byte_pair):
+    return TargetEngine(byte_pair[1], byte_pair[0])
+
+
+def first(session_id: int, temperature: float) -> worker_pb2.VerifyRequest:
+    sampling = generation_pb2.SamplingParams(temperature=temperature, top_p=1.0, seed=11)
+    return worker_pb2.VerifyRequest(session_id=session_id, position=0, new_token_ids=PROMPT, sampling=sampling,
+                                    draft_token_ids=DRAFTS[0], top_logprobs=2)
+
+
+def after(request: worker_pb2.VerifyRequest, verdict, drafts: list[int]) -> worker_pb2.VerifyRequest:
+    """The call the router sends once it has seen `verdict`: what it committed, then the next drafts."""
+    held = request.position + len(request.new_token_ids)
+    return worker_pb2.VerifyRequest(session_id=request.session_id, position=held + verdict.num_accepted,
+                                    new_token_ids=[verdict.next_token_id], draft_token_ids=drafts, top_logprobs=2)
+
+
+def staged(session_id: int, position: int, candidates: list[tuple[int, int, list[int]]]) -> worker_pb2.VerifyRequest:
+    return worker_pb2.VerifyRequest(session_id=session_id, position=position, top_logprobs=2, staged=worker_pb2.StagedRound(
+        candidates=[worker_pb2.StagedDrafts(num_accepted=a, next_token_id=t, draft_token_ids=d) for a, t, d in candidates]))
+
+
+def verdict_of(answer: worker_pb2.VerifyResponse) -> tuple:
+    return answer.num_accepted, answer.next_token_id, [(e.token_id, round(e.logprob, 5)) for e in answer.logprobs]
+
+
+async def plain_rounds(servicer: TargetServicer, request) -> list[worker_pb2.VerifyResponse]:
+    """Every round of DRAFTS, each call sent after the verdict before it (the router without staging)."""
+    answers = [await servicer._submit(request, None)]
+    for drafts in DRAFTS[1:]:
+        request = after(request, answers[-1], drafts)
+        answers.append(await servicer._submit(request, None))
+    return answers
+
+
+def decoys(verdict, drafts) -> list[tuple[int, int, list[int]]]:
+    """Candidates guessing other verdicts than `verdict`, then the one guessing it."""
+    return [(verdict.num_accepted, (verdict.next_token_id + 1) % 257, [1, 2]),
+            (verdict.num_accepted + 1, verdict.next_token_id, [3]), (verdict.num_accepted, verdict.next_token_id,
+                                                                       drafts)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "seeded-sampled"])
+def test_staged_rounds_verify_what_the_router_would_have_sent_after_each_verdict(engine, temperature):
+    """Each round's staged call goes out as the router sends it: once the verdict two rounds back is in (the round
+    it follows has just started on the target), with each verdict's candidates known in advance from a session run
+    without staging. The target answers every round as the plain calls did, starting each staged round itself,
+    after a plain round and after a staged one."""
+    async def scenario():
+        servicer = TargetServicer(engine, 1)
+        plain = await plain_rounds(servicer, first(1, temperature))
+        calls = [asyncio.ensure_future(servicer._submit(first(2, temperature), None))]
+        held = len(PROMPT)
+        for verdict, drafts in zip(plain, DRAFTS[1:]):
+            if len(calls) > 1:
+                await calls[-2]
+            calls.append(asyncio.ensure_future(servicer._submit(staged(2, held, decoys(verdict, drafts)), None)))
+            held += verdict.num_accepted + 1
+        return plain, await asyncio.gather(*calls)
+    plain, answers = asyncio.run(scenario())
+    assert [verdict_of(a) for a in answers] == [verdict_of(p) for p in plain]
+    assert not any(a.missed for a in answers)
+
+
+def test_a_verdict_no_candidate_guessed_verifies_nothing(engine):
+    """The staged call answers `missed` and leaves the session as the verdict left it: the router's own call
+    after the verdict then answers as it would have without the staged call."""
+    async def scenario():
+        servicer = TargetServicer(engine, 1)
+        plain = await plain_rounds(servicer, first(3, 0.0))
+        request = first(4, 0.0)
+        verifying = asyncio.ensure_future(servicer._submit(request, None))
+        wrong = [(plain[0].num_accepted, (plain[0].next_token_id + 1) % 257, DRAFTS[1])]
+        missed = await servicer._submit(staged(4, len(PROMPT), wrong), None)
+        verdict = await verifying
+        own = await servicer._submit(after(request, verdict, DRAFTS[1]), None)
+        unknown = await servicer._submit(staged(4, 999, wrong), None)      # no round starts there
+        return plain, missed, own, unknown
+    plain, missed, own, unknown = asyncio.run(scenario())
+    assert missed.missed and not missed.logprobs and unknown.missed
+    assert verdict_of(own) == verdict_of(plain[1])
+
+
+def test_a_staged_call_that_comes_after_its_verdict_still_follows_it(engine):
+    async def scenario():
+        servicer = TargetServicer(engine, 1)
+        plain = await plain_rounds(servicer, first(5, 0.9))
+        verdict = await servicer._submit(first(6, 0.9), None)
+        late = await servicer._submit(staged(6, len(PROMPT), decoys(verdict, DRAFTS[1])), None)
+        return plain, late
+    plain, late = asyncio.run(scenario())
+    assert verdict_of(late) == verdict_of(plain[1])
