@@ -108,3 +108,70 @@ def test_a_staged_call_that_comes_after_its_verdict_still_follows_it(engine):
         return plain, late
     plain, late = asyncio.run(scenario())
     assert verdict_of(late) == verdict_of(plain[1])
+
+
+class SlowTarget:
+    """The demo target engine with each verify `delay` seconds longer (a target whose pass outlasts a pre-draft,
+    as a large model's does): every pre-draft is back before its verdict, so it is staged."""
+
+    def __init__(self, engine, delay: float):
+        self._engine, self._delay = engine, delay
+
+    def verify_batch(self, requests):
+        import time
+        time.sleep(self._delay)
+        return self._engine.verify_batch(requests)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+@pytest.fixture(scope="module")
+def demo_engines():
+    from pathlib import Path
+
+    from draft_worker.proposer import DraftEngine
+    models = Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair"
+    return DraftEngine(str(models / "draft")), TargetEngine(str(models / "target"), str(models / "draft"))
+
+
+async def serve_loop(draft_engine, target_engine, policy, prompt: list[int], max_new: int):
+    """The router's loop (router.speculation.generate) over real gRPC workers on 127.0.0.1: (its request, each
+    round)."""
+    from draft_worker.server import DraftServicer
+    from engine.worker_server import start_server
+    from protos.specpool.v1 import worker_pb2_grpc
+    from router.speculation import RequestState, generate, releases_done
+    from router.worker_client import DraftClient, TargetClient
+    draft_server, draft_address = await start_server(worker_pb2_grpc.add_DraftWorkerServicer_to_server,
+                                                     DraftServicer(draft_engine), "127.0.0.1")
+    target_server, target_address = await start_server(worker_pb2_grpc.add_TargetWorkerServicer_to_server,
+                                                        TargetServicer(target_engine, 1), "127.0.0.1")
+    draft, target = DraftClient(draft_address), TargetClient(target_address)
+    state = RequestState(session_id=9, tokens=list(prompt), prompt_len=len(prompt), max_new_tokens=max_new,
+                         sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
+                         draft_mode=worker_pb2.DRAFT_MODE_GREEDY, max_context=0)
+    try:
+        async for _ in generate(state, draft, target, policy):
+            pass
+        await releases_done()
+    finally:
+        for client in (draft, target):
+            await client.close()
+        for server in (draft_server, target_server):
+            await server.stop(None)
+    return state
+
+
+@pytest.mark.parametrize("branches", [0, 3])
+def test_the_router_loop_over_grpc_takes_staged_rounds_and_stays_the_targets_greedy_output(demo_engines, branches):
+    """Real draft and target servicers over gRPC, the target slower than a pre-draft: most hits are staged rounds
+    (the target began them itself), and the tokens are the target's own greedy tokens, as in turn."""
+    from tests.test_overlap import FixedK
+    draft_engine, target_engine = demo_engines
+    prompt, slow = [5, 9, 14, 200, 3, 77], SlowTarget(target_engine, 0.03)
+    staged = asyncio.run(serve_loop(draft_engine, slow, FixedK(4, True, branches, stage=True), prompt, 40))
+    in_turn = asyncio.run(serve_loop(draft_engine, slow, FixedK(4, False), prompt, 40))
+    plain = asyncio.run(serve_loop(draft_engine, target_engine, FixedK(0, False), prompt, 40))
+    assert staged.tokens == in_turn.tokens == plain.tokens
+    assert staged.stats.predraft_hits > 2 and staged.stats.staged_rounds >= staged.stats.predraft_hits - 1
