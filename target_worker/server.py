@@ -24,7 +24,7 @@ from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
 from engine.batching import Batcher, only_answer
 from engine.ngram import LookupMissed
 from engine.worker_server import EngineRunner, answer, serve_stream, timed
-from target_worker.staging import Verdicts, follow_up, round_key, settle
+from target_worker.staging import Verdicts, deliver, follow_up, round_key
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
 
 
@@ -133,7 +133,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             verdict = await self._batcher.submit(request)
             return verdict
         finally:
-            settle(future, verdict)
+            deliver(future, verdict)
 
     async def _staged(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         """A staged call: once the round it follows has its verdict, verify the candidate that guessed it (its

@@ -78,6 +78,7 @@ class Verdicts:
             raise
 
 
-def settle(future: asyncio.Future, verdict: worker_pb2.VerifyResponse | None) -> None:
+def deliver(future: asyncio.Future, verdict: worker_pb2.VerifyResponse | None) -> None:
+    """Hand a round's verdict (None: the call failed) to the staged call waiting for it, if any."""
     if not future.done():
         future.set_result(verdict)
