@@ -182,6 +182,9 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         if request.decode_steps > 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "decode_steps: a decode run answers more than once; send it on VerifyStream")
+        if request.HasField("staged"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "staged: a staged round follows a call on the same stream; send it on VerifyStream")
         return await answer(context, self._batcher.submit(request))
 
     async def VerifyStream(self, requests, context):
