@@ -34,6 +34,9 @@ HELD_LONGER_MS = 40                                        # ... and with answer
 HELD_LONGER = f"in turn K=0, answers held up to {HELD_LONGER_MS} ms"
 NO_BRANCHES = ", no branches"                              # speculation.overlap_branches 0
 NOT_STAGED = ", not staged"                                # speculation.stage_predrafts false
+ONE_GUESS = ", one guess per position"                     # speculation.overlap_branch_guesses 1
+VARIANTS = ((NO_BRANCHES, {"overlap_branches": 0}), (NOT_STAGED, {"stage_predrafts": False}),
+            (ONE_GUESS, {"overlap_branch_guesses": 1}))   # overlapped rows at K = max and adaptive, one changed
 READ_WHOLE = ", read whole"                                # unary Generate (the rest: GenerateStream)
 
 
@@ -67,17 +70,17 @@ def pair_rows(service, cfg: BenchConfig, c: float, base: float) -> dict:
     configured = SpeculationConfig(**(service.data.get("speculation") or {}))
     runs_as_configured = {"decode_steps": configured.decode_steps, "answer_delay_ms": configured.answer_delay_ms,
                           "overlap_branches": configured.overlap_branches,
-                          "stage_predrafts": configured.stage_predrafts}
+                          "stage_predrafts": configured.stage_predrafts,
+                          "overlap_branch_guesses": configured.overlap_branch_guesses}
     plan = [(ONE_CALL_PER_TOKEN, 0, {"overlap": False, "decode_steps": 1}),
             (EACH_ANSWER_AT_ONCE, 0, {"overlap": False, **runs_as_configured, "answer_delay_ms": 0}),
             (HELD_LONGER, 0, {"overlap": False, **runs_as_configured, "answer_delay_ms": HELD_LONGER_MS})] + [
         (f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}", k,
          {"overlap": overlap, **runs_as_configured})
         for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))] + [
-        (f"overlap {'adaptive' if k is None else f'K={k}'}{NO_BRANCHES}", k,
-         {"overlap": True, **runs_as_configured, "overlap_branches": 0}) for k in (max(cfg.ks), None)] + [
-        (f"overlap {'adaptive' if k is None else f'K={k}'}{NOT_STAGED}", k,
-         {"overlap": True, **runs_as_configured, "stage_predrafts": False}) for k in (max(cfg.ks), None)] + [
+        (f"overlap {'adaptive' if k is None else f'K={k}'}{suffix}", k,
+         {"overlap": True, **runs_as_configured, **changed}) for suffix, changed in VARIANTS
+        for k in (max(cfg.ks), None)] + [
         (f"{name}{READ_WHOLE}", k, {"overlap": overlap, **runs_as_configured})
         for name, k, overlap in (("in turn K=0", 0, False), ("overlap adaptive", None, True))]
     runs = {name: [] for name, *_ in plan}
@@ -152,6 +155,8 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
         out[f"{name}: with branches / without"] = (rows[name]["tokens_per_s"]
                                                    / rows[name + NO_BRANCHES]["tokens_per_s"])
         out[f"{name}: staged / not staged"] = rows[name]["tokens_per_s"] / rows[name + NOT_STAGED]["tokens_per_s"]
+        out[f"{name}: two guesses per position / one"] = (rows[name]["tokens_per_s"]
+                                                          / rows[name + ONE_GUESS]["tokens_per_s"])
     return out
 
 

@@ -8,7 +8,8 @@ Calls that arrive together are batched: step j of every request's K steps runs a
 (a request with a smaller K leaves the batch after its last step). A pre-draft's rejection branches
 (ProposeRequest.branches) are more rows of the same steps, each from a fork of its session's cache cut at the
 branch point; they are dropped after the call, so the session holds its own row only. Each draft's runner-up
-(its best other token) is answered when asked: the router's guess of the target's correction there.
+(its best other token) and third choice are answered when asked: the router's guesses of the target's correction
+there.
 """
 from __future__ import annotations
 
@@ -37,14 +38,21 @@ class DraftRow(NamedTuple):
 
 @dataclass
 class Drafted:
-    """What a row drafted: tokens, their hidden states (sampled mode) and each token's runner-up."""
+    """What a row drafted: tokens, their hidden states (sampled mode) and each token's runner-up and third choice."""
     tokens: list = field(default_factory=list)
     hiddens: list = field(default_factory=list)
     runner_ups: list = field(default_factory=list)
+    thirds: list = field(default_factory=list)
 
-    def add(self, token: int, top2: list[int]) -> None:
+    def add(self, token: int, top3: list[int]) -> None:
+        others = [t for t in top3 if t != token]       # the best tokens other than the draft, best first
         self.tokens.append(token)
-        self.runner_ups.append(top2[1] if token == top2[0] else top2[0])
+        self.runner_ups.append(others[0])
+        self.thirds.append(others[1])
+
+    def choices(self, asked: bool) -> dict:
+        """The runner-up and third-choice fields of an answer: empty unless the request asked for them."""
+        return {"runner_up_token_ids": self.runner_ups, "third_choice_token_ids": self.thirds} if asked else {}
 
     def hidden_bytes(self) -> bytes:
         return torch.stack(self.hiddens).contiguous().view(torch.uint8).numpy().tobytes() if self.hiddens else b""
@@ -55,14 +63,12 @@ def answer_rows(rows: list[DraftRow], drafted: list[Drafted], results: list) -> 
     that failed is dropped with it)."""
     size = len({row.index for row in rows})
     for row, out in zip(rows, drafted):
-        runner_ups = out.runner_ups if row.request.runner_ups else []
+        choices = out.choices(row.request.runner_ups)
         if not row.branch:
             results[row.index] = worker_pb2.ProposeResponse(
-                draft_token_ids=out.tokens, draft_hidden_states=out.hidden_bytes(), batch_size=size,
-                runner_up_token_ids=runner_ups)
+                draft_token_ids=out.tokens, draft_hidden_states=out.hidden_bytes(), batch_size=size, **choices)
         elif isinstance(results[row.index], worker_pb2.ProposeResponse):
-            results[row.index].branch_drafts.add(token_ids=out.tokens, hidden_states=out.hidden_bytes(),
-                                                  runner_up_token_ids=runner_ups)
+            results[row.index].branch_drafts.add(token_ids=out.tokens, hidden_states=out.hidden_bytes(), **choices)
 
 
 class DraftEngine:
@@ -127,11 +133,11 @@ class DraftEngine:
             hidden = batch.forward(inputs, decoder_only=True)          # [B, n_new, hidden]
             last = torch.stack([hidden[r, len(t) - 1] if t else hidden[r, 0] for r, t in enumerate(inputs)])
             logits = self.head(last)                                    # [B, vocab]
-            top2 = logits.topk(2, dim=-1).indices.tolist()              # [B, 2]: argmax, runner-up
+            top3 = logits.topk(3, dim=-1).indices.tolist()              # [B, 3]: argmax, runner-up, third
             for r, (row, out) in enumerate(zip(rows, drafted)):
                 if j < ks[r]:
                     out.add(self._draft_token(row.session, row.request.mode, logits[r], row.start + j, out.hiddens,
-                                              last[r], top2[r][0]), top2[r])
+                                              last[r], top3[r][0]), top3[r])
             ks = [len(out.tokens) if gone(row.index) else k for row, out, k in zip(rows, drafted, ks)]
             inputs = [[out.tokens[-1]] if j + 1 < k else [] for out, k in zip(drafted, ks)]
             self.stats.record(sum(1 for k in ks if k > j))

@@ -75,7 +75,7 @@ _BRANCH_GROW_AFTER = 16  # pre-drafts done by their verdict, in a row, before on
 _COST_KEYS = ("w", "x", "y", "xx", "xy", "z", "zz", "xz", "zy", "rtt_target", "busy_w", "rtt_plain", "plain_w",
               "between", "between_w",
               "load", "load_w", "dw", "draft_s", "draft_k", "draft_kk", "draft_ks", "rtt_draft",
-              "guess_tries", "guess_hits", "branch_tries", "branch_hits")
+              "guess_tries", "guess_hits", "branch_tries", "branch_hits", "third_tries", "third_hits")
 
 
 @dataclass
@@ -91,8 +91,10 @@ class RoundTimings:
     queue_depth: int = 0                     # verify calls waiting at the target meanwhile
     guess_hit: bool | None = None            # overlap, all K accepted: was the pre-draft's guess of the
                                              # target's next token right (None: no pre-draft was out)
-    branch_hit: bool | None = None           # overlap, a draft rejected where the pre-draft had a rejection branch:
-                                             # was its guess of the correction (the draft's runner-up) right
+    branch_hit: bool | None = None           # a draft rejected: was the draft's runner-up there the target's
+                                             # correction (None: no rejection, or no runner-up known)
+    third_hit: bool | None = None            # a draft rejected, the runner-up there not the correction: was the
+                                             # draft's third choice (None: no such rejection or no third known)
     predraft_beside: bool = False            # a pre-draft ran on the draft worker while the target verified
     predraft_done: bool | None = None        # ... and had finished when the verdict came back (None: none sent)
     branches: int = 0                        # ... with this many rejection branches
@@ -116,20 +118,33 @@ def all_accepted(rates: list[float], k: int) -> float:
     return math.prod(_rate(rates, j) for j in range(k))
 
 
-def overlap_chances(rates: list[float], k_max: int, guess: float, branch: float,
+def overlap_chances(rates: list[float], k_max: int, guess: float, rank_rates: list[float],
                     branches: int) -> list[tuple[float, float]]:
     """Per K in 0..k_max, with overlap: (h(K), the chance that a round waits for its own pre-draft). A round's
     drafts were pre-drafted if its predecessor accepted all K drafts and the guess of the next token was right
-    (`guess`), or rejected draft j < `branches` and the runner-up there was the correction (`branch`); the round
-    waits for the pre-draft whenever its verdict is one of those (all accepted, or a branch guessed right)."""
-    out, survive, branched = [], 1.0, 0.0          # survive: P(the first k drafts accepted)
+    (`guess`), or rejected draft j where branch_plan put a branch (j, rank) and that guess was the correction
+    (`rank_rates[rank]`); the round waits for the pre-draft whenever its verdict is one of those."""
+    out, survive, exactly = [], 1.0, []            # survive: P(the first k drafts accepted); exactly[j]: P(j)
     for k in range(k_max + 1):
-        out.append((survive * guess + branched * branch, survive + branched * branch))
+        branched = sum(exactly[j] * rank_rates[rank] for j, rank in branch_plan(rates, k, branches, rank_rates))
+        out.append((survive * guess + branched, survive + branched))
         accept = _rate(rates, k)
-        if k < branches:
-            branched += survive * (1.0 - accept)       # P(exactly k accepted)
+        exactly.append(survive * (1.0 - accept))
         survive *= accept
     return out
+
+
+def branch_plan(rates: list[float], k: int, branches: int, rank_rates: list[float]) -> list[tuple[int, int]]:
+    """The `branches` likeliest rejection branches of a pre-draft beside K drafts, likeliest first: (j, rank), the
+    verdict "j drafts accepted, then the draft's runner-up (rank 0) or third choice (rank 1) at j", of chance
+    P(exactly j accepted) * rank_rates[rank] (P(that guess is the correction | draft j rejected)). Ties (nothing
+    learned yet) go to runner-ups, then to the earlier position."""
+    scored, survive = [], 1.0
+    for j in range(k):
+        accept = _rate(rates, j)
+        scored += [(survive * (1.0 - accept) * rate, -rank, -j) for rank, rate in enumerate(rank_rates)]
+        survive *= accept
+    return [(-j, -rank) for _, rank, j in sorted(scored, reverse=True)[:branches]]
 
 
 def _rate(rates: list[float], j: int) -> float:
@@ -336,13 +351,32 @@ class KController:
         return (c["guess_hits"] + weight * prior) / tries if tries > 0 else prior
 
     def branch_rate(self) -> float:
-        """P(the draft's runner-up is the target's correction | a draft rejected where a branch was pre-drafted):
-        learned from those rounds, shrunk with `prior_weight` towards 0 (nothing is assumed before it is seen),
-        or for a controller given a `pool`, towards the pool's rate."""
+        """P(the draft's runner-up is the target's correction | a draft rejected): learned from every such round,
+        shrunk with `prior_weight` towards 0 (nothing is assumed before it is seen), or for a controller given a
+        `pool`, towards the pool's rate."""
         weight, c = self.config.prior_weight, self._cost
         prior = self._pool.branch_rate() if self._pool is not None else 0.0
         tries = c["branch_tries"] + weight
         return (c["branch_hits"] + weight * prior) / tries if tries > 0 else prior
+
+    def third_rate(self) -> float:
+        """P(the draft's third choice is the target's correction | a draft rejected and the runner-up there was
+        not it): learned from every such round, shrunk with `prior_weight` towards 0, or for a controller given a
+        `pool`, towards the pool's rate."""
+        weight, c = self.config.prior_weight, self._cost
+        prior = self._pool.third_rate() if self._pool is not None else 0.0
+        tries = c["third_tries"] + weight
+        return (c["third_hits"] + weight * prior) / tries if tries > 0 else prior
+
+    def rank_rates(self) -> list[float]:
+        """P(a guess of rank r is the correction | a draft rejected), for the ranks guessed
+        (speculation.overlap_branch_guesses): the runner-up, then the third choice."""
+        branch = self.branch_rate()
+        return [branch, (1.0 - branch) * self.third_rate()][:self.config.overlap_branch_guesses]
+
+    def branch_plan(self, k: int) -> list[tuple[int, int]]:
+        """The rejection branches (j, rank) the next pre-draft beside K drafts carries (see branch_plan)."""
+        return branch_plan(self.acceptance(), k, self.branches, self.rank_rates())
 
     def hit_rate(self, k: int, rates: list[float] | None = None) -> float:
         """h(K): the chance that the next round's drafts are already pre-drafted when this round's verdict
@@ -350,7 +384,7 @@ class KController:
         return self._overlap_chances(self.acceptance() if rates is None else rates)[k][0]
 
     def _overlap_chances(self, rates: list[float]) -> list[tuple[float, float]]:
-        return overlap_chances(rates, self.config.k_max, self.guess_rate(), self.branch_rate(), self.branches)
+        return overlap_chances(rates, self.config.k_max, self.guess_rate(), self.rank_rates(), self.branches)
 
     def goodput_curve(self) -> dict[int, float]:
         """Modeled goodput E[K] / T(K) (tokens per second) for each K in [k_min, k_max]; with overlap on,
@@ -370,6 +404,7 @@ class KController:
                 "samples": list(self._attempts),
                 "costs": self.costs(),
                 "overlap": {"guess_rate": self.guess_rate(), "branch_rate": self.branch_rate(),
+                            "third_rate": self.third_rate(),
                             "branches": self.branches, "hit_rate": self.hit_rate(self.k)},
                 "goodput": {str(k): g for k, g in self.goodput_curve().items()}}
 
@@ -527,6 +562,8 @@ class KController:
             _decay_add(self._cost, decay, guess_tries=1.0, guess_hits=float(t.guess_hit))
         if t.branch_hit is not None:
             _decay_add(self._cost, decay, branch_tries=1.0, branch_hits=float(t.branch_hit))
+        if t.third_hit is not None:
+            _decay_add(self._cost, decay, third_tries=1.0, third_hits=float(t.third_hit))
 
     def _record_verify(self, k: int, t: RoundTimings, decay: float) -> None:
         tokens, verify_s, busy = t.batch_tokens or k + 1, t.verify_seconds, float(k > 0 or t.predraft_beside)

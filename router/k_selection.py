@@ -208,9 +208,10 @@ class KSelector:
         """Whether a pre-draft back before its verdict is staged on the target (speculation.stage_predrafts)."""
         return self.config.stage_predrafts
 
-    def predraft_branches(self, state: RequestState) -> int:
-        """Rejection branches the request's next pre-draft carries beside its main guess (KController.branches)."""
-        return self.controller(state).branches
+    def predraft_branches(self, state: RequestState, k: int) -> list[tuple[int, int]]:
+        """The rejection branches (j, rank) the request's next pre-draft, beside K drafts, carries besides its main
+        guess (KController.branch_plan)."""
+        return self.controller(state).branch_plan(k)
 
     def observe(self, state: RequestState, round_: Round) -> None:
         self.pools[(round_.source, regime(state))].observe(round_.k, round_.accepted, round_.timings)

@@ -10,7 +10,8 @@ Overlap (draft-ahead). While the target verifies round r, the draft keeps going 
 guesses the target's next token and drafts round r+1 after it. Beside that main branch, in the same batched
 steps, it drafts up to `predraft_branches` rejection branches: for draft position j, the verdict "the first j
 drafts accepted, then the draft's runner-up at j" (the draft's next best token is the target's correction about
-half the time on the demo pair). If the verdict is one of the branches, round r+1's drafts are ready and its
+half the time on the demo pair), or "... then its third choice at j" (a second guess, right in about a fifth of
+the rest), the likeliest ones first. If the verdict is one of the branches, round r+1's drafts are ready and its
 verify goes out at once; any other verdict cancels the pre-draft and r+1 drafts as usual. Drafts are only
 proposals, so this changes which tokens are proposed, never the distribution of what is committed. A pre-draft
 that is back before the verdict is staged on the target (`speculation.stage_predrafts`, StagedCall): the target
@@ -100,8 +101,9 @@ class Proposal:
     worker_seconds: float = 0.0      # ... of which the worker spent queued or handing over to its engine thread
     source: int = MODEL              # where the tokens came from (MODEL or NGRAM)
     runner_ups: list[int] = field(default_factory=list)   # the draft's runner-up at each draft (model drafts)
-    branches: dict = field(default_factory=dict)          # a pre-draft's rejection branches: {drafts accepted:
-                                                          # the next round's drafts after the runner-up there}
+    thirds: list[int] = field(default_factory=list)       # ... and its third choice
+    branches: dict = field(default_factory=dict)          # a pre-draft's rejection branches: {(drafts accepted,
+                                                          # correction guessed): the next round's drafts after it}
     cached: bool = True              # the draft worker holds the context + tokens[:-1] (not so after a branch)
     staged: asyncio.Task | None = None   # a staged call verifying these drafts already: its (answer, wire bytes)
 
@@ -109,7 +111,7 @@ class Proposal:
         """A pre-draft is [guess of the target's next token, next round's drafts...]: the drafts alone."""
         row = len(self.hidden) // len(self.tokens) if self.tokens else 0
         return Proposal(self.tokens[1:], self.hidden[row:], self.seconds, self.rtt_seconds, self.worker_seconds,
-                        runner_ups=self.runner_ups[1:])
+                        runner_ups=self.runner_ups[1:], thirds=self.thirds[1:])
 
 
 NO_DRAFTS = Proposal()
@@ -147,7 +149,8 @@ class KPolicy(Protocol):
                                                                       # this long to send them together
     def choose_k(self, state: "RequestState", source: int = ...) -> int: ...
     def held_k(self, state: "RequestState", source: int) -> int: ...   # the K it holds (no probe drawn)
-    def predraft_branches(self, state: "RequestState") -> int: ...   # rejection branches beside a pre-draft
+    def predraft_branches(self, state: "RequestState", k: int) -> list[tuple[int, int]]: ...
+                                      # rejection branches beside a pre-draft of K drafts: (j, 0 runner-up | 1 third)
     def choose_source(self, state: "RequestState", candidates: list[int], match_size: int = ...) -> int: ...
     def lookup_limits(self, state: "RequestState", k: int, with_model: bool) -> tuple[int, list[int]]: ...
                                       # (shortest n-gram match worth drafting from, most drafts per match length)
@@ -200,8 +203,8 @@ def round_parts(wall: float, proposal: Proposal, ready: bool, timings: RoundTimi
 
 async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int], synced: int, k: int,
                      branches: list[tuple[int, int]] = ()) -> Proposal | None:
-    """K draft tokens after `tokens`, of which the draft holds `synced`, each with its runner-up (and the branches'
-    drafts: Proposal.branches). A draft worker that is unreachable costs the round its drafts, not the request
+    """K draft tokens after `tokens`, of which the draft holds `synced`, each with its runner-up and third choice
+    (and the drafts of each branch (j, token): Proposal.branches). A draft worker that is unreachable costs the round its drafts, not the request
     (None: the round runs as plain decoding)."""
     started, state.draft_called = time.perf_counter(), True
     try:
@@ -217,10 +220,11 @@ async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int],
     state.stats.wire_bytes += wire
     timing = split_time(started, response)
     return Proposal(list(response.draft_token_ids), response.draft_hidden_states, *timing,
-                    runner_ups=list(response.runner_up_token_ids),
-                    branches={j: Proposal(list(b.token_ids), b.hidden_states, *timing, cached=False,
-                                          runner_ups=list(b.runner_up_token_ids))
-                              for (j, _), b in zip(branches, response.branch_drafts) if b.token_ids})
+                    runner_ups=list(response.runner_up_token_ids), thirds=list(response.third_choice_token_ids),
+                    branches={point: Proposal(list(b.token_ids), b.hidden_states, *timing, cached=False,
+                                              runner_ups=list(b.runner_up_token_ids),
+                                              thirds=list(b.third_choice_token_ids))
+                              for point, b in zip(branches, response.branch_drafts) if b.token_ids})
 
 
 def ngram_proposal(state: RequestState, k: int) -> Proposal:
@@ -243,9 +247,9 @@ async def propose(state: RequestState, draft: DraftClient | None, k: int, source
 
 
 def predraft(state: RequestState, draft: DraftClient | None, proposal: Proposal, next_k: int,
-             branches: dict[int, int]) -> asyncio.Task | None:
+             branches: list[tuple[int, int]]) -> asyncio.Task | None:
     """Send the pre-draft, to run while the target verifies the proposal's drafts: past them, a guess of the
-    target's next token and then `next_k` drafts of the next round; and for each rejection branch {j: token},
+    target's next token and then `next_k` drafts of the next round; and for each rejection branch (j, token),
     `next_k` drafts after "drafts[:j], then token" (the task's result: that Proposal, or None if the draft is
     unreachable). The draft holds the committed tokens and drafts[:-1] (what proposing them cached), or for
     drafts of a branch, the committed tokens it is synced to."""
@@ -255,7 +259,7 @@ def predraft(state: RequestState, draft: DraftClient | None, proposal: Proposal,
     held = len(state.tokens) + len(drafts) - 1 if drafts and proposal.cached else state.draft_synced
     state.stats.predrafts += 1
     return asyncio.get_running_loop().create_task(
-        draft_call(state, draft, state.tokens + drafts, held, next_k + 1, list(branches.items())))
+        draft_call(state, draft, state.tokens + drafts, held, next_k + 1, branches))
 
 
 async def verify(state: RequestState, target: TargetClient, proposal: Proposal) -> tuple:
@@ -345,38 +349,33 @@ def run_step(state: RequestState, step: worker_pb2.VerifyResponse, wall: float, 
     return round_
 
 
-async def settle(ahead: asyncio.Task | None, round_: Round, guesses: dict[int, int]) -> Proposal | None:
+async def settle(ahead: asyncio.Task | None, round_: Round, guesses: list[tuple[int, int]]) -> Proposal | None:
     """The next round's drafts if the pre-draft guessed this verdict, else None: all drafts accepted and the next
-    token guessed (the main branch), or a rejection at j whose correction is `guesses[j]` (a rejection branch);
-    a pre-draft that can no longer match is cancelled. Records on the round's timings whether a guess was tried
-    and right (guess_hit: the main branch's; branch_hit: a rejection branch's)."""
+    token guessed (the main branch), or a rejection at j whose correction is a guess (j, correction) (a rejection
+    branch); a pre-draft that can no longer match is cancelled. Records on the round's timings whether the main
+    branch's guess was tried and right (guess_hit)."""
     if ahead is None:
         return None
     round_.timings.predraft_done, round_.timings.branches = ahead.done(), len(guesses)
     token, rejected = round_.committed[-1], round_.accepted < round_.k
-    if rejected:
-        if round_.accepted in guesses:
-            round_.timings.branch_hit = guesses[round_.accepted] == token
-        if not round_.timings.branch_hit:
-            await cancel(ahead)
-            return None
+    if rejected and (round_.accepted, token) not in guesses:
+        await cancel(ahead)
+        return None
     proposal = await ahead
     if proposal is None or not proposal.tokens:
         return None
     if not rejected:
         round_.timings.guess_hit = proposal.tokens[0] == token
-    return next_drafts(proposal, round_.k, guesses).get((round_.accepted, token))
+    return next_drafts(proposal, round_.k).get((round_.accepted, token))
 
 
-def next_drafts(predraft: Proposal, k: int, guesses: dict[int, int]) -> dict[tuple[int, int], Proposal]:
-    """The next round's drafts a pre-draft made, by the verdict each one guessed, (drafts accepted, next token):
-    all K accepted, then its guess of the bonus token (the main branch); a rejection at j, then the correction
-    guessed there (a rejection branch)."""
+def next_drafts(predraft: Proposal, k: int) -> dict[tuple[int, int], Proposal]:
+    """The next round's drafts a pre-draft of K drafts' successors made, by the verdict each one guessed,
+    (drafts accepted, next token): all K accepted, then its guess of the bonus token (the main branch); a rejection
+    at j, then a correction guessed there (a rejection branch)."""
     if not predraft.tokens:
         return {}
-    main = {(k, predraft.tokens[0]): predraft.after_guess()}
-    return {**main, **{(j, token): predraft.branches[j] for j, token in guesses.items()
-                       if j < k and j in predraft.branches}}
+    return {(k, predraft.tokens[0]): predraft.after_guess(), **predraft.branches}
 
 
 class StagedCall:
@@ -385,9 +384,8 @@ class StagedCall:
     would end the request). `task`: the call, answering (VerifyResponse, wire bytes), `missed` when the verdict
     was none of them."""
 
-    def __init__(self, state: RequestState, target: TargetClient, ahead: asyncio.Task, k: int,
-                 guesses: dict[int, int]):
-        self.state, self.target, self.k, self.guesses = state, target, k, guesses
+    def __init__(self, state: RequestState, target: TargetClient, ahead: asyncio.Task, k: int):
+        self.state, self.target, self.k = state, target, k
         self.before, self.task = len(state.tokens), None
         ahead.add_done_callback(self._send)
 
@@ -397,7 +395,7 @@ class StagedCall:
         ends = self.state.stop_ids | self.state.eos_ids
         candidates = [worker_pb2.StagedDrafts(num_accepted=j, next_token_id=token, draft_token_ids=drafts.tokens,
                                               draft_hidden_states=drafts.hidden)
-                      for (j, token), drafts in next_drafts(ahead.result(), self.k, self.guesses).items()
+                      for (j, token), drafts in next_drafts(ahead.result(), self.k).items()
                       if token not in ends]
         if candidates:
             state = self.state
@@ -424,11 +422,11 @@ async def cancel(ahead: asyncio.Task | None) -> None:
 
 async def speculative_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
                             ready: Proposal | None = None, next_k: int = 0,
-                            source: int = MODEL, branches: int = 0, stage: bool = False
+                            source: int = MODEL, branches: tuple = (), stage: bool = False
                             ) -> tuple[Round, Proposal | None]:
     """Draft K from `source` (or take the `ready` drafts a pre-draft made), verify them in one target pass and,
-    with `next_k` > 0 after model drafts, pre-draft the next round meanwhile (with up to `branches` rejection
-    branches; `stage`d on the target if back before the verdict). Returns the round and the next round's drafts
+    with `next_k` > 0 after model drafts, pre-draft the next round meanwhile (with the rejection `branches` planned,
+    (j, 0: runner-up | 1: third choice); `stage`d on the target if back before the verdict). Returns the round and the next round's drafts
     if the pre-draft matched the verdict (with the staged call verifying them already, if there is one)."""
     before, started = len(state.tokens), time.perf_counter()
     catch_up = (0 if ready is not None else before - state.draft_synced, before - state.target_synced)
@@ -437,7 +435,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     points = guesses(proposal, branches)
     ahead = predraft(state, draft, proposal, clamp_k(state, next_k, len(proposal.tokens) + 1), points) \
         if from_model or not proposal.tokens else None
-    staging = StagedCall(state, target, ahead, len(proposal.tokens), points) if ahead and stage else None
+    staging = StagedCall(state, target, ahead, len(proposal.tokens)) if ahead and stage else None
     try:
         verdict, verify_worker, timings, staged = await verify(state, target, proposal)
     except BaseException:
@@ -456,6 +454,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     round_.from_branch, round_.staged = ready is not None and not ready.cached, staged
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
+    timings.branch_hit, timings.third_hit = correction_guessed(proposal, round_)
     settling = time.perf_counter()
     next_ready = await settle(ahead, round_, points)
     if next_ready is not None and staging is not None:
@@ -468,9 +467,23 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     return round_, next_ready
 
 
-def guesses(proposal: Proposal, branches: int) -> dict[int, int]:
-    """The rejection branches a pre-draft of these drafts carries: {drafts accepted: the correction guessed}."""
-    return dict(enumerate(proposal.runner_ups[:min(branches, len(proposal.tokens))]))
+def guesses(proposal: Proposal, branches) -> list[tuple[int, int]]:
+    """The rejection branches a pre-draft of these drafts carries, (drafts accepted, the correction guessed), from
+    the planned `branches` (j, 0: the draft's runner-up at j | 1: its third choice)."""
+    choices = (proposal.runner_ups, proposal.thirds)
+    return [(j, choices[rank][j]) for j, rank in branches
+            if j < len(proposal.tokens) and j < len(choices[rank])]
+
+
+def correction_guessed(proposal: Proposal, round_: Round) -> tuple[bool | None, bool | None]:
+    """In a round that rejected draft j: was the draft's runner-up at j the target's correction, and if not, was
+    its third choice (None: no rejection, no such guess known, or the runner-up was right)? The controller learns
+    both rates from every rejection, branched or not (RoundTimings.branch_hit, third_hit)."""
+    j, token = round_.accepted, round_.committed[-1]
+    if j >= round_.k or j >= len(proposal.runner_ups):
+        return None, None
+    runner_up = proposal.runner_ups[j] == token
+    return runner_up, None if runner_up or j >= len(proposal.thirds) else proposal.thirds[j] == token
 
 
 def sync_draft(state: RequestState, draft: DraftClient | None, round_: Round, proposal: Proposal, before: int,
@@ -531,7 +544,7 @@ def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
 
 async def resilient_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
                           recovery_s: float, ready: Proposal | None = None, next_k: int = 0,
-                          source: int = MODEL, branches: int = 0, stage: bool = False
+                          source: int = MODEL, branches: tuple = (), stage: bool = False
                           ) -> tuple[Round, Proposal | None]:
     """A round that survives a target failure: wait for the target group to be restarted, then run the
     round again; the restarted target has no cache, so it is re-prefilled. The round gives up (re-raising
@@ -722,7 +735,7 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             overlap = policy.overlap and source == MODEL
             next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source,
-                                                  policy.predraft_branches(state) if overlap else 0,
+                                                  policy.predraft_branches(state, k) if overlap else (),
                                                   overlap and policy.stage_predrafts)
             committed, ended = conclude(state, policy, round_, between), time.perf_counter()
             yield committed

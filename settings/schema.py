@@ -148,8 +148,11 @@ class ControllerConfig:
     overlap: bool = True             # while the target verifies, the draft pre-drafts the next round for the
                                      # verdict "all K accepted + its own guess of the next token"...
     overlap_tokens: int = 0          # most tokens one pre-draft may draft (guess + next K; 0: k_max + 1)
-    overlap_branches: int = 8        # ... and beside that, drafts after "j drafts accepted, then the draft's
-                                     # runner-up at j" for the first this many positions j (0: only all accepted)
+    overlap_branches: int = 8        # ... and beside that, at most this many rejection branches, the likeliest:
+                                     # drafts after "j drafts accepted, then the draft's runner-up at j" (0: only
+                                     # all accepted)
+    overlap_branch_guesses: int = 2  # guesses of the correction per rejected position: 1 the runner-up, 2 also the
+                                     # draft's third choice
     stage_predrafts: bool = True     # a pre-draft back before the verdict is staged on the target, which starts the
                                      # next round itself when the verdict is one it guessed (no router round trip)
     decode_steps: int = 32           # a round at K = 0 (chosen, or speculation.k: 0) is a decode run: the target
@@ -188,6 +191,7 @@ class ControllerConfig:
             ("load_window", self.load_window >= 1, "must be >= 1"),
             ("overlap_tokens", self.overlap_tokens == 0 or self.overlap_tokens >= 2, "must be 0 or >= 2"),
             ("overlap_branches", self.overlap_branches >= 0, "must be >= 0"),
+            ("overlap_branch_guesses", self.overlap_branch_guesses in (1, 2), "must be 1 or 2"),
             ("decode_steps", self.decode_steps >= 1, "must be >= 1"),
             ("answer_delay_ms", 0 <= self.answer_delay_ms <= 1000, "must be in [0, 1000]"),
             ("unstreamed_answer_delay_ms", 0 <= self.unstreamed_answer_delay_ms <= 10000, "must be in [0, 10000]"),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from router.controller import KController, RoundTimings, expected_tokens, round_time
+from router.controller import KController, RoundTimings, branch_plan, expected_tokens, round_time
 from settings.schema import ControllerConfig
 
 
@@ -481,8 +481,34 @@ def test_overlap_hit_rate_counts_each_branched_rejection_at_the_learned_runner_u
         controller.observe(2, 1, RoundTimings(branch_hit=hit))
     assert controller.branch_rate() == pytest.approx(0.5)
     assert controller.hit_rate(2) == pytest.approx(0.5 * 0.75 + 1.0 * 0.5 * 0.5)   # a_0 = 1, a_1 = 0.5
-    controller.update_config(replace(config, overlap_branches=1))                   # no branch at position 1
+    controller.update_config(replace(config, overlap_branches=1))   # the one branch goes where drafts are rejected
+    assert controller.branch_plan(2) == [(1, 0)]
+    assert controller.hit_rate(2) == pytest.approx(0.5 * 0.75 + 1.0 * 0.5 * 0.5)
+    controller.update_config(replace(config, overlap_branches=0))
     assert controller.hit_rate(2) == pytest.approx(0.5 * 0.75)
+
+
+def test_branch_plan_takes_the_likeliest_verdicts_runner_ups_first_while_nothing_is_learned():
+    # P(exactly j accepted) for a = (0.5, 0.8, 0.5): 0.5, 0.1, 0.2; runner-up right 0.6, third 0.4 * 0.5 = 0.2
+    rates, rank_rates = [0.5, 0.8, 0.5], [0.6, 0.2]
+    assert branch_plan(rates, 3, 6, rank_rates) == [(0, 0), (2, 0), (0, 1), (1, 0), (2, 1), (1, 1)]
+    assert branch_plan(rates, 3, 3, rank_rates) == [(0, 0), (2, 0), (0, 1)]
+    assert branch_plan(rates, 1, 8, rank_rates) == [(0, 0), (0, 1)]            # no branch past K's drafts
+    assert branch_plan(rates, 3, 4, [0.0, 0.0]) == [(0, 0), (1, 0), (2, 0), (0, 1)]
+    assert branch_plan(rates, 3, 8, [0.6]) == [(0, 0), (2, 0), (1, 0)]           # one guess per position
+
+
+def test_overlap_hit_rate_counts_third_choice_branches_at_their_learned_rate():
+    config = overlapped(k_max=4, prior_weight=0.0, cost_window=10 ** 9, overlap_branches=4)
+    controller = KController(config, random.Random(0))
+    for runner_up, third in [(True, None)] * 20 + [(False, True)] * 5 + [(False, False)] * 15:
+        controller.observe(2, 0, RoundTimings(branch_hit=runner_up, third_hit=third))   # position 0 rejected
+    assert controller.third_rate() == pytest.approx(0.25)
+    assert controller.rank_rates() == pytest.approx([0.5, 0.5 * 0.25])
+    assert controller.hit_rate(1) == pytest.approx(0.5 + 0.125)      # a_0 = 0: every verdict rejects draft 0
+    controller.update_config(replace(config, overlap_branch_guesses=1))
+    assert controller.branch_plan(2) == [(0, 0), (1, 0)]
+    assert controller.hit_rate(1) == pytest.approx(0.5)
 
 
 def test_overlap_round_time_counts_drafting_only_on_a_miss():

@@ -149,9 +149,9 @@ class FakeTarget(FakeWorker):
 class FixedK:
     """A KPolicy with one K, recording the rounds."""
 
-    def __init__(self, k: int, overlap: bool, branches: int = 0, stage: bool = False):
+    def __init__(self, k: int, overlap: bool, branches: int = 0, stage: bool = False, thirds: bool = False):
         self.k, self.overlap, self.predraft_k, self.rounds = k, overlap, 8, []
-        self.branches, self.stage_predrafts = branches, stage
+        self.branches, self.stage_predrafts, self.ranks = branches, stage, (0, 1) if thirds else (0,)
         self.decode_steps = 1               # the fake target answers one token per call
 
     def choose_k(self, state, source=None):
@@ -169,8 +169,8 @@ class FixedK:
     def match_k(self, state, size, k):
         return k
 
-    def predraft_branches(self, state):
-        return self.branches
+    def predraft_branches(self, state, k):
+        return [(j, rank) for rank in self.ranks for j in range(min(self.branches, k))]   # at the first positions
 
     def observe(self, state, round_):
         self.rounds.append(round_)
@@ -221,12 +221,12 @@ def test_a_hit_means_all_drafts_accepted_and_the_guess_right_or_a_branch_guessed
     state = run(draft, FakeTarget(), policy)
     for previous, round_ in zip(policy.rounds, policy.rounds[1:]):
         main = previous.accepted == previous.k and previous.timings.guess_hit is True
-        branch = previous.accepted < min(previous.k, branches) and previous.timings.branch_hit is True
-        assert round_.predrafted == (main or branch)
         # The fake draft's runner-up is always the target's token: a rejection where a branch was is a hit.
-        assert previous.timings.branch_hit is (True if previous.predraft_sent and previous.accepted < min(
-            previous.k, branches) else None)
-    branch_hits = sum(1 for r in policy.rounds if r.timings.branch_hit)
+        branch = previous.predraft_sent and previous.accepted < min(previous.k, branches)
+        assert round_.predrafted == (main or branch) and round_.from_branch == branch
+        # ... and the controller learns so from every rejection, branched or not
+        assert previous.timings.branch_hit is (True if previous.accepted < previous.k else None)
+    branch_hits = sum(r.from_branch for r in policy.rounds)
     assert state.stats.predraft_branch_hits == branch_hits and (branch_hits > 0) == (branches > 0)
     assert set(draft.branches) <= {0, min(branches, 3)}
 

@@ -34,6 +34,7 @@ def test_local_config_loads():
     ({"router": {"port": "x"}}, "router.port: must be int"),
     ({"speculation": {"draft_sampling": "beam"}}, "speculation.draft_sampling:"),
     ({"speculation": {"k": -1}}, "speculation.k:"),
+    ({"speculation": {"overlap_branch_guesses": 3}}, "speculation.overlap_branch_guesses: must be 1 or 2"),
     ({"draft": {"dtype": "float8"}}, "draft.dtype:"),
     ({"bogus": {}}, "bogus: unknown key"),
     ({"ray": {"worker_niceness": -5}}, "ray.worker_niceness:"),

@@ -25,31 +25,39 @@ def request(session_id, position, new, k, mode=worker_pb2.DRAFT_MODE_GREEDY, bra
                                      branches=[worker_pb2.BranchPoint(at=at, token_id=t) for at, t in branches])
 
 
-def greedy_from_scratch(model, context: list[int], k: int) -> tuple[list[int], list[int]]:
-    """k argmax drafts after `context`, each with its runner-up, by the model alone over the whole context."""
-    tokens, runner_ups = list(context), []
+def greedy_from_scratch(model, context: list[int], k: int) -> tuple[list[int], list[int], list[int]]:
+    """k argmax drafts after `context`, each with its runner-up and third choice, by the model alone over the
+    whole context."""
+    tokens, runner_ups, thirds = list(context), [], []
     with torch.no_grad():
         for _ in range(k):
-            top2 = model(torch.tensor([tokens])).logits[0, -1].topk(2).indices.tolist()
-            tokens.append(top2[0])
-            runner_ups.append(top2[1])
-    return tokens[len(context):], runner_ups
+            top3 = model(torch.tensor([tokens])).logits[0, -1].topk(3).indices.tolist()
+            tokens.append(top3[0])
+            runner_ups.append(top3[1])
+            thirds.append(top3[2])
+    return tokens[len(context):], runner_ups, thirds
+
+
+def choices(answer) -> tuple[list[int], list[int], list[int]]:
+    """A draft answer's (or branch's) tokens, runner-ups and third choices."""
+    tokens = answer.draft_token_ids if hasattr(answer, "draft_token_ids") else answer.token_ids
+    return list(tokens), list(answer.runner_up_token_ids), list(answer.third_choice_token_ids)
 
 
 def test_each_branch_drafts_what_a_draft_call_from_its_context_would(draft):
     first = draft.propose(request(1, 0, PROMPT, 3))
     drafts = list(first.draft_token_ids)
-    assert (drafts, list(first.runner_up_token_ids)) == greedy_from_scratch(draft.model, PROMPT, 3)
+    assert choices(first) == greedy_from_scratch(draft.model, PROMPT, 3)
     held = len(PROMPT) + 2                                   # the session holds the prompt + drafts[:-1]
-    points = [(len(PROMPT) + j, first.runner_up_token_ids[j]) for j in range(3)]
+    points = [(len(PROMPT) + j, first.runner_up_token_ids[j]) for j in range(3)] + \
+        [(len(PROMPT), first.third_choice_token_ids[0])]      # and a second guess at the first position
     ahead = draft.propose(request(1, held, drafts[2:], 4, branches=points))
     context = PROMPT + drafts
-    assert (list(ahead.draft_token_ids), list(ahead.runner_up_token_ids)) == greedy_from_scratch(draft.model,
-                                                                                               context, 4)
-    assert len(ahead.branch_drafts) == 3
+    assert choices(ahead) == greedy_from_scratch(draft.model, context, 4)
+    assert len(ahead.branch_drafts) == 4
     for (at, token), branch in zip(points, ahead.branch_drafts):
         expected = greedy_from_scratch(draft.model, context[:at] + [token], 3)
-        assert (list(branch.token_ids), list(branch.runner_up_token_ids)) == expected, at
+        assert choices(branch) == expected, at
     # The session holds its own row: going on from it drafts what the model alone would.
     main = list(ahead.draft_token_ids)
     after = draft.propose(request(1, len(context) + 3, main[3:], 2))
@@ -160,3 +168,41 @@ def test_greedy_rounds_taking_branch_drafts_match_the_target_alone(demo_engines,
     from_branch = sum(r.from_branch for r in policy.rounds)
     assert (from_branch > 0) == (branches > 0) and from_branch <= state.stats.predraft_branch_hits
     assert all(r.parts["draft_compute"] == 0 for r in policy.rounds if r.predrafted)
+
+
+def third_choice_hits(draft_model, state, rounds) -> int:
+    """Rounds whose drafts came from a branch that guessed the draft's third choice (its runner-up was not the
+    target's correction), recomputed from the draft model over the committed tokens."""
+    hits, at = 0, state.prompt_len
+    for previous, round_ in zip(rounds, rounds[1:]):
+        at += len(previous.committed)
+        if round_.from_branch:
+            with torch.no_grad():
+                top3 = draft_model(torch.tensor([state.tokens[:at - 1]])).logits[0, -1].topk(3).indices.tolist()
+            others = [t for t in top3 if t != previous.drafts[previous.accepted]]
+            hits += previous.committed[-1] == others[1]
+    return hits
+
+
+@pytest.mark.parametrize("thirds", [False, True], ids=["runner-ups", "and-third-choices"])
+def test_third_choice_branches_take_rejections_the_runner_up_missed_and_stay_the_targets_greedy_output(
+        demo_engines, thirds):
+    """A second guess per rejected position (the draft's third choice): some rounds are pre-drafted after a
+    correction that only the third choice guessed, and the tokens are still the target's greedy ones."""
+    from router.speculation import RequestState, generate
+    from tests.test_overlap import FixedK
+    draft, target = demo_engines
+    prompt = list(range(40, 70))
+    state = RequestState(session_id=90 + thirds, tokens=list(prompt), prompt_len=len(prompt), max_new_tokens=96,
+                         sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
+                         draft_mode=worker_pb2.DRAFT_MODE_GREEDY, max_context=0)
+    policy = FixedK(4, True, 4, thirds=thirds)
+
+    async def main():
+        async for _ in generate(state, DraftClient(draft), TargetClient(target), policy):
+            pass
+    asyncio.run(main())
+    with torch.no_grad():
+        expected = target.model.generate(torch.tensor([prompt]), max_new_tokens=96, do_sample=False)[0].tolist()
+    assert state.tokens == expected
+    assert (third_choice_hits(draft.model, state, policy.rounds) > 0) == thirds

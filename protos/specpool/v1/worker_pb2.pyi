@@ -48,17 +48,19 @@ class BranchPoint(_message.Message):
     def __init__(self, at: _Optional[int] = ..., token_id: _Optional[int] = ...) -> None: ...
 
 class BranchDrafts(_message.Message):
-    __slots__ = ("token_ids", "hidden_states", "runner_up_token_ids")
+    __slots__ = ("token_ids", "hidden_states", "runner_up_token_ids", "third_choice_token_ids")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
     RUNNER_UP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    THIRD_CHOICE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     hidden_states: bytes
     runner_up_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., hidden_states: _Optional[bytes] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    third_choice_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., hidden_states: _Optional[bytes] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., third_choice_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("draft_token_ids", "draft_hidden_states", "compute_us", "batch_size", "handler_us", "call_id", "status", "runner_up_token_ids", "branch_drafts")
+    __slots__ = ("draft_token_ids", "draft_hidden_states", "compute_us", "batch_size", "handler_us", "call_id", "status", "runner_up_token_ids", "branch_drafts", "third_choice_token_ids")
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +70,7 @@ class ProposeResponse(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     RUNNER_UP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     BRANCH_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    THIRD_CHOICE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_hidden_states: bytes
     compute_us: int
@@ -77,7 +80,8 @@ class ProposeResponse(_message.Message):
     status: CallStatus
     runner_up_token_ids: _containers.RepeatedScalarFieldContainer[int]
     branch_drafts: _containers.RepeatedCompositeFieldContainer[BranchDrafts]
-    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., branch_drafts: _Optional[_Iterable[_Union[BranchDrafts, _Mapping]]] = ...) -> None: ...
+    third_choice_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., branch_drafts: _Optional[_Iterable[_Union[BranchDrafts, _Mapping]]] = ..., third_choice_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs", "decode_steps", "stop_token_ids", "lookup", "answer_delay_us", "staged")
