@@ -52,6 +52,7 @@ extrapolated); with overlap it lasts two rounds, since only the second runs with
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import random
@@ -124,12 +125,12 @@ def overlap_chances(rates: list[float], k_max: int, guess: float, rank_rates: li
     drafts were pre-drafted if its predecessor accepted all K drafts and the guess of the next token was right
     (`guess`), or rejected draft j where branch_plan put a branch (j, rank) and that guess was the correction
     (`rank_rates[rank]`); the round waits for the pre-draft whenever its verdict is one of those."""
-    out, survive, exactly = [], 1.0, []            # survive: P(the first k drafts accepted); exactly[j]: P(j)
-    for k in range(k_max + 1):
-        branched = sum(exactly[j] * rank_rates[rank] for j, rank in branch_plan(rates, k, branches, rank_rates))
+    out, survive, chances = [], 1.0, []            # survive: P(the first k drafts accepted); chances: per guess
+    for k in range(k_max + 1):                     # at j < k, P(exactly j accepted) * its rank's rate
+        branched = sum(heapq.nlargest(branches, chances))          # branch_plan's branches: the likeliest
         out.append((survive * guess + branched, survive + branched))
         accept = _rate(rates, k)
-        exactly.append(survive * (1.0 - accept))
+        chances += [survive * (1.0 - accept) * rate for rate in rank_rates]
         survive *= accept
     return out
 

@@ -204,8 +204,8 @@ def round_parts(wall: float, proposal: Proposal, ready: bool, timings: RoundTimi
 async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int], synced: int, k: int,
                      branches: list[tuple[int, int]] = ()) -> Proposal | None:
     """K draft tokens after `tokens`, of which the draft holds `synced`, each with its runner-up and third choice
-    (and the drafts of each branch (j, token): Proposal.branches). A draft worker that is unreachable costs the round its drafts, not the request
-    (None: the round runs as plain decoding)."""
+    (and the drafts of each branch (j, token): Proposal.branches). A draft worker that is unreachable costs the
+    round its drafts, not the request (None: the round runs as plain decoding)."""
     started, state.draft_called = time.perf_counter(), True
     try:
         response, wire = await draft.propose(state.session_id, tokens, synced, k, state.sampling, state.draft_mode,
@@ -426,8 +426,9 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
                             ) -> tuple[Round, Proposal | None]:
     """Draft K from `source` (or take the `ready` drafts a pre-draft made), verify them in one target pass and,
     with `next_k` > 0 after model drafts, pre-draft the next round meanwhile (with the rejection `branches` planned,
-    (j, 0: runner-up | 1: third choice); `stage`d on the target if back before the verdict). Returns the round and the next round's drafts
-    if the pre-draft matched the verdict (with the staged call verifying them already, if there is one)."""
+    (j, 0: runner-up | 1: third choice); `stage`d on the target if back before the verdict). Returns the round and
+    the next round's drafts if the pre-draft matched the verdict (with the staged call verifying them already, if
+    there is one)."""
     before, started = len(state.tokens), time.perf_counter()
     catch_up = (0 if ready is not None else before - state.draft_synced, before - state.target_synced)
     proposal = ready if ready is not None else await propose(state, draft, k, source)

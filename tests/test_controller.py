@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from router.controller import KController, RoundTimings, branch_plan, expected_tokens, round_time
+from router.controller import (KController, RoundTimings, branch_plan, expected_tokens, overlap_chances,
+                               round_time)
 from settings.schema import ControllerConfig
 
 
@@ -496,6 +497,10 @@ def test_branch_plan_takes_the_likeliest_verdicts_runner_ups_first_while_nothing
     assert branch_plan(rates, 1, 8, rank_rates) == [(0, 0), (0, 1)]            # no branch past K's drafts
     assert branch_plan(rates, 3, 4, [0.0, 0.0]) == [(0, 0), (1, 0), (2, 0), (0, 1)]
     assert branch_plan(rates, 3, 8, [0.6]) == [(0, 0), (2, 0), (1, 0)]           # one guess per position
+    exactly = [0.5, 0.1, 0.2]
+    for budget in range(7):                    # h(K) counts the planned branches at their chances
+        planned = sum(exactly[j] * rank_rates[rank] for j, rank in branch_plan(rates, 3, budget, rank_rates))
+        assert overlap_chances(rates, 3, 0.0, rank_rates, budget)[3][0] == pytest.approx(planned)
 
 
 def test_overlap_hit_rate_counts_third_choice_branches_at_their_learned_rate():
