@@ -52,7 +52,6 @@ extrapolated); with overlap it lasts two rounds, since only the second runs with
 """
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import random
@@ -107,11 +106,16 @@ class RoundTimings:
 
 def expected_tokens(rates: list[float], k: int) -> float:
     """E[K] = sum_{i=0..K} prod_{j<i} a_j; positions past the end of `rates` reuse its last rate."""
-    total = survive = 1.0
-    for j in range(k):
+    return expected_curve(rates, k)[k]
+
+
+def expected_curve(rates: list[float], k_max: int) -> list[float]:
+    """E[K] for every K in 0..k_max, in one pass."""
+    out, survive = [1.0], 1.0
+    for j in range(k_max):
         survive *= _rate(rates, j)
-        total += survive
-    return total
+        out.append(out[-1] + survive)
+    return out
 
 
 def all_accepted(rates: list[float], k: int) -> float:
@@ -127,7 +131,7 @@ def overlap_chances(rates: list[float], k_max: int, guess: float, rank_rates: li
     (`rank_rates[rank]`); the round waits for the pre-draft whenever its verdict is one of those."""
     out, survive, chances = [], 1.0, []            # survive: P(the first k drafts accepted); chances: per guess
     for k in range(k_max + 1):                     # at j < k, P(exactly j accepted) * its rank's rate
-        branched = sum(heapq.nlargest(branches, chances))          # branch_plan's branches: the likeliest
+        branched = sum(sorted(chances, reverse=True)[:branches])   # branch_plan's branches: the likeliest
         out.append((survive * guess + branched, survive + branched))
         accept = _rate(rates, k)
         chances += [survive * (1.0 - accept) * rate for rate in rank_rates]
@@ -391,11 +395,11 @@ class KController:
         """Modeled goodput E[K] / T(K) (tokens per second) for each K in [k_min, k_max]; with overlap on,
         T(K) counts the draft path only on a miss (1 - h(K))."""
         rates, costs = self.acceptance(), self.costs()
+        expected = expected_curve(rates, self.config.k_max)
         if not self.config.overlap:
-            return {k: expected_tokens(rates, k) / round_time(k, costs)
-                    for k in range(self.config.k_min, self.config.k_max + 1)}
+            return {k: expected[k] / round_time(k, costs) for k in range(self.config.k_min, self.config.k_max + 1)}
         chances = self._overlap_chances(rates)
-        return {k: expected_tokens(rates, k) / round_time(k, costs, *chances[k])
+        return {k: expected[k] / round_time(k, costs, *chances[k])
                 for k in range(self.config.k_min, self.config.k_max + 1)}
 
     def snapshot(self) -> dict:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from router.controller import (KController, RoundTimings, branch_plan, expected_tokens, overlap_chances,
-                               round_time)
+from router.controller import (KController, RoundTimings, branch_plan, expected_curve, expected_tokens,
+                               overlap_chances, round_time)
 from settings.schema import ControllerConfig
 
 
@@ -390,6 +390,7 @@ def test_expected_tokens_formula():
     assert expected_tokens([0.5, 0.5], 0) == 1.0
     assert expected_tokens([0.9, 0.5, 0.2], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.09)
     assert expected_tokens([0.6], 4) == pytest.approx((1 - 0.6 ** 5) / 0.4)
+    assert expected_curve([0.9, 0.5, 0.2], 4) == pytest.approx([expected_tokens([0.9, 0.5, 0.2], k) for k in range(5)])
 
 
 # ---- overlap (draft-ahead) --------------------------------------------------------------------------------
