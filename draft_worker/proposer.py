@@ -48,7 +48,8 @@ class Drafted:
         others = [t for t in top3 if t != token]       # the best tokens other than the draft, best first
         self.tokens.append(token)
         self.runner_ups.append(others[0])
-        self.thirds.append(others[1])
+        if len(others) > 1:                             # a vocabulary of 2 has no third choice
+            self.thirds.append(others[1])
 
     def choices(self, asked: bool) -> dict:
         """The runner-up and third-choice fields of an answer: empty unless the request asked for them."""
@@ -133,7 +134,7 @@ class DraftEngine:
             hidden = batch.forward(inputs, decoder_only=True)          # [B, n_new, hidden]
             last = torch.stack([hidden[r, len(t) - 1] if t else hidden[r, 0] for r, t in enumerate(inputs)])
             logits = self.head(last)                                    # [B, vocab]
-            top3 = logits.topk(3, dim=-1).indices.tolist()              # [B, 3]: argmax, runner-up, third
+            top3 = logits.topk(min(3, logits.shape[-1]), dim=-1).indices.tolist()   # [B, 3]: argmax, runner-up, third
             for r, (row, out) in enumerate(zip(rows, drafted)):
                 if j < ks[r]:
                     out.add(self._draft_token(row.session, row.request.mode, logits[r], row.start + j, out.hiddens,

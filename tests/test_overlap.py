@@ -42,6 +42,20 @@ def drafts_after(context: list[int], k: int) -> tuple[list[int], list[int]]:
     return drafts, runner_ups
 
 
+def second_guesses(context: list[int], k: int) -> tuple[list[int], list[int], list[int]]:
+    """As drafts_after, for a draft whose runner-up is wrong at every other mistake (its third choice is the
+    target's token there): k drafts, their runner-ups and third choices."""
+    drafts, runner_ups, thirds = [], [], []
+    for _ in range(k):
+        here = context + drafts
+        swap = guess(here) != truth(here) and len(here) % 18 == 12
+        choices = [(truth(here) + 3) % VOCAB, runner_up(here)]
+        runner_ups.append(choices[not swap])
+        thirds.append(choices[swap])
+        drafts.append(guess(here))
+    return drafts, runner_ups, thirds
+
+
 def reference(max_new: int = MAX_NEW) -> list[int]:
     tokens = list(PROMPT)
     for _ in range(max_new):
@@ -106,6 +120,25 @@ class FakeDraft(FakeWorker):
             draft_token_ids=drafts, runner_up_token_ids=ranks if runner_ups else [],
             branch_drafts=[worker_pb2.BranchDrafts(token_ids=d, runner_up_token_ids=r if runner_ups else [])
                            for d, r in forks]), 0
+
+
+class SecondGuessDraft(FakeDraft):
+    """A FakeDraft whose runner-up is the target's correction at only half its mistakes, its third choice at the
+    others (second_guesses), both answered when asked."""
+
+    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=()):
+        context = self.sync(session_id, tokens, synced)
+        await asyncio.sleep(0.002)
+        self.branches.append(len(branches))
+        forks = [second_guesses(context[:at] + [token], k - 1) for at, token in branches]
+        drafts, ranks, thirds = second_guesses(context, k)
+        context.extend(drafts[:-1])
+
+        def choices(ranks: list[int], thirds: list[int]) -> dict:
+            return dict(runner_up_token_ids=ranks, third_choice_token_ids=thirds) if runner_ups else {}
+        return worker_pb2.ProposeResponse(
+            draft_token_ids=drafts, **choices(ranks, thirds),
+            branch_drafts=[worker_pb2.BranchDrafts(token_ids=d, **choices(r, t)) for d, r, t in forks]), 0
 
 
 class FakeTarget(FakeWorker):
@@ -246,6 +279,24 @@ def test_a_staged_round_is_verified_by_the_target_on_its_own_and_the_output_stay
     assert state.stats.staged_rounds == sum(staged) == target.staged - target.missed
     assert target.calls == len(policy.rounds)                          # a staged hit sends no verify of its own
     assert all(r.parts["verify_worker"] == 0 for r in policy.rounds if r.staged)
+
+
+@pytest.mark.parametrize("thirds", [False, True], ids=["runner-ups", "and-third-choices"])
+def test_third_choice_branches_take_the_rejections_a_runner_up_missed_staged_and_stay_the_targets(thirds):
+    """Half the draft's mistakes are corrected to its third choice: with a second guess per position those
+    rounds are pre-drafted too (and staged: the target verifies them itself), the workers are never claimed past
+    what they hold, and the output is the target's."""
+    draft, target = SecondGuessDraft(), FakeTarget(delay=0.006)
+    policy = FixedK(3, True, 3, stage=True, thirds=thirds)
+    state = run(draft, target, policy)
+    assert state.tokens[len(PROMPT):] == reference()
+    assert draft.reprefills == 0 and target.reprefills == 0
+    pairs = list(zip(policy.rounds, policy.rounds[1:]))
+    third_hits = sum(r.from_branch and p.timings.branch_hit is False and p.timings.third_hit is True for p, r in pairs)
+    runner_up_hits = sum(r.from_branch and p.timings.branch_hit is True for p, r in pairs)
+    assert runner_up_hits > 0 and (third_hits > 0) == thirds
+    assert state.stats.staged_rounds == sum(r.staged for r in policy.rounds) == target.staged - target.missed
+    assert all(r.staged == r.predrafted for r in policy.rounds)
 
 
 def test_a_staged_call_that_fails_leaves_its_round_to_verify_as_usual():
