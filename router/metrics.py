@@ -34,7 +34,7 @@ class Metrics:
         self.predraft_branch_hits = Counter(
             "specpool_spec_decode_num_predraft_branch_hits",
             "Of those, rounds whose drafts came from a rejection branch (the previous verdict rejected a draft and "
-            "corrected it to the draft's runner-up)", registry=r)
+            "corrected it to the draft's runner-up or third choice)", registry=r)
         self.staged_rounds = Counter(
             "specpool_spec_decode_num_staged_rounds",
             "Of those, rounds the target had started verifying by itself when its verdict came (a staged pre-draft: "
