@@ -144,26 +144,33 @@ def demo_engines():
     return DraftEngine(str(models / "draft")), TargetEngine(str(models / "target"), str(models / "draft"))
 
 
-@pytest.mark.parametrize("k,branches", [(3, 0), (3, 3), (5, 2)])
-def test_greedy_rounds_taking_branch_drafts_match_the_target_alone(demo_engines, k, branches):
-    """The demo pair's draft, whose runner-up is often the target's correction: rounds take a rejection branch's
-    drafts, the draft's cache is never claimed past what it holds (an engine would raise SessionLost), and the
-    tokens are the target's own greedy ones."""
+def greedy_loop(engines, session_id: int, policy, max_new: int):
+    """The router's loop over the engines for one greedy request (prompt 40..69): its final state, and the
+    target's own greedy tokens for that prompt."""
     from router.speculation import RequestState, generate
-    from tests.test_overlap import FixedK
-    draft, target = demo_engines
+    draft, target = engines
     prompt = list(range(40, 70))
-    state = RequestState(session_id=k * 10 + branches, tokens=list(prompt), prompt_len=len(prompt),
-                         max_new_tokens=64, sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
+    state = RequestState(session_id=session_id, tokens=list(prompt), prompt_len=len(prompt), max_new_tokens=max_new,
+                         sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
                          draft_mode=worker_pb2.DRAFT_MODE_GREEDY, max_context=0)
-    policy = FixedK(k, True, branches)
 
     async def main():
         async for _ in generate(state, DraftClient(draft), TargetClient(target), policy):
             pass
     asyncio.run(main())
     with torch.no_grad():
-        expected = target.model.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)[0].tolist()
+        expected = target.model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False)[0].tolist()
+    return state, expected
+
+
+@pytest.mark.parametrize("k,branches", [(3, 0), (3, 3), (5, 2)])
+def test_greedy_rounds_taking_branch_drafts_match_the_target_alone(demo_engines, k, branches):
+    """The demo pair's draft, whose runner-up is often the target's correction: rounds take a rejection branch's
+    drafts, the draft's cache is never claimed past what it holds (an engine would raise SessionLost), and the
+    tokens are the target's own greedy ones."""
+    from tests.test_overlap import FixedK
+    policy = FixedK(k, True, branches)
+    state, expected = greedy_loop(demo_engines, k * 10 + branches, policy, 64)
     assert state.tokens == expected
     from_branch = sum(r.from_branch for r in policy.rounds)
     assert (from_branch > 0) == (branches > 0) and from_branch <= state.stats.predraft_branch_hits
@@ -189,20 +196,8 @@ def test_third_choice_branches_take_rejections_the_runner_up_missed_and_stay_the
         demo_engines, thirds):
     """A second guess per rejected position (the draft's third choice): some rounds are pre-drafted after a
     correction that only the third choice guessed, and the tokens are still the target's greedy ones."""
-    from router.speculation import RequestState, generate
     from tests.test_overlap import FixedK
-    draft, target = demo_engines
-    prompt = list(range(40, 70))
-    state = RequestState(session_id=90 + thirds, tokens=list(prompt), prompt_len=len(prompt), max_new_tokens=96,
-                         sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
-                         draft_mode=worker_pb2.DRAFT_MODE_GREEDY, max_context=0)
     policy = FixedK(4, True, 4, thirds=thirds)
-
-    async def main():
-        async for _ in generate(state, DraftClient(draft), TargetClient(target), policy):
-            pass
-    asyncio.run(main())
-    with torch.no_grad():
-        expected = target.model.generate(torch.tensor([prompt]), max_new_tokens=96, do_sample=False)[0].tolist()
+    state, expected = greedy_loop(demo_engines, 90 + thirds, policy, 96)
     assert state.tokens == expected
-    assert (third_choice_hits(draft.model, state, policy.rounds) > 0) == thirds
+    assert (third_choice_hits(demo_engines[0].model, state, policy.rounds) > 0) == thirds
