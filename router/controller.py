@@ -129,27 +129,32 @@ def overlap_chances(rates: list[float], k_max: int, guess: float, rank_rates: li
     drafts were pre-drafted if its predecessor accepted all K drafts and the guess of the next token was right
     (`guess`), or rejected draft j where branch_plan put a branch (j, rank) and that guess was the correction
     (`rank_rates[rank]`); the round waits for the pre-draft whenever its verdict is one of those."""
-    out, survive, chances = [], 1.0, []            # survive: P(the first k drafts accepted); chances: per guess
-    for k in range(k_max + 1):                     # at j < k, P(exactly j accepted) * its rank's rate
-        branched = sum(sorted(chances, reverse=True)[:branches])   # branch_plan's branches: the likeliest
+    out, survive, n = [], 1.0, len(rank_rates)     # survive: P(the first k drafts accepted)
+    chances = [chance for chance, _, _ in branch_chances(rates, k_max, rank_rates)]
+    for k in range(k_max + 1):
+        branched = sum(sorted(chances[:k * n], reverse=True)[:branches])   # branch_plan's: the likeliest
         out.append((survive * guess + branched, survive + branched))
-        accept = _rate(rates, k)
-        chances += [survive * (1.0 - accept) * rate for rate in rank_rates]
+        survive *= _rate(rates, k)
+    return out
+
+
+def branch_chances(rates: list[float], k: int, rank_rates: list[float]) -> list[tuple[float, int, int]]:
+    """(chance, j, rank) of each rejection branch of a pre-draft beside K drafts, by j then rank: the verdict "j
+    drafts accepted, then the draft's runner-up (rank 0) or third choice (rank 1) at j", of chance P(exactly j
+    accepted) * rank_rates[rank] (P(that guess is the correction | draft j rejected))."""
+    out, survive = [], 1.0
+    for j in range(k):
+        accept = _rate(rates, j)
+        out += [(survive * (1.0 - accept) * rate, j, rank) for rank, rate in enumerate(rank_rates)]
         survive *= accept
     return out
 
 
 def branch_plan(rates: list[float], k: int, branches: int, rank_rates: list[float]) -> list[tuple[int, int]]:
-    """The `branches` likeliest rejection branches of a pre-draft beside K drafts, likeliest first: (j, rank), the
-    verdict "j drafts accepted, then the draft's runner-up (rank 0) or third choice (rank 1) at j", of chance
-    P(exactly j accepted) * rank_rates[rank] (P(that guess is the correction | draft j rejected)). Ties (nothing
-    learned yet) go to runner-ups, then to the earlier position."""
-    scored, survive = [], 1.0
-    for j in range(k):
-        accept = _rate(rates, j)
-        scored += [(survive * (1.0 - accept) * rate, -rank, -j) for rank, rate in enumerate(rank_rates)]
-        survive *= accept
-    return [(-j, -rank) for _, rank, j in sorted(scored, reverse=True)[:branches]]
+    """The `branches` likeliest rejection branches (j, rank) of a pre-draft beside K drafts, likeliest first (see
+    branch_chances). Ties (nothing learned yet) go to runner-ups, then to the earlier position."""
+    ranked = sorted(branch_chances(rates, k, rank_rates), key=lambda c: (-c[0], c[2], c[1]))
+    return [(j, rank) for _, j, rank in ranked[:branches]]
 
 
 def _rate(rates: list[float], j: int) -> float:

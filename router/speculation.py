@@ -736,7 +736,7 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             overlap = policy.overlap and source == MODEL
             next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source,
-                                                  policy.predraft_branches(state, k) if overlap else (),
+                                                  policy.predraft_branches(state, k) if next_k else (),
                                                   overlap and policy.stage_predrafts)
             committed, ended = conclude(state, policy, round_, between), time.perf_counter()
             yield committed
