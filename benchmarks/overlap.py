@@ -1,21 +1,23 @@
 """Overlap and the hop, per pair: specpool drafting and verifying in turn against overlapped (draft-ahead) at
 the same K, K = 0 against transformers generate(), the adaptive policy both ways, and where a round's wall
 time goes (compute, worker queue/thread hop and transport per call, the wait for a pre-draft, the router:
-the router's specpool_round_seconds{part} counters). Run on the demo pair and on the heavy pair
-(tools/heavy_pair.py: the demo target plus zero-output layers, so a target pass costs many hops, as on a GPU).
+the router's specpool_round_seconds{part} counters), with the transformers rows the goals compare against
+measured interleaved among them. Run on the demo pair and on the heavy pair (tools/heavy_pair.py: the demo
+target plus zero-output layers, so a target pass costs many hops, as on a GPU).
 
     python -m benchmarks.speedup --quick   # includes these rows at K 2 and 4 on both pairs
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 
 import yaml
 
 from benchmarks.plan import PREDICTABLE, BenchConfig
 from benchmarks.service import log, running_data, stream_one, whole_one
-from benchmarks.single_stream import BASE_ROW, best_transformers, hf_rows, specpool_row, with_model_terms
+from benchmarks.single_stream import BASE_ROW, best_transformers, hf_plan, specpool_row, with_model_terms
 from settings.schema import SpeculationConfig
 from protos.specpool.v1 import admin_pb2
 from router.speculation import PARTS
@@ -63,36 +65,51 @@ def measured_row(service, cfg: BenchConfig, k: int | None, speculation: dict, wh
     return row
 
 
-def pair_rows(service, cfg: BenchConfig, c: float, base: float) -> dict:
-    """In turn and overlapped rows at K = 0, each of cfg.ks, and adaptive, with their analytic terms. Repeats
-    are interleaved (every row once, then every row again), so that this noisy machine's drift over the run
-    falls on every row alike; tokens/s is the median over repeats, the other figures their mean."""
-    configured = SpeculationConfig(**(service.data.get("speculation") or {}))
-    runs_as_configured = {"decode_steps": configured.decode_steps, "answer_delay_ms": configured.answer_delay_ms,
-                          "overlap_branches": configured.overlap_branches,
-                          "stage_predrafts": configured.stage_predrafts,
-                          "overlap_branch_guesses": configured.overlap_branch_guesses}
-    plan = [(ONE_CALL_PER_TOKEN, 0, {"overlap": False, "decode_steps": 1}),
-            (EACH_ANSWER_AT_ONCE, 0, {"overlap": False, **runs_as_configured, "answer_delay_ms": 0}),
-            (HELD_LONGER, 0, {"overlap": False, **runs_as_configured, "answer_delay_ms": HELD_LONGER_MS})] + [
-        (f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}", k,
-         {"overlap": overlap, **runs_as_configured})
-        for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))] + [
-        (f"overlap {'adaptive' if k is None else f'K={k}'}{suffix}", k,
-         {"overlap": True, **runs_as_configured, **changed}) for suffix, changed in VARIANTS
-        for k in (max(cfg.ks), None)] + [
-        (f"{name}{READ_WHOLE}", k, {"overlap": overlap, **runs_as_configured})
-        for name, k, overlap in (("in turn K=0", 0, False), ("overlap adaptive", None, True))]
-    runs = {name: [] for name, *_ in plan}
+def pair_rows(service, cfg: BenchConfig) -> tuple[dict, dict, float]:
+    """(transformers rows, specpool rows, c) of the service's pair. specpool: specpool_plan's rows with their
+    analytic terms. Repeats are interleaved, the transformers rows (hf_plan) among them: every row once, then
+    every row again. So this noisy machine's drift over the run falls on every row alike, and the goals'
+    ratios compare rows measured side by side. tokens/s is the median over repeats, the rest their mean."""
+    transformers, c = hf_plan(service, cfg)
+    settings = as_configured(service)
+    specpool = specpool_plan(settings, cfg)
+    measures = transformers + [(name, functools.partial(measured_row, service, k=k, speculation=speculation,
+                                                        whole=name.endswith(READ_WHOLE)))
+                               for name, k, speculation in specpool]
+    runs = {name: [] for name, _ in measures}
     for repeat in range(cfg.repeats):
-        for name, k, speculation in plan:
-            runs[name].append(measured_row(service, dataclasses.replace(cfg, repeats=1), k, speculation,
-                                           whole=name.endswith(READ_WHOLE)))
+        for name, measure in measures:
+            runs[name].append(measure(dataclasses.replace(cfg, repeats=1)))
         log(f"overlap rows, repeat {repeat + 1}/{cfg.repeats}: " + ", ".join(
-            f"{name} {runs[name][-1]['tokens_per_s']:.0f}" for name, *_ in plan) + " tokens/s")
-    set_speculation(service, overlap=configured.overlap, **runs_as_configured)
-    vocab = service.service.pools.target_info["vocab_size"]
-    return {name: with_model_terms(combine(runs[name]), k, c, base, vocab) for name, k, *_ in plan}
+            f"{name} {runs[name][-1]['tokens_per_s']:.0f}" for name, _ in measures) + " tokens/s")
+    set_speculation(service, **settings)
+    hf = {name: combine(runs[name]) for name, _ in transformers}
+    base, vocab = hf[BASE_ROW]["tokens_per_s"], service.service.pools.target_info["vocab_size"]
+    return hf, {name: with_model_terms(combine(runs[name]), k, c, base, vocab) for name, k, _ in specpool}, c
+
+
+def as_configured(service) -> dict:
+    """The speculation settings that specpool_plan's rows vary, as the service's config has them."""
+    configured = SpeculationConfig(**(service.data.get("speculation") or {}))
+    return {key: getattr(configured, key) for key in ("overlap", "decode_steps", "answer_delay_ms",
+                                                      "overlap_branches", "stage_predrafts",
+                                                      "overlap_branch_guesses")}
+
+
+def specpool_plan(configured: dict, cfg: BenchConfig) -> list[tuple[str, int | None, dict]]:
+    """(name, K or None for adaptive, speculation settings) of each specpool row: K = 0 three more ways, in turn
+    and overlapped at K = 0, each of cfg.ks and adaptive, the VARIANTS of overlap at the largest K and
+    adaptive, and two rows read whole."""
+    return [(ONE_CALL_PER_TOKEN, 0, {**configured, "overlap": False, "decode_steps": 1}),
+            (EACH_ANSWER_AT_ONCE, 0, {**configured, "overlap": False, "answer_delay_ms": 0}),
+            (HELD_LONGER, 0, {**configured, "overlap": False, "answer_delay_ms": HELD_LONGER_MS})] + [
+        (f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}", k,
+         {**configured, "overlap": overlap})
+        for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))] + [
+        (f"overlap {'adaptive' if k is None else f'K={k}'}{suffix}", k, {**configured, "overlap": True, **changed})
+        for suffix, changed in VARIANTS for k in (max(cfg.ks), None)] + [
+        (f"{name}{READ_WHOLE}", k, {**configured, "overlap": overlap})
+        for name, k, overlap in (("in turn K=0", 0, False), ("overlap adaptive", None, True))]
 
 
 def combine(repeats: list[dict]) -> dict:
@@ -100,7 +117,8 @@ def combine(repeats: list[dict]) -> dict:
     row = {key: statistics.mean(r[key] for r in repeats) for key, value in repeats[0].items()
            if isinstance(value, (int, float))}
     row["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in repeats)
-    row["parts_ms"] = {part: statistics.mean(r["parts_ms"][part] for r in repeats) for part in PARTS}
+    if "parts_ms" in repeats[0]:
+        row["parts_ms"] = {part: statistics.mean(r["parts_ms"][part] for r in repeats) for part in PARTS}
     return row
 
 
@@ -111,20 +129,17 @@ def heavy_config(data: dict, extra_layers: int) -> dict:
     return {**data, "draft": {**data["draft"], "model": str(draft)}, "target": {**data["target"], "model": str(target)}}
 
 
-def overlap_section(service, cfg: BenchConfig, transformers: dict, c: float) -> dict:
-    """The demo pair's overlap rows beside its transformers rows, and the ratios the goals name."""
-    rows = pair_rows(service, cfg, c, transformers[BASE_ROW]["tokens_per_s"])
+def overlap_section(service, cfg: BenchConfig) -> dict:
+    """The pair's transformers and overlap rows, measured interleaved, and the ratios the goals name."""
+    transformers, rows, c = pair_rows(service, cfg)
     return {"c": c, "transformers": transformers, "rows": rows, "ratios": ratios(transformers, rows, cfg.ks)}
 
 
 def heavy_section(data: dict, cfg: BenchConfig, extra_layers: int) -> dict:
-    """Transformers rows and overlap rows on the heavy pair (predictable prompts only: a pass is slow)."""
+    """overlap_section on the heavy pair (predictable prompts only: a pass is slow)."""
     heavy_cfg = dataclasses.replace(cfg, prompts=PREDICTABLE)
     with running_data(heavy_config(data, extra_layers)) as service:
-        transformers, c = hf_rows(service, heavy_cfg)
-        rows = pair_rows(service, heavy_cfg, c, transformers[BASE_ROW]["tokens_per_s"])
-    return {"extra_layers": extra_layers, "c": c, "transformers": transformers, "rows": rows,
-            "ratios": ratios(transformers, rows, heavy_cfg.ks)}
+        return {"extra_layers": extra_layers, **overlap_section(service, heavy_cfg)}
 
 
 def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:

@@ -45,7 +45,7 @@ def latencies(runs: list[dict]) -> dict:
 
 
 # ---- transformers rows ------------------------------------------------------------------------
-def hf_row(target, tokenizer, cfg: BenchConfig, assistant, k: int) -> dict:
+def hf_row(target, tokenizer, assistant, k: int, cfg: BenchConfig) -> dict:
     """Median tokens/s over repeats of generate() (assisted at K = k with `assistant`), one prompt at a time."""
     rates, clocks = [], []
     for _ in range(cfg.repeats):
@@ -55,27 +55,43 @@ def hf_row(target, tokenizer, cfg: BenchConfig, assistant, k: int) -> dict:
     return {"tokens_per_s": statistics.median(rates), "k": k, **latencies([c.run() for c in clocks])}
 
 
-def hf_rows(service, cfg: BenchConfig) -> tuple[dict, float]:
-    """The transformers rows of the service's pair at each of HF_THREADS torch threads (rows at more than one
-    named "..., N threads"), and c = t_draft / t_target (one thread, as the workers run)."""
+def hf_plan(service, cfg: BenchConfig) -> tuple[list, float]:
+    """The transformers rows of the service's pair, each as (name, measure): measure(cfg) runs hf_row at its
+    torch thread count (HF_THREADS; rows at more than one named "..., N threads"), so that a caller may run
+    them in turn or interleave them with its own rows; and c = t_draft / t_target (one thread, as the workers
+    run)."""
     from engine.model_pair import resolve_model
     target, tokenizer = load_hf(service.service.pools.target_info["model_path"])
     draft, _ = load_hf(resolve_model(service.service.config.draft.model))
-    threads = torch.get_num_threads()
-    rows = {}
-    try:
-        for count in HF_THREADS:
-            torch.set_num_threads(count)
+    plan = [(name if count == 1 else f"{name}, {count} threads", at_threads(count, hf_row, target, tokenizer,
+                                                                              assistant, k))
+            for count in HF_THREADS
             for name, assistant, k in [(BASE_ROW, None, 0)] + [(f"transformers assisted K={k}", draft, k)
-                                                                 for k in cfg.ks]:
-                name = name if count == 1 else f"{name}, {count} threads"
-                rows[name] = hf_row(target, tokenizer, cfg, assistant, k)
-                log(f"{name}: {rows[name]['tokens_per_s']:.1f} tokens/s")
-        torch.set_num_threads(1)
-        c = forward_seconds(draft) / forward_seconds(target)
-    finally:
-        torch.set_num_threads(threads)
+                                                              for k in cfg.ks]]
+    c = at_threads(1, lambda: forward_seconds(draft) / forward_seconds(target))()
     log(f"cost ratio c = t_draft / t_target = {c:.3f}")
+    return plan, c
+
+
+def at_threads(count: int, measure, *args):
+    """measure(*args, *more) run with `count` torch threads (the process's count restored after)."""
+    def run(*more):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(count)
+        try:
+            return measure(*args, *more)
+        finally:
+            torch.set_num_threads(threads)
+    return run
+
+
+def hf_rows(service, cfg: BenchConfig) -> tuple[dict, float]:
+    """The transformers rows (hf_plan), each measured over cfg.repeats in turn, and c."""
+    plan, c = hf_plan(service, cfg)
+    rows = {}
+    for name, measure in plan:
+        rows[name] = measure(cfg)
+        log(f"{name}: {rows[name]['tokens_per_s']:.1f} tokens/s")
     return rows, c
 
 
@@ -150,6 +166,5 @@ def single_stream(service, cfg: BenchConfig) -> tuple[dict, dict]:
     transformers, c = hf_rows(service, cfg)
     base = transformers[BASE_ROW]["tokens_per_s"]
     rows = {**transformers, **specpool_rows(service, cfg, c, base, service.service.pools.target_info["vocab_size"])}
-    single = {"c": c, "rows": rows, "sampled_k": SAMPLED_K, "wire_sampled": wire_sampled(service, cfg, SAMPLED_K),
-              "transformers": transformers}
+    single = {"c": c, "rows": rows, "sampled_k": SAMPLED_K, "wire_sampled": wire_sampled(service, cfg, SAMPLED_K)}
     return single, service.client(adaptive_trace, cfg)

@@ -22,7 +22,8 @@ transformers batched, against their goals.
     python -m benchmarks.speedup --sweep-only --quick --concurrency 1,2   # a smoke run
 
 Then the overlap rows (benchmarks/overlap.py): in turn against overlapped at each K, K = 0 and adaptive, each
-with the breakdown of a round's wall time, on the demo pair and on the heavy pair (tools/heavy_pair.py).
+with the breakdown of a round's wall time, on the demo pair and on the heavy pair (tools/heavy_pair.py), the
+transformers rows measured again among them, interleaved repeat by repeat: the goals' ratios come from there.
 
 Then prompt lookup (benchmarks/lookup.py; `python -m benchmarks.lookup` runs it alone): draft.method model, ngram
 and model+ngram against transformers prompt lookup and generate(), on an input-grounded workload and this set.
@@ -75,8 +76,7 @@ def run(cfg: BenchConfig) -> tuple[dict, dict | None]:
     with running(cfg.config, batching=True) as service:
         if not cfg.sweep_only:
             results["single"], trace = single_stream(service, cfg)
-            results["overlap"] = overlap_section(service, cfg, results["single"].pop("transformers"),
-                                                 results["single"]["c"])
+            results["overlap"] = overlap_section(service, cfg)
             results["lookup"] = lookup_section(service, cfg)
         sweep.update(specpool_sweep(service, cfg, {ON_ADAPTIVE: None, ON_K0: 0}))
         results["batching"]["on"] = batching_config(service)
