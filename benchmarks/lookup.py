@@ -9,7 +9,8 @@ plain generate(), side by side on two workloads, greedy, one request at a time:
 Rows: transformers generate(); transformers generate(prompt_lookup_num_tokens=draft.ngram_max_tokens,
 max_matching_ngram_size=draft.ngram_max); specpool adaptive with draft.method model, ngram and model+ngram
 (hot-reloaded on one service, which has a draft pool). Repeats are interleaved (every row once, then every row
-again) so that the machine's drift falls on every row alike; tokens/s is the median over repeats.
+again) so that the machine's drift falls on every row alike; tokens/s is the median over repeats, and a goal's
+ratio the median of the two rows' ratios repeat by repeat (with their range).
 
     python -m benchmarks.lookup --config deploy/local.yaml --out benchmarks/results   # this section alone
     python -m benchmarks.speedup ...                                                   # includes it
@@ -66,8 +67,10 @@ def specpool_run(stub, prompts: list[str], max_new: int, call=stream_one) -> dic
 
 
 def row_summary(runs: list[dict]) -> dict:
-    """Median tokens/s over repeats; acceptance, tokens per round and the share of n-gram rounds over all."""
-    out = {"tokens_per_s": statistics.median(r["tokens"] / r["seconds"] for r in runs)}
+    """Median tokens/s over repeats (and each repeat's: "rates"); acceptance, tokens per round and the share of
+    n-gram rounds over all."""
+    rates = [r["tokens"] / r["seconds"] for r in runs]
+    out = {"tokens_per_s": statistics.median(rates), "rates": rates}
     if "rounds" in runs[0]:
         total = {key: sum(r[key] for r in runs) for key in runs[0]}
         out.update(alpha=total["accepted"] / max(total["draft"], 1), tokens_per_round=total["tokens"] / total["rounds"],
@@ -80,7 +83,7 @@ def workload(service, cfg: BenchConfig, prompts: list[str], hf) -> dict:
     target, tokenizer, lookup = hf
     batches = [[p] for p in prompts]
     runs = {name: [] for name in (HF_PLAIN, HF_LOOKUP, *METHODS, NGRAM_WHOLE)}
-    for repeat in range(cfg.repeats):
+    for repeat in range(cfg.lookup_repeats):
         for name, extra in ((HF_PLAIN, {}), (HF_LOOKUP, lookup)):
             seconds, tokens = hf_run(target, tokenizer, batches, cfg.max_new_tokens, **extra)
             runs[name].append({"tokens": tokens, "seconds": seconds})
@@ -114,20 +117,22 @@ def lookup_cost(service, contexts: list[list[int]]) -> dict:
             "draft_s_per_token": model["t_draft"]}
 
 
-def goal_line(name: str, ratio: float) -> str:
-    """One goal's verdict: the ratio against its mark of 1.0."""
-    return f"{name} = {ratio:.2f} (goal >= 1.0: {'met' if ratio >= 1.0 else 'missed'})"
+def goal_line(name: str, row: dict, against: dict) -> str:
+    """One goal's verdict: row / against, the median of their ratios repeat by repeat (each pair measured side
+    by side, so the machine's drift cancels), against its mark of 1.0, with the range of those ratios."""
+    ratios = sorted(a / b for a, b in zip(row["rates"], against["rates"]))
+    ratio = statistics.median(ratios)
+    spread = f", {ratios[0]:.2f}-{ratios[-1]:.2f} over {len(ratios)} repeats" if len(ratios) > 1 else ""
+    return f"{name} = {ratio:.2f} (goal >= 1.0: {'met' if ratio >= 1.0 else 'missed'}{spread})"
 
 
 def goals(section: dict) -> list[str]:
     grounded, usual = section["grounded"], section["usual"]
-    lookup = grounded[HF_LOOKUP]["tokens_per_s"]
-    lines = [goal_line(f"{name} / transformers prompt lookup (input-grounded)", grounded[row]["tokens_per_s"] / lookup)
+    lines = [goal_line(f"{name} / transformers prompt lookup (input-grounded)", grounded[row], grounded[HF_LOOKUP])
              for name, row in (("ngram", "ngram"), ("ngram read whole", NGRAM_WHOLE))]
     for name, rows in (("input-grounded", grounded), ("usual prompts", usual)):
-        best = max(rows["model"]["tokens_per_s"], rows["ngram"]["tokens_per_s"])
-        lines.append(goal_line(f"model+ngram / better of model and ngram ({name})",
-                               rows["model+ngram"]["tokens_per_s"] / best))
+        best = max(rows["model"], rows["ngram"], key=lambda row: row["tokens_per_s"])
+        lines.append(goal_line(f"model+ngram / better of model and ngram ({name})", rows["model+ngram"], best))
     return lines
 
 
@@ -165,13 +170,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=BenchConfig.config)
     parser.add_argument("--out", default=BenchConfig.out)
     parser.add_argument("--max-new-tokens", type=int, default=BenchConfig.max_new_tokens)
-    parser.add_argument("--repeats", type=int, default=BenchConfig.repeats)
+    parser.add_argument("--repeats", type=int, default=BenchConfig.lookup_repeats)
     parser.add_argument("--heavy-layers", type=int, default=0, help="also on the heavy pair with this many "
                         "zero-output layers (tools/heavy_pair.py; its usual set: the Python snippets only)")
     args = parser.parse_args(argv)
     import torch
     torch.set_num_threads(1)
-    cfg = BenchConfig(config=args.config, out=args.out, max_new_tokens=args.max_new_tokens, repeats=args.repeats)
+    cfg = BenchConfig(config=args.config, out=args.out, max_new_tokens=args.max_new_tokens,
+                      lookup_repeats=args.repeats)
     sections = {}
     try:
         with running(cfg.config) as service:

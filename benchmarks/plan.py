@@ -11,7 +11,7 @@ PREDICTABLE = ["def __init__(self, *args, **kwargs):\n        super().__init__("
                "import os\nimport sys\n\n\ndef main():\n    parser = argparse.",
                "    for i in range(len(self.items)):\n        if self.items[i] is None:\n"]
 UNPREDICTABLE = ["Quartz jackdaws vex my big sphinx; 7 zebras", "xq9 #Lr! vZ2 @@ 1k7 ;;p", "The weather in Oslo"]
-QUICK = {"max_new_tokens": 16, "repeats": 1, "ks": (2, 4)}   # --quick, for smoke runs
+QUICK = {"max_new_tokens": 16, "repeats": 1, "lookup_repeats": 1, "ks": (2, 4)}   # --quick, for smoke runs
 
 
 @dataclass
@@ -20,6 +20,8 @@ class BenchConfig:
     out: str = "benchmarks/results"
     max_new_tokens: int = 96
     repeats: int = 3
+    lookup_repeats: int = 7           # the prompt-lookup section's (benchmarks/lookup.py): its goals compare rows
+                                      # whose expected speeds are close, so more repeats than the others
     ks: tuple = (1, 2, 4, 6, 8)
     concurrency: tuple = (1, 2, 4, 8, 16)
     prompts: list = field(default_factory=lambda: PREDICTABLE + UNPREDICTABLE)

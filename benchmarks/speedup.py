@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     parser.add_argument("--out", default=BenchConfig.out)
     parser.add_argument("--max-new-tokens", type=int, help=f"default {BenchConfig.max_new_tokens}")
     parser.add_argument("--repeats", type=int, help=f"default {BenchConfig.repeats}")
+    parser.add_argument("--lookup-repeats", type=int, help=f"of the prompt-lookup rows (default "
+                        f"{BenchConfig.lookup_repeats})")
     parser.add_argument("--concurrency", type=lambda text: tuple(int(n) for n in text.split(",")),
                         help="stream counts of the sweep, e.g. 1,2,4 (default 1,2,4,8,16)")
     parser.add_argument("--sweep-only", action="store_true", help="only the concurrency sweep")
