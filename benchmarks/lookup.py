@@ -27,6 +27,7 @@ import yaml
 
 from benchmarks.hf_baseline import hf_run, load_hf
 from benchmarks.plan import PREDICTABLE, BenchConfig
+from benchmarks.repeats import best, paired
 from benchmarks.overlap import heavy_config
 from benchmarks.service import load_service_config, log, running, running_data, stream_one, whole_one
 from protos.specpool.v1 import admin_pb2, generation_pb2
@@ -118,11 +119,10 @@ def lookup_cost(service, contexts: list[list[int]]) -> dict:
 
 
 def goal_line(name: str, row: dict, against: dict) -> str:
-    """One goal's verdict: row / against, the median of their ratios repeat by repeat (each pair measured side
-    by side, so the machine's drift cancels), against its mark of 1.0, with the range of those ratios."""
-    ratios = sorted(a / b for a, b in zip(row["rates"], against["rates"]))
-    ratio = statistics.median(ratios)
-    spread = f", {ratios[0]:.2f}-{ratios[-1]:.2f} over {len(ratios)} repeats" if len(ratios) > 1 else ""
+    """One goal's verdict: row / against (repeats.paired: the median of their ratios repeat by repeat, with
+    their range) against its mark of 1.0."""
+    ratio, lowest, highest = paired(row, against)
+    spread = f", {lowest:.2f}-{highest:.2f} over {len(row['rates'])} repeats" if len(row["rates"]) > 1 else ""
     return f"{name} = {ratio:.2f} (goal >= 1.0: {'met' if ratio >= 1.0 else 'missed'}{spread})"
 
 
@@ -131,8 +131,8 @@ def goals(section: dict) -> list[str]:
     lines = [goal_line(f"{name} / transformers prompt lookup (input-grounded)", grounded[row], grounded[HF_LOOKUP])
              for name, row in (("ngram", "ngram"), ("ngram read whole", NGRAM_WHOLE))]
     for name, rows in (("input-grounded", grounded), ("usual prompts", usual)):
-        best = max(rows["model"], rows["ngram"], key=lambda row: row["tokens_per_s"])
-        lines.append(goal_line(f"model+ngram / better of model and ngram ({name})", rows["model+ngram"], best))
+        lines.append(goal_line(f"model+ngram / better of model and ngram ({name})", rows["model+ngram"],
+                               best([rows["model"], rows["ngram"]])))
     return lines
 
 

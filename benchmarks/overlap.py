@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import statistics
 
 import yaml
 
 from benchmarks.plan import PREDICTABLE, BenchConfig
 from benchmarks.service import log, running_data, stream_one, whole_one
-from benchmarks.single_stream import BASE_ROW, best_transformers, hf_plan, specpool_row, with_model_terms
+from benchmarks.repeats import best, combine, paired
+from benchmarks.single_stream import BASE_ROW, hf_plan, specpool_row, with_model_terms
 from settings.schema import SpeculationConfig
 from protos.specpool.v1 import admin_pb2
 from router.speculation import PARTS
@@ -85,7 +85,7 @@ def pair_rows(service, cfg: BenchConfig) -> tuple[dict, dict, float]:
     set_speculation(service, **settings)
     hf = {name: combine(runs[name]) for name, _ in transformers}
     base, vocab = hf[BASE_ROW]["tokens_per_s"], service.service.pools.target_info["vocab_size"]
-    return hf, {name: with_model_terms(combine(runs[name]), k, c, base, vocab) for name, k, _ in specpool}, c
+    return hf, {name: with_model_terms(combine(runs[name], PARTS), k, c, base, vocab) for name, k, _ in specpool}, c
 
 
 def as_configured(service) -> dict:
@@ -112,16 +112,6 @@ def specpool_plan(configured: dict, cfg: BenchConfig) -> list[tuple[str, int | N
         for name, k, overlap in (("in turn K=0", 0, False), ("overlap adaptive", None, True))]
 
 
-def combine(repeats: list[dict]) -> dict:
-    """One row from its repeats: median tokens/s, mean of every other number (and of each part's ms)."""
-    row = {key: statistics.mean(r[key] for r in repeats) for key, value in repeats[0].items()
-           if isinstance(value, (int, float))}
-    row["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in repeats)
-    if "parts_ms" in repeats[0]:
-        row["parts_ms"] = {part: statistics.mean(r["parts_ms"][part] for r in repeats) for part in PARTS}
-    return row
-
-
 def heavy_config(data: dict, extra_layers: int) -> dict:
     """The service config `data` serving the heavy pair instead."""
     from tools.heavy_pair import ensure_heavy_pair
@@ -132,7 +122,8 @@ def heavy_config(data: dict, extra_layers: int) -> dict:
 def overlap_section(service, cfg: BenchConfig) -> dict:
     """The pair's transformers and overlap rows, measured interleaved, and the ratios the goals name."""
     transformers, rows, c = pair_rows(service, cfg)
-    return {"c": c, "transformers": transformers, "rows": rows, "ratios": ratios(transformers, rows, cfg.ks)}
+    figures, ranges = ratios(transformers, rows, cfg.ks)
+    return {"c": c, "transformers": transformers, "rows": rows, "ratios": figures, "ratio_ranges": ranges}
 
 
 def heavy_section(data: dict, cfg: BenchConfig, extra_layers: int) -> dict:
@@ -142,37 +133,37 @@ def heavy_section(data: dict, cfg: BenchConfig, extra_layers: int) -> dict:
         return {"extra_layers": extra_layers, **overlap_section(service, heavy_cfg)}
 
 
-def ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
-    """The figures the goals of issue #11 name, from one run: against the best transformers row over K and torch
-    threads (generate() for K = 0)."""
-    assisted, base = best_transformers(transformers, True), best_transformers(transformers, False)
-    out = {"adaptive / best assisted": rows["overlap adaptive"]["tokens_per_s"] / assisted,
-           "in-turn adaptive / best assisted": rows["in turn adaptive"]["tokens_per_s"] / assisted,
-           "adaptive read whole / best assisted": rows["overlap adaptive" + READ_WHOLE]["tokens_per_s"] / assisted,
-           "K=0 / generate()": rows["in turn K=0"]["tokens_per_s"] / base,
-           "K=0 read whole / generate()": rows["in turn K=0" + READ_WHOLE]["tokens_per_s"] / base,
-           "K=0 one call per token / generate()": rows[ONE_CALL_PER_TOKEN]["tokens_per_s"] / base,
-           "K=0 each answer at once / generate()": rows[EACH_ANSWER_AT_ONCE]["tokens_per_s"] / base,
-           f"K=0 answers held up to {HELD_LONGER_MS} ms / generate()": rows[HELD_LONGER]["tokens_per_s"] / base,
-           "ms per token beyond compute (K=0, decode runs)": hop_ms(rows["in turn K=0"]),
-           "hop ms per call (K=0 one call per token, beyond compute)": hop_ms(rows[ONE_CALL_PER_TOKEN]),
-           f"hop ms per round (in turn K={max(ks)}, both calls, beyond compute)":
-               hop_ms(rows[f"in turn K={max(ks)}"]),
-           f"hop ms per round (overlap K={max(ks)}, beyond compute)": hop_ms(rows[f"overlap K={max(ks)}"]),
-           f"hop ms per round (overlap K={max(ks)}, not staged, beyond compute)":
-               hop_ms(rows[f"overlap K={max(ks)}{NOT_STAGED}"]),
-           "target pass ms (K=0)": rows["in turn K=0"]["parts_ms"]["verify_compute"],
-           "overlap adaptive efficiency (vs in-turn analytic)": rows["overlap adaptive"]["efficiency"]}
-    for k in ks:
-        out[f"overlap / in turn at K={k}"] = (rows[f"overlap K={k}"]["tokens_per_s"]
-                                              / rows[f"in turn K={k}"]["tokens_per_s"])
-    for name in (f"overlap K={max(ks)}", "overlap adaptive"):
-        out[f"{name}: with branches / without"] = (rows[name]["tokens_per_s"]
-                                                   / rows[name + NO_BRANCHES]["tokens_per_s"])
-        out[f"{name}: staged / not staged"] = rows[name]["tokens_per_s"] / rows[name + NOT_STAGED]["tokens_per_s"]
-        out[f"{name}: two guesses per position / one"] = (rows[name]["tokens_per_s"]
-                                                          / rows[name + ONE_GUESS]["tokens_per_s"])
-    return out
+def ratios(transformers: dict, rows: dict, ks: tuple) -> tuple[dict, dict]:
+    """The figures the goals of issue #11 name, from one run, and the range over repeats of each ratio of two
+    rows (repeats.paired: a ratio is the median of the two rows' ratios repeat by repeat). Against the best
+    transformers row over K and torch threads (generate() for K = 0)."""
+    assisted = best([r for name, r in transformers.items() if not name.startswith(BASE_ROW)])
+    base = best([r for name, r in transformers.items() if name.startswith(BASE_ROW)])
+    top = max(ks)
+    pairs = {"adaptive / best assisted": ("overlap adaptive", assisted),
+             "in-turn adaptive / best assisted": ("in turn adaptive", assisted),
+             "adaptive read whole / best assisted": ("overlap adaptive" + READ_WHOLE, assisted),
+             "K=0 / generate()": ("in turn K=0", base),
+             "K=0 read whole / generate()": ("in turn K=0" + READ_WHOLE, base),
+             "K=0 one call per token / generate()": (ONE_CALL_PER_TOKEN, base),
+             "K=0 each answer at once / generate()": (EACH_ANSWER_AT_ONCE, base),
+             f"K=0 answers held up to {HELD_LONGER_MS} ms / generate()": (HELD_LONGER, base)}
+    pairs.update({f"overlap / in turn at K={k}": (f"overlap K={k}", rows[f"in turn K={k}"]) for k in ks})
+    for name in (f"overlap K={top}", "overlap adaptive"):
+        pairs.update({f"{name}: with branches / without": (name, rows[name + NO_BRANCHES]),
+                      f"{name}: staged / not staged": (name, rows[name + NOT_STAGED]),
+                      f"{name}: two guesses per position / one": (name, rows[name + ONE_GUESS])})
+    measured = {key: paired(rows[name], against) for key, (name, against) in pairs.items()}
+    out = {key: value[0] for key, value in measured.items()}
+    out.update({"ms per token beyond compute (K=0, decode runs)": hop_ms(rows["in turn K=0"]),
+                "hop ms per call (K=0 one call per token, beyond compute)": hop_ms(rows[ONE_CALL_PER_TOKEN]),
+                f"hop ms per round (in turn K={top}, both calls, beyond compute)": hop_ms(rows[f"in turn K={top}"]),
+                f"hop ms per round (overlap K={top}, beyond compute)": hop_ms(rows[f"overlap K={top}"]),
+                f"hop ms per round (overlap K={top}, not staged, beyond compute)":
+                    hop_ms(rows[f"overlap K={top}{NOT_STAGED}"]),
+                "target pass ms (K=0)": rows["in turn K=0"]["parts_ms"]["verify_compute"],
+                "overlap adaptive efficiency (vs in-turn analytic)": rows["overlap adaptive"]["efficiency"]})
+    return out, {key: value[1:] for key, value in measured.items()}
 
 
 def hop_ms(row: dict) -> float:

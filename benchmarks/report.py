@@ -67,7 +67,10 @@ def overlap_markdown(title: str, section: dict) -> str:
     hf = "\n".join(f"| {name} | {r['tokens_per_s']:.1f} | | | | | | {r['wait_p99_ms']:.1f} | |"
                    for name, r in section["transformers"].items())
     rows = "\n".join(overlap_line(name, r) for name, r in section["rows"].items())
-    ratios = "\n".join(f"- {key}: {value:.2f}" for key, value in section["ratios"].items())
+    ranges = section.get("ratio_ranges", {})
+    ratios = "\n".join(f"- {key}: {value:.2f}" + (f" ({ranges[key][0]:.2f}-{ranges[key][1]:.2f} over the repeats)"
+                                                   if key in ranges else "")
+                        for key, value in section["ratios"].items())
     return f"### {title} (c = {section['c']:.3f})\n\n{OVERLAP_HEADER}{hf}\n{rows}\n\n{ratios}\n\n"
 
 

@@ -95,12 +95,6 @@ def hf_rows(service, cfg: BenchConfig) -> tuple[dict, float]:
     return rows, c
 
 
-def best_transformers(rows: dict, assisted: bool) -> float:
-    """The best tokens/s of the transformers rows over thread counts: assisted generation at any K, or plain
-    generate()."""
-    return max(r["tokens_per_s"] for name, r in rows.items() if name.startswith(BASE_ROW) != assisted)
-
-
 # ---- specpool rows ----------------------------------------------------------------------------
 def specpool_row(stub, cfg: BenchConfig, k: int | None, call=stream_one) -> dict:
     """One specpool row at K = k (None: adaptive), measured in the client process: each request a GenerateStream
