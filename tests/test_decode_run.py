@@ -275,10 +275,28 @@ def test_which_rounds_are_decode_runs(method, draft, source, k, expected):
     from router.speculation import MODEL, NGRAM, run_plan
     state = router_state(method)
     state.tokens += PROMPT[:3]              # its last 3 tokens occurred before (an n-gram round needs a match)
-    tokens, lookup = run_plan(state, draft, Policy(), {"model": MODEL, "ngram": NGRAM}[source], k)
+    policy = Policy()
+    policy.model_k = k                      # the K the model's controller holds: no probe
+    tokens, lookup = run_plan(state, draft, policy, {"model": MODEL, "ngram": NGRAM}[source], k)
     assert (tokens, lookup and (lookup.max_tokens, lookup.end_on_miss)) == expected
     if lookup:
         assert (lookup.min_n, lookup.max_n) == (2, 4)
+
+
+@pytest.mark.parametrize("method, draft, expected", [
+    ("model", Draft(), (4, None)),                          # a probe: long enough to time plain decoding
+    ("model+ngram", Draft(), (4, (5, False))),              # ... looking up drafts as K = 0 would
+    ("model", Draft(healthy=False), (16, (5, False))),      # the draft is down: K = 0 is no probe, a whole run
+])
+def test_a_probe_of_plain_decoding_is_a_short_run_not_a_whole_one(method, draft, expected):
+    """While the draft model holds K > 0, a round planned at K = 0 is the policy's probe of plain decoding: its run
+    lasts PLAIN_PROBE_STEPS tokens. A whole run at the K the policy had rejected cost a heavy-pair request a third
+    of its speed."""
+    from router.speculation import MODEL, PLAIN_PROBE_STEPS, run_plan
+    state = router_state(method)
+    state.tokens += PROMPT[:3]
+    tokens, lookup = run_plan(state, draft, Policy(), MODEL, 0)
+    assert PLAIN_PROBE_STEPS == 4 and (tokens, lookup and (lookup.max_tokens, lookup.end_on_miss)) == expected
 
 
 def test_an_ngram_run_of_model_plus_ngram_ends_at_a_miss_only_while_the_draft_model_would_draft():
@@ -343,7 +361,9 @@ def test_a_round_knows_the_length_of_the_match_its_ngram_drafts_followed():
 
 def test_a_run_stays_within_max_new_tokens_and_runs_turn_off_with_one_step():
     from router.speculation import MODEL, run_plan
-    assert run_plan(router_state("model", generated=95), Draft(), Policy(), MODEL, 0) == (5, None)
+    plain = Policy()
+    plain.model_k = 0
+    assert run_plan(router_state("model", generated=95), Draft(), plain, MODEL, 0) == (5, None)
     assert run_plan(router_state("ngram", generated=97), None, Policy(), MODEL, 0)[1].max_tokens == 2
     off = Policy()
     off.decode_steps = 1
