@@ -70,15 +70,16 @@ def hf_run(target, tokenizer, batches, max_new: int, assistant=None, k: int = 0,
 
 
 @torch.inference_mode()
-def forward_seconds(model, context: int = 64, steps: int = 20) -> float:
-    """Median time of one single-token decoding step with a KV cache of `context` tokens."""
+def forward_seconds(model, context: int = 64, steps: int = 20, tokens: int = 1) -> float:
+    """Median time of one decoding step over `tokens` new tokens (a verify pass of tokens - 1 drafts) with a KV
+    cache of `context` tokens."""
     from transformers import DynamicCache
     cache = DynamicCache(config=model.config)
     model(torch.zeros(1, context, dtype=torch.long), past_key_values=cache, use_cache=True)
     times = []
     for _ in range(steps):
         started = time.perf_counter()
-        model(torch.zeros(1, 1, dtype=torch.long), past_key_values=cache, use_cache=True)
+        model(torch.zeros(1, tokens, dtype=torch.long), past_key_values=cache, use_cache=True)
         times.append(time.perf_counter() - started)
-        cache.crop(-1)
+        cache.crop(-tokens)
     return statistics.median(times)
