@@ -113,7 +113,8 @@ class RaggedBatch:
           the longest of forward 1 | forward 2 ... ]
     The 2-D attention mask hides every padding column and position_ids continue each row's own positions,
     so a row computes what it would alone (up to floating-point summation order). unpack() hands each
-    session back a cache of its real columns only. A batch of one session simply runs on its own cache.
+    session back a cache of its real columns only, lazily: a session takes its view when its cache is next
+    asked for (Session.cache), so a batch that runs on as it is hands back nothing. A batch of one session simply runs on its own cache.
     A sliding-window mask counts the window in columns, so for a windowed model a row's columns must stay
     contiguous: before a forward that would append to a row after right padding, the batch is packed again.
 
@@ -136,10 +137,10 @@ class RaggedBatch:
     def _pack(self) -> None:
         """The batch cache: each session's cache left-padded to the longest."""
         past = max(self.lengths)
+        held = [s.cache for s in self.sessions if s.length]   # (hands back any left in a batch: this one too)
         self.cache = new_cache(self.model)
         self.mask = _right_aligned_mask(self.lengths, past, self.model.device)
         self.segments = [[(past - n, n)] if n else [] for n in self.lengths]   # per row: (first column, count)
-        held = [s.cache for s in self.sessions if s.length]
         for index in range(len(held[0].layers) if held else 0):
             self.cache.update(self._padded(index, "keys", past), self._padded(index, "values", past), index)
 
@@ -177,37 +178,47 @@ class RaggedBatch:
         counts = [len(t) for t in token_lists]
         step_mask = (torch.arange(n_new, device=device) < torch.tensor(counts, device=device)[:, None]).long()
         for segments, count in zip(self.segments, counts):
-            if count:
+            if count and segments and sum(segments[-1]) == width:   # right after its last columns: one segment
+                segments[-1] = (segments[-1][0], segments[-1][1] + count)
+            elif count:
                 segments.append((width, count))
         self.mask = torch.cat([self.mask, step_mask], dim=1)
         positions = torch.tensor(self.lengths, device=device)[:, None] + torch.arange(n_new, device=device)
         return {"input_ids": ids, "attention_mask": self.mask, "position_ids": positions}
 
     def unpack(self) -> None:
-        """Give each session a cache of its own real columns (held tokens plus everything appended): a view
-        of the batch cache where they are contiguous (the usual case), else a gathered copy."""
+        """Hand each session back a cache of its own real columns (held tokens plus everything appended): a view
+        of the batch cache where they are contiguous (the usual case), else a gathered copy. Lazily: each session
+        is left in this batch and takes its view when its cache is next asked for (Session.cache, hand_back), so
+        a forward that runs on this batch as it is (holds) slices nothing, nor do a pre-draft's forked rows."""
         if self.mask is None:
             self.sessions[0].length = self.lengths[0]
             return
         for i, session in enumerate(self.sessions):
-            take = _columns(self.segments[i], self.model.device)
-            if session.cache is None or not session.cache.layers or not session.cache.layers[0].is_initialized:
-                session.cache = new_cache(self.model)
-                for index, layer in enumerate(self.cache.layers):
-                    session.cache.update(layer.keys[i:i + 1, :, take], layer.values[i:i + 1, :, take], index)
-            else:
-                for own, layer in zip(session.cache.layers, self.cache.layers):
-                    own.keys, own.values = layer.keys[i:i + 1, :, take], layer.values[i:i + 1, :, take]
             session.length = self.lengths[i]
-        self._handed = [session.cache.layers[0].keys for session in self.sessions]
+            session.leave_in(self, i)
+        self._handed = [None] * len(self.sessions)
+
+    def hand_back(self, i: int, own):
+        """Row i's cache as a session's own: `own` (or a new cache) holding a view of the row's real columns."""
+        take = _columns(self.segments[i], self.model.device)
+        if own is None or not own.layers or not own.layers[0].is_initialized:
+            own = new_cache(self.model)
+            for index, layer in enumerate(self.cache.layers):
+                own.update(layer.keys[i:i + 1, :, take], layer.values[i:i + 1, :, take], index)
+        else:
+            for mine, layer in zip(own.layers, self.cache.layers):
+                mine.keys, mine.values = layer.keys[i:i + 1, :, take], layer.values[i:i + 1, :, take]
+        self._handed[i] = own.layers[0].keys
+        return own
 
     def holds(self, sessions: list[Session]) -> bool:
         """Whether this unpacked batch holds exactly `sessions`, in this order, each as unpack() left it, so that
         the next forward can run on it with no copy. A crop, a forward elsewhere or a session started again gives
         the session new cache tensors (or a new length), which this notices."""
         return self._handed is not None and len(sessions) == len(self.sessions) and all(
-            session is own and session.length == length and session.cache.layers[0].keys is keys
-            for session, own, length, keys in zip(sessions, self.sessions, self.lengths, self._handed))
+            session is own and session.length == length and session.held_in(self, handed)
+            for session, own, length, handed in zip(sessions, self.sessions, self.lengths, self._handed))
 
 
 def fork_session(model, session: Session, length: int) -> Session:

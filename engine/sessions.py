@@ -22,11 +22,37 @@ class SessionLost(Exception):
 @dataclass
 class Session:
     sampling: Sampling
-    cache: object = None           # transformers DynamicCache, created on first forward
     length: int = 0                # tokens held in the cache
     last_used: float = field(default=0.0)
     tokens: list = field(default_factory=list)   # their IDs, where the engine keeps them (the target's)
     ngram: object = None           # the target's prompt-lookup index of the committed tokens (engine.ngram)
+    _own: object = field(default=None, repr=False)     # its own DynamicCache, as last handed back
+    _batch: object = field(default=None, repr=False)   # the RaggedBatch it was left in, not handed back yet
+    _row: int = field(default=0, repr=False)           # its row there
+
+    @property
+    def cache(self):
+        """transformers DynamicCache of the tokens held (None before the first forward). A session left in a
+        batch (RaggedBatch.unpack) takes its view of its own columns there now, when first asked for it."""
+        if self._batch is not None:
+            batch, self._batch = self._batch, None
+            self._own = batch.hand_back(self._row, self._own)
+        return self._own
+
+    @cache.setter
+    def cache(self, cache) -> None:
+        self._own, self._batch = cache, None
+
+    def leave_in(self, batch, row: int) -> None:
+        """Its columns are row `row` of `batch`: handed back lazily (see cache)."""
+        self._batch, self._row = batch, row
+
+    def held_in(self, batch, handed) -> bool:
+        """Whether its cache is still exactly what `batch` left it: not handed back yet, or handed back as the
+        layer-0 keys `handed` and untouched since (a crop or a forward elsewhere gives it new tensors)."""
+        if self._batch is not None:
+            return self._batch is batch
+        return handed is not None and self._own.layers[0].keys is handed
 
     def crop(self, position: int) -> None:
         if self.length > position:
