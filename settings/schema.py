@@ -162,6 +162,9 @@ class ControllerConfig:
                                      # in one message (steps shorter than a message's cost; 0: each at once)
     unstreamed_answer_delay_ms: float = 200.0   # ... this long instead for a request whose client takes its
                                      # output whole (Generate, HTTP without stream) and has no stop strings
+    answer_delay_max_ms: float = 40.0   # under load answer_delay_ms grows with the target's rows per forward,
+                                     # up to this (each message costs the target's event loop CPU that its
+                                     # batched forward then waits for; <= answer_delay_ms: no growth)
     # threshold policy
     raise_above: float = 0.8         # K += 1 when the acceptance rate since the last step is above this
     lower_below: float = 0.4         # K -= 1 when it is below this
@@ -195,6 +198,7 @@ class ControllerConfig:
             ("decode_steps", self.decode_steps >= 1, "must be >= 1"),
             ("answer_delay_ms", 0 <= self.answer_delay_ms <= 1000, "must be in [0, 1000]"),
             ("unstreamed_answer_delay_ms", 0 <= self.unstreamed_answer_delay_ms <= 10000, "must be in [0, 10000]"),
+            ("answer_delay_max_ms", 0 <= self.answer_delay_max_ms <= 1000, "must be in [0, 1000]"),
             ("raise_above", 0.0 <= self.raise_above <= 1.0, "must be in [0, 1]"),
             ("lower_below", 0.0 <= self.lower_below <= self.raise_above,
              f"must be in [0, raise_above={self.raise_above}]"),
@@ -345,7 +349,7 @@ def check_answer_delays(config: SpecpoolConfig) -> None:
     """A decode run's held answers must reach the router within its wait for each answer (router.worker_timeout_s),
     or every held run would time out."""
     wait = config.router.worker_timeout_s
-    for key in ("answer_delay_ms", "unstreamed_answer_delay_ms"):
+    for key in ("answer_delay_ms", "unstreamed_answer_delay_ms", "answer_delay_max_ms"):
         held = getattr(config.speculation, key)
         if held / 1000 >= wait:
             raise ConfigError(f"speculation.{key}: must be shorter than router.worker_timeout_s={wait:g} s "

@@ -310,6 +310,32 @@ def test_plain_runs_grow_with_the_target_load_up_to_four_times_decode_steps():
         assert selector.plain_run_steps(state) == steps, rows
 
 
+def test_streamed_answers_wait_longer_under_load_up_to_answer_delay_max_ms():
+    """Alone, a streamed run's answers wait at most answer_delay_ms; under load (rows per target forward) that
+    many times longer, up to answer_delay_max_ms; 0 stays 0 (each answer at once), and a cap at or below
+    answer_delay_ms turns the growth off. A request read whole keeps unstreamed_answer_delay_ms."""
+    import dataclasses
+
+    from settings.schema import ControllerConfig
+
+    def delays(rows_seen: list[int], **config) -> list[float]:
+        selector = KSelector(ControllerConfig(**config), Metrics(), random.Random(0))
+        state = request_state(0, worker_pb2.DRAFT_MODE_GREEDY)
+        selector.attach(state)
+        out = [selector.answer_delay_s(state)]
+        for rows in rows_seen:
+            for _ in range(64):                   # the load estimate moves over load_window rounds
+                selector.observe(state, Round([], 0, [1], RoundTimings(batch_size=rows)))
+            out.append(selector.answer_delay_s(state))
+        out.append(selector.answer_delay_s(dataclasses.replace(state, streamed=False)))
+        return out
+
+    assert delays([2, 3, 16], answer_delay_ms=10, answer_delay_max_ms=40, unstreamed_answer_delay_ms=200) == \
+        pytest.approx([0.010, 0.020, 0.030, 0.040, 0.200], rel=0.02)
+    assert delays([16], answer_delay_ms=0, answer_delay_max_ms=40) == pytest.approx([0.0, 0.0, 0.2])
+    assert delays([16], answer_delay_ms=10, answer_delay_max_ms=0) == pytest.approx([0.010, 0.010, 0.2])
+
+
 def test_answers_wait_longer_only_for_a_client_that_takes_its_output_whole_and_has_no_stop_strings():
     """A streamed request's run answers within answer_delay_ms; one read whole at the end (Generate, HTTP without
     stream) within unstreamed_answer_delay_ms, unless stop strings need its tokens as they come."""
