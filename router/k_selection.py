@@ -194,8 +194,8 @@ class KSelector:
         request streamed to its client, unstreamed_answer_delay_ms for one whose client takes the output whole.
         Nobody reads the latter's tokens before its end, and each message costs CPU in the target, the router
         and their cores' neighbours, so its answers travel several steps to a message even where a step is long;
-        its stop strings, matched as tokens arrive, keep the short delay so that the run is withdrawn promptly.
-        Under load the short delay grows with the target's rows per forward, up to answer_delay_max_ms: every
+        its stop strings, matched as tokens arrive, keep the streamed delay so that the run is withdrawn promptly.
+        Under load the streamed delay grows with the target's rows per forward, up to answer_delay_max_ms: every
         row's answer is a message that the target's event loop sends while the batched forward waits for the
         interpreter (16 demo-pair streams at K = 0: 1.30x the tokens/s with 40 ms against 10)."""
         if not state.streamed and not state.stop_strings:
