@@ -8,6 +8,8 @@ import torch
 from engine.sessions import Session
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+WASTED_SLACK = 64       # columns of padding and holes a batch may carry before WASTED_SHARE applies
+WASTED_SHARE = 0.25     # beyond the slack, the share of a batch's columns that may be padding or holes
 
 
 def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu", tp_plan: str | None = None):
@@ -114,17 +116,19 @@ class RaggedBatch:
     The 2-D attention mask hides every padding column and position_ids continue each row's own positions,
     so a row computes what it would alone (up to floating-point summation order). unpack() hands each
     session back a cache of its real columns only, lazily: a session takes its view when its cache is next
-    asked for (Session.cache), so a batch that runs on as it is hands back nothing. A batch of one session simply runs on its own cache.
-    A sliding-window mask counts the window in columns, so for a windowed model a row's columns must stay
-    contiguous: before a forward that would append to a row after right padding, the batch is packed again.
+    asked for (Session.cache), so a batch that runs on as it is hands back nothing. A batch of one session
+    simply runs on its own cache. A sliding-window mask counts the window in columns, so for a windowed model a
+    row's columns must stay contiguous: before a forward that would append to a row after right padding, the
+    batch is packed again.
 
     Packing copies every row's cache. The next forward over the same sessions can skip that: holds() tells
-    whether they are still exactly as unpack() left them (a decode run's steady state), and then the batch
-    runs on as it is.
+    whether they are still as unpack() left them (a decode run's steady state) or rolled back in place
+    (crop_row: a speculative round's rejected drafts become masked holes), and then the batch runs on as it is.
     """
 
-    def __init__(self, model, sessions: list[Session]):
+    def __init__(self, model, sessions: list[Session], runs_on: bool = False):
         self.model, self.sessions = model, sessions
+        self.runs_on = runs_on             # its owner may run the next forward on it (extend_batch): see crop_row
         self.lengths = [s.length for s in sessions]
         self._handed: list | None = None   # each session's layer-0 keys as unpack() left them (see holds)
         if len(sessions) == 1:             # no padding, mask or copies
@@ -213,12 +217,40 @@ class RaggedBatch:
         return own
 
     def holds(self, sessions: list[Session]) -> bool:
-        """Whether this unpacked batch holds exactly `sessions`, in this order, each as unpack() left it, so that
-        the next forward can run on it with no copy. A crop, a forward elsewhere or a session started again gives
-        the session new cache tensors (or a new length), which this notices."""
-        return self._handed is not None and len(sessions) == len(self.sessions) and all(
+        """Whether this unpacked batch holds exactly `sessions`, in this order, each as unpack() left it or
+        rolled back in place (crop_row), and wastes few enough columns, so that the next forward can run on it
+        with no copy. A crop outside it, a forward elsewhere or a session started again gives the session new
+        cache tensors (or a new length), which this notices."""
+        return self._handed is not None and len(sessions) == len(self.sessions) and not self._wasteful() and all(
             session is own and session.length == length and session.held_in(self, handed)
             for session, own, length, handed in zip(sessions, self.sessions, self.lengths, self._handed))
+
+    def crop_row(self, i: int, length: int) -> bool:
+        """Roll row i back to its first `length` tokens in place: the columns past them (rejected drafts) are
+        masked out, holes the row no longer attends to, so that the batch still holds the row and the next forward
+        runs on it uncopied. Holes cost memory and attention over masked columns until the batch is packed again
+        (holds: at most WASTED_SHARE of its columns beyond WASTED_SLACK). False, and nothing done, where the row
+        must be cropped on its own cache: a batch nobody runs on again (the draft's: holes would only turn its
+        sessions' views into copies), a batch of one (it has no mask), or a windowed model (its mask counts the
+        window in columns, so a row's columns stay contiguous)."""
+        if not self.runs_on or self.mask is None or self._handed is None or windowed(self.model):
+            return False
+        drop, segments = self.lengths[i] - length, self.segments[i]
+        while drop > 0:
+            start, count = segments.pop()
+            cut = min(drop, count)
+            self.mask[i, start + count - cut:start + count] = 0
+            if cut < count:
+                segments.append((start, count - cut))
+            drop -= cut
+        self.lengths[i] = length
+        return True
+
+    def _wasteful(self) -> bool:
+        """Whether padding and holes (crop_row) have grown past WASTED_SHARE of the batch's columns, beyond the
+        first WASTED_SLACK: then the next forward packs the sessions afresh."""
+        width = self.mask.shape[1] if self.mask is not None else 0
+        return width - max(self.lengths, default=0) > WASTED_SLACK + WASTED_SHARE * width
 
 
 def fork_session(model, session: Session, length: int) -> Session:
@@ -255,7 +287,7 @@ def extend_batch(model, sessions: list[Session], token_lists: list[list[int]], k
     keeps[i] positions [keeps[i], vocab], and the batch: passed back as `last`, it is run on again, uncopied,
     while it holds the same sessions as they were left (RaggedBatch.holds). Pass no `last` after a forward that
     raised: its batch may be half-updated."""
-    batch = last if last is not None and last.holds(sessions) else RaggedBatch(model, sessions)
+    batch = last if last is not None and last.holds(sessions) else RaggedBatch(model, sessions, runs_on=True)
     n_new = max(len(t) for t in token_lists)
     keep = n_new - min(len(t) - k for t, k in zip(token_lists, keeps))   # the columns any row needs
     logits = batch.forward(token_lists, keep=keep)

@@ -55,8 +55,11 @@ class Session:
         return handed is not None and self._own.layers[0].keys is handed
 
     def crop(self, position: int) -> None:
+        """Keep the first `position` tokens: rolled back in place in the batch it was left in, where that batch
+        can (RaggedBatch.crop_row), else on its own cache."""
         if self.length > position:
-            self.cache.crop(position - self.length)   # negative: number of tokens to drop
+            if self._batch is None or not self._batch.crop_row(self._row, position):
+                self.cache.crop(position - self.length)   # negative: number of tokens to drop
             self.length = position
         del self.tokens[position:]
 

@@ -39,11 +39,12 @@ def sampling(temperature: float, seed: int) -> generation_pb2.SamplingParams:
 
 
 def play(engines, batched: bool, temperature: float, mode: int, rounds: int = 6) -> list:
-    """Run `rounds` speculative rounds of every prompt, batched or one call at a time; returns all answers."""
+    """Run `rounds` speculative rounds of every prompt, batched or one call at a time; returns all answers, the
+    largest target and draft batches, and per round whether the target's forward ran on the last one's batch."""
     draft, target = engines()
     held = [0] * len(PROMPTS)
     tokens = [list(p) for p in PROMPTS]
-    answers = []
+    answers, reused = [], []
     for _ in range(rounds):
         proposals = [worker_pb2.ProposeRequest(session_id=i, position=held[i], new_token_ids=tokens[i][held[i]:],
                                                k=max(KS[i], 1), mode=mode,
@@ -54,12 +55,14 @@ def play(engines, batched: bool, temperature: float, mode: int, rounds: int = 6)
                                              draft_token_ids=d.draft_token_ids, draft_hidden_states=d.draft_hidden_states,
                                              sampling=sampling(temperature, i) if held[i] == 0 else None)
                     for i, d in enumerate(drafted)]
+        before = target._batch
         verdicts = target.verify_batch(verifies) if batched else [target.verify(v) for v in verifies]
+        reused.append(before is not None and target._batch is before)
         for i, (d, v) in enumerate(zip(drafted, verdicts)):
             answers.append((list(d.draft_token_ids), v.num_accepted, v.next_token_id))
             held[i] = len(tokens[i])
             tokens[i] += list(d.draft_token_ids[:v.num_accepted]) + [v.next_token_id]
-    return answers, target.stats.max_batch, draft.stats.max_batch
+    return answers, target.stats.max_batch, draft.stats.max_batch, reused
 
 
 @pytest.mark.parametrize("temperature,mode", [(0.0, worker_pb2.DRAFT_MODE_GREEDY),
@@ -67,10 +70,26 @@ def play(engines, batched: bool, temperature: float, mode: int, rounds: int = 6)
                                               (0.9, worker_pb2.DRAFT_MODE_SAMPLED)],
                          ids=["greedy", "sampled-target", "sampled-draft"])
 def test_batched_rows_match_each_request_alone(engines, temperature, mode):
-    alone, _, _ = play(engines, batched=False, temperature=temperature, mode=mode)
-    batched, target_batch, draft_batch = play(engines, batched=True, temperature=temperature, mode=mode)
+    alone, _, _, _ = play(engines, batched=False, temperature=temperature, mode=mode)
+    batched, target_batch, draft_batch, _ = play(engines, batched=True, temperature=temperature, mode=mode)
     assert batched == alone
     assert target_batch == len(PROMPTS) and draft_batch == len(PROMPTS)
+
+
+def test_rounds_that_reject_drafts_roll_back_in_their_batch_and_run_on_it(engines, monkeypatch):
+    """A rejected draft is a masked hole in the batch (RaggedBatch.crop_row), not a crop that packs every row
+    again: after the first batched round every round runs on the last one's batch, and its rows still verify
+    as each alone. Once holes make up too many columns (no slack here), the next round packs afresh."""
+    alone, _, _, _ = play(engines, batched=False, temperature=0.0, mode=worker_pb2.DRAFT_MODE_GREEDY, rounds=8)
+    batched, _, _, reused = play(engines, batched=True, temperature=0.0, mode=worker_pb2.DRAFT_MODE_GREEDY,
+                                 rounds=8)
+    accepted_all = [a for _, a, _ in batched].count
+    assert batched == alone and accepted_all(0) > len(PROMPTS)        # many rows rolled back
+    assert reused == [False, False] + [True] * 6                      # 0: prefills alone, 1: the first batch
+    monkeypatch.setattr("engine.modeling.WASTED_SLACK", 0)
+    wasteful, _, _, reused = play(engines, batched=True, temperature=0.0, mode=worker_pb2.DRAFT_MODE_GREEDY,
+                                  rounds=8)
+    assert wasteful == alone and False in reused[2:]
 
 
 def test_a_lost_session_fails_only_its_row(engines):
