@@ -93,5 +93,6 @@ def main() -> None:
           f"handed back after every step: {statistics.median(runs['handed back']):.2f} ms; handed back / as run = "
           f"{ratio:.2f} ({low:.2f}-{high:.2f} over {args.repeats} repeats)")
 
+
 if __name__ == "__main__":
     main()
