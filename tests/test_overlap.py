@@ -143,18 +143,29 @@ class SecondGuessDraft(FakeDraft):
 
 class FakeTarget(FakeWorker):
     """A target whose verify takes `delay` seconds and that keeps each verdict for the staged call that may follow
-    it (target_worker/staging.py), keyed as the real one keys them: (session, committed tokens before the drafts)."""
+    it (target_worker/staging.py), keyed as the real one keys them: (session, committed tokens before the drafts).
+    `stage_first`: a verify also waits (up to 0.3 s) for the staged call of its round's pre-draft, so that
+    staging happens before every verdict however loaded the machine is."""
 
-    def __init__(self, delay: float = 0.001, die_on_stage: int = 0):
+    def __init__(self, delay: float = 0.001, die_on_stage: int = 0, stage_first: bool = False):
         super().__init__()
-        self.delay, self.die_on_stage = delay, die_on_stage
+        self.delay, self.die_on_stage, self.stage_first = delay, die_on_stage, stage_first
         self.verdicts: dict[tuple[int, int], asyncio.Future] = {}
+        self.stage_calls: dict[tuple[int, int], asyncio.Event] = {}
         self.staged = self.missed = 0
+
+    def stage_call(self, key: tuple[int, int]) -> asyncio.Event:
+        return self.stage_calls.setdefault(key, asyncio.Event())
 
     async def verify(self, session_id, tokens, synced, drafts, hidden, sampling, timeout):
         context = self.sync(session_id, tokens, synced)
         verdict = self.verdicts[(session_id, len(tokens))] = asyncio.get_running_loop().create_future()
         await asyncio.sleep(self.delay)
+        if self.stage_first:
+            try:
+                await asyncio.wait_for(self.stage_call((session_id, len(tokens))).wait(), 0.3)
+            except TimeoutError:
+                pass                        # no pre-draft was staged for this round
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == truth(context + list(drafts[:accepted])):
             accepted += 1
@@ -167,6 +178,7 @@ class FakeTarget(FakeWorker):
     async def stage(self, session_id, position, candidates, timeout):
         """The staged call: once the round at `position` has its verdict, verify the candidate that guessed it."""
         self.staged += 1
+        self.stage_call((session_id, position)).set()
         if self.staged == self.die_on_stage:
             raise down()
         verdict = await self.verdicts.pop((session_id, position))
@@ -270,7 +282,7 @@ def test_a_staged_round_is_verified_by_the_target_on_its_own_and_the_output_stay
     """A verify slower than a pre-draft: each pre-draft is staged on the target before its verdict. Every hit is
     then a round the target started by itself (no second verify call), every miss a staged call answered
     `missed`, and the output and the workers' caches are exactly as without staging."""
-    draft, target, policy = FakeDraft(), FakeTarget(delay=0.006), FixedK(k, True, branches, stage=True)
+    draft, target, policy = FakeDraft(), FakeTarget(delay=0.006, stage_first=True), FixedK(k, True, branches, stage=True)
     state = run(draft, target, policy)
     assert state.tokens[len(PROMPT):] == reference()
     assert draft.reprefills == 0 and target.reprefills == 0
@@ -286,7 +298,7 @@ def test_third_choice_branches_take_the_rejections_a_runner_up_missed_staged_and
     """Half the draft's mistakes are corrected to its third choice: with a second guess per position those
     rounds are pre-drafted too (and staged: the target verifies them itself), the workers are never claimed past
     what they hold, and the output is the target's."""
-    draft, target = SecondGuessDraft(), FakeTarget(delay=0.006)
+    draft, target = SecondGuessDraft(), FakeTarget(delay=0.006, stage_first=True)
     policy = FixedK(3, True, 3, stage=True, thirds=thirds)
     state = run(draft, target, policy)
     assert state.tokens[len(PROMPT):] == reference()
@@ -302,7 +314,7 @@ def test_third_choice_branches_take_the_rejections_a_runner_up_missed_staged_and
 def test_a_staged_call_that_fails_leaves_its_round_to_verify_as_usual():
     """The target fails the third staged call (UNAVAILABLE): that round sends its verify as it would have
     without staging, and the tokens are unchanged."""
-    target = FakeTarget(delay=0.006, die_on_stage=3)
+    target = FakeTarget(delay=0.006, die_on_stage=3, stage_first=True)
     state = run(FakeDraft(), target, FixedK(3, True, 3, stage=True))
     assert state.tokens[len(PROMPT):] == reference() and target.reprefills == 0
     assert 0 < state.stats.staged_rounds < state.stats.predraft_hits
