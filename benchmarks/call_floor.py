@@ -6,6 +6,12 @@ matmuls (torch). A call's wall time minus that compute is what the benchmark's r
 side (queue, thread hop) plus transport; if it grows with `ms` even while the worker sleeps, the growth is the
 machine waking idle threads and processes, not gRPC or specpool's own work.
 
+A second table takes a call with no compute apart by layer, each layer a server of its own, the layers' repeats
+interleaved: gRPC alone (a bytes echo on one bidirectional stream), then the router's CallStream with the worker's
+protobufs against a bare VerifyStream, then the worker's call dispatch (serve_stream), then the whole
+TargetServicer (batcher, verdicts kept for staged calls) with the engine called inline, then with the hop to the
+engine thread. Its first row is the floor that no gRPC call of this machine's goes under.
+
     python -m benchmarks.call_floor
 """
 from __future__ import annotations
@@ -15,8 +21,14 @@ import multiprocessing
 import statistics
 import time
 
+import grpc
+
 KINDS = ("sleep", "spin", "torch")
 COMPUTE_MS = (0.0, 3.0, 15.0)
+LAYERS = ("gRPC alone: a bytes echo on one stream", "+ CallStream and protobufs: a bare VerifyStream",
+          "+ the worker's call dispatch (serve_stream)", "+ TargetServicer, engine called inline",
+          "+ the hop to the engine thread")
+ECHO = "/specpool.bench.Echo/Echo"
 
 
 class StandInEngine:
@@ -48,17 +60,57 @@ class StandInEngine:
         return True
 
 
-def serve(queue, ms: float, kind: str) -> None:
-    """The worker process: a TargetServicer over the stand-in engine (no inline calls: every call hops threads,
-    as a long one does)."""
+def layer_servicer(layer: int, ms: float, kind: str):
+    """The TargetWorker servicer of LAYERS[layer] (layer 0 is served by echo_server instead)."""
+    from engine.worker_server import serve_stream
+    from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
+    from target_worker.server import TargetServicer
+
+    def verdict(request, call_id: int = 0):
+        return worker_pb2.VerifyResponse(call_id=call_id, num_accepted=len(request.draft_token_ids), next_token_id=7)
+
+    async def submit(request, emit):
+        return verdict(request)
+
+    class Bare(worker_pb2_grpc.TargetWorkerServicer):
+        async def VerifyStream(self, requests, context):
+            if layer == 1:
+                async for request in requests:
+                    yield verdict(request, request.call_id)
+            else:
+                async for response in serve_stream(requests, submit, worker_pb2.VerifyResponse):
+                    yield response
+    if layer < 3:
+        return Bare()
+    return TargetServicer(StandInEngine(ms, kind), 1, 16, 0, 1.0 if layer == 3 else 0.0)
+
+
+def echo_server() -> grpc.aio.Server:
+    """A grpc.aio server whose one method echoes each message of a bidirectional stream."""
+    async def echo(requests, context):
+        async for message in requests:
+            yield message
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "specpool.bench.Echo", {"Echo": grpc.stream_stream_rpc_method_handler(echo)}),))
+    return server
+
+
+def serve(queue, ms: float, kind: str, layer: int = len(LAYERS) - 1) -> None:
+    """The worker process: the servicer of LAYERS[layer]; by default a TargetServicer over the stand-in engine
+    with no inline calls (every call hops threads, as a long one does)."""
     async def main():
         import torch
         torch.set_num_threads(1)
         from engine.worker_server import start_server
         from protos.specpool.v1 import worker_pb2_grpc
-        from target_worker.server import TargetServicer
-        server, address = await start_server(worker_pb2_grpc.add_TargetWorkerServicer_to_server,
-                                             TargetServicer(StandInEngine(ms, kind), 1, 16, 0, 0.0), "127.0.0.1")
+        if layer == 0:
+            server = echo_server()
+            address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+            await server.start()
+        else:
+            server, address = await start_server(worker_pb2_grpc.add_TargetWorkerServicer_to_server,
+                                                 layer_servicer(layer, ms, kind), "127.0.0.1")
         queue.put(address)
         await server.wait_for_termination()
     asyncio.run(main())
@@ -80,6 +132,45 @@ async def calls(address: str, n: int) -> tuple[float, float]:
     return 1e3 * statistics.median(beyond[n // 10:]), 1e3 * statistics.median(worker[n // 10:])
 
 
+async def echoes(address: str, n: int) -> float:
+    """Median ms of a 64-byte message's round trip on one grpc.aio bidirectional stream."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        call, times = channel.stream_stream(ECHO)(), []
+        for _ in range(n):
+            started = time.perf_counter()
+            await call.write(b"x" * 64)
+            await call.read()
+            times.append(time.perf_counter() - started)
+        await call.done_writing()
+    return 1e3 * statistics.median(times[n // 10:])
+
+
+async def layer_call(context, layer: int, n: int = 1000) -> float:
+    """Median ms of a call with no compute, against a fresh worker process serving LAYERS[layer]."""
+    queue = context.Queue()
+    worker = context.Process(target=serve, args=(queue, 0.0, "sleep", layer), daemon=True)
+    worker.start()
+    try:
+        address = await asyncio.to_thread(queue.get)
+        return await echoes(address, n) if layer == 0 else (await calls(address, n))[0]
+    finally:
+        worker.kill()
+        worker.join()
+
+
+async def by_layer(context, repeats: int = 3) -> None:
+    """The LAYERS table: medians over `repeats` interleaved passes, each layer's cost over the one above it."""
+    times: list[list[float]] = [[] for _ in LAYERS]
+    for repeat in range(repeats):
+        for layer in range(len(LAYERS)):
+            times[layer].append(await layer_call(context, layer))
+        print(f"  (layers, repeat {repeat + 1} of {repeats} done)", flush=True)
+    medians = [statistics.median(t) for t in times]
+    print("\n| layer (0 ms of compute) | ms per call | added ms |\n|---|---|---|")
+    for name, ms, above in zip(LAYERS, medians, [0.0] + medians):
+        print(f"| {name} | {ms:.2f} | {ms - above:+.2f} |", flush=True)
+
+
 async def measure(context) -> None:
     """Every (kind, compute) row, each against a fresh worker process, on one event loop (gRPC's poller stays with
     the loop it started on)."""
@@ -95,8 +186,13 @@ async def measure(context) -> None:
             worker.join()
 
 
+async def both(context) -> None:
+    await measure(context)
+    await by_layer(context)
+
+
 def main() -> None:
-    asyncio.run(measure(multiprocessing.get_context("spawn")))
+    asyncio.run(both(multiprocessing.get_context("spawn")))
 
 
 if __name__ == "__main__":
