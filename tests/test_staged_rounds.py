@@ -166,15 +166,17 @@ async def serve_loop(draft_engine, target_engine, policy, prompt: list[int], max
 @pytest.mark.parametrize("branches", [0, 3])
 def test_the_router_loop_over_grpc_takes_staged_rounds_and_stays_the_targets_greedy_output(demo_engines, branches):
     """Real draft and target servicers over gRPC, the target slower than a pre-draft: most hits are staged rounds
-    (the target began them itself), and the tokens are the target's own greedy tokens, as in turn."""
+    (the target began them itself), and the tokens are the target's own greedy tokens, as in turn. (Whether a
+    pre-draft is back before its verdict is timing: on a loaded machine a few are not, and are verified the usual
+    way; tests/test_overlap.py checks with in-memory workers that every one staged in time is taken.)"""
     from tests.test_overlap import FixedK
     draft_engine, target_engine = demo_engines
-    prompt, slow = [5, 9, 14, 200, 3, 77], SlowTarget(target_engine, 0.03)
+    prompt, slow = [5, 9, 14, 200, 3, 77], SlowTarget(target_engine, 0.06)
     staged = asyncio.run(serve_loop(draft_engine, slow, FixedK(4, True, branches, stage=True), prompt, 40))
     in_turn = asyncio.run(serve_loop(draft_engine, slow, FixedK(4, False), prompt, 40))
     plain = asyncio.run(serve_loop(draft_engine, target_engine, FixedK(0, False), prompt, 40))
     assert staged.tokens == in_turn.tokens == plain.tokens
-    assert staged.stats.predraft_hits > 2 and staged.stats.staged_rounds >= staged.stats.predraft_hits - 1
+    assert staged.stats.predraft_hits > 2 and 2 * staged.stats.staged_rounds > staged.stats.predraft_hits
 
 
 def test_a_staged_call_on_unary_verify_is_refused_naming_the_field_and_the_server_keeps_serving(engine):
