@@ -209,7 +209,8 @@ def test_batcher_waits_for_a_batch_when_idle():
         run.release.set()
         batcher = Batcher(run, max_batch=8, max_wait_s=0.2)
         calls = [asyncio.ensure_future(batcher.submit(verify_call(s))) for s in range(3)]
-        await asyncio.sleep(0.05)
+        for _ in range(5):
+            await asyncio.sleep(0)          # the three are submitted and the batcher waits in its window
         calls.append(asyncio.ensure_future(batcher.submit(verify_call(7))))    # inside the window
         await asyncio.gather(*calls)
         return run.batches

@@ -43,6 +43,13 @@ def sigkill(actor):
     os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
 
 
+def killer(actor):
+    """A fault that SIGKILLs `actor` at once when called (its pid asked of Ray beforehand, so that the request
+    does not run on while Ray answers)."""
+    pid = ray.get(actor.pid.remote())
+    return lambda: os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def tp2(start_service, byte_pair):
     return start_service(service_config(byte_pair, target={"tensor_parallel_size": 2},
@@ -60,7 +67,7 @@ def test_every_worker_runs_at_the_configured_cpu_priority_not_rays_default_15(tp
 
 def test_draft_killed_mid_request_gives_identical_tokens(tp2, reference_generate):
     draft = tp2.service.pools.draft_actors[0]
-    chunks = stream_with_fault(tp2, greedy(), lambda: sigkill(draft))
+    chunks = stream_with_fault(tp2, greedy(), killer(draft))
     assert tokens_of(chunks) == reference_generate(PROMPT, LONG)
     sources = list(chunks[-1].stats.source_per_round)
     assert sources[:4] == [MODEL] * 4
@@ -79,7 +86,7 @@ def test_draft_killed_mid_request_gives_identical_tokens(tp2, reference_generate
 @pytest.mark.parametrize("k", [3, 0], ids=["speculating", "decode-run"])
 def test_target_rank_killed_mid_request_gives_identical_tokens(tp2, reference_generate, k):
     rank1 = tp2.service.pools.target_actors[0][1]
-    chunks = stream_with_fault(tp2, greedy(k=k), lambda: sigkill(rank1))
+    chunks = stream_with_fault(tp2, greedy(k=k), killer(rank1))
     assert tokens_of(chunks) == reference_generate(PROMPT, LONG)
     after = tp2.stub.Generate(greedy(max_new=20))
     assert list(after.token_ids) == reference_generate(PROMPT, 20)
@@ -147,10 +154,11 @@ def test_overload_is_refused_at_once(small, reference_generate):
     with ThreadPoolExecutor(6) as pool:
         results = list(pool.map(call, range(6)))
     refused = [seconds for outcome, seconds in results if outcome == grpc.StatusCode.RESOURCE_EXHAUSTED]
-    served = [outcome for outcome, _ in results if isinstance(outcome, list)]
+    served = [(outcome, seconds) for outcome, seconds in results if isinstance(outcome, list)]
     assert len(refused) + len(served) == 6 and len(served) >= 2 and len(refused) >= 1
-    assert all(tokens == reference_generate(PROMPT, 150) for tokens in served)
-    assert max(refused) < 1.0
+    assert all(tokens == reference_generate(PROMPT, 150) for tokens, _ in served)
+    # A refusal that waited for a slot would take at least as long as the first request served.
+    assert max(refused) < min(seconds for _, seconds in served)
     assert wait_no_sessions(small) == [0, 0]
 
 

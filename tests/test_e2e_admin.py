@@ -134,11 +134,15 @@ def test_metrics_counters_move(service, admin):
     response = service.stub.Generate(request)
     with pytest.raises(grpc.RpcError):
         service.stub.Generate(generation_pb2.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=0))
-    time.sleep(0.2)
-    after = scrape(service)
+    after, deadline = scrape(service), time.monotonic() + 10
 
     def delta(name):
         return after.get(name, 0.0) - before.get(name, 0.0)
+    # Each request is counted as its handler ends, just after its client sees the status.
+    while time.monotonic() < deadline and (delta('specpool_requests_total{code="OK"}') < 1 or
+                                           delta('specpool_requests_total{code="INVALID_ARGUMENT"}') < 1):
+        time.sleep(0.05)
+        after = scrape(service)
     stats = response.stats
     assert delta("specpool_spec_decode_num_draft_tokens_total") == stats.draft_tokens
     assert delta("specpool_spec_decode_num_accepted_tokens_total") == stats.accepted_tokens

@@ -15,7 +15,7 @@ def where(seconds: float = 0.0) -> str:
 
 def test_a_short_inline_call_runs_on_the_loop_once_its_length_is_known():
     async def scenario():
-        runner = EngineRunner(inline_max_s=0.05)
+        runner = EngineRunner(inline_max_s=1.0)
         first = await runner.run(where, inline=True)          # its length is not known yet: the engine thread
         second = await runner.run(where, inline=True)
         plain = await runner.run(where)                       # not marked inline: always the engine thread
@@ -35,21 +35,24 @@ def test_calls_longer_than_the_limit_or_with_inline_off_stay_on_the_engine_threa
 
 def test_an_inline_call_never_overlaps_a_call_on_the_engine_thread():
     """While a long call holds the engine thread, a short call marked inline queues behind it there."""
-    active, overlaps = [0], []
+    active, overlaps, release = [0], [], threading.Event()
 
-    def work(seconds: float) -> str:
+    def work(hold: bool = False) -> str:
         active[0] += 1
         overlaps.append(active[0] > 1)
-        time.sleep(seconds)
+        if hold:
+            release.wait(30)
         active[0] -= 1
         return threading.current_thread().name
 
     async def scenario():
-        runner = EngineRunner(inline_max_s=0.05)
-        await runner.run(work, 0.0, inline=True)              # learn that the short call is short
-        long = asyncio.ensure_future(runner.run(work, 0.2))
-        await asyncio.sleep(0.05)
-        short = await runner.run(work, 0.0, inline=True)
-        return short, await long
+        runner = EngineRunner(inline_max_s=1.0)
+        await runner.run(work, inline=True)                   # learn that the short call is short
+        long = asyncio.ensure_future(runner.run(work, True))
+        await asyncio.sleep(0)                                # the long call holds the engine thread
+        short = asyncio.ensure_future(runner.run(work, inline=True))
+        await asyncio.sleep(0)
+        release.set()
+        return await short, await long
     short, _ = asyncio.run(scenario())
     assert short.startswith("engine") and not any(overlaps)
