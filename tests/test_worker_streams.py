@@ -18,7 +18,7 @@ class Worker:
     """A VerifyStream whose calls take `session_id` milliseconds; session 404 is lost, 999 never finishes."""
 
     def __init__(self):
-        self.started, self.withdrawn = [], []
+        self.started, self.withdrawn, self.withdrawal = [], [], asyncio.Event()
 
     async def submit(self, request, emit):
         self.started.append(request.session_id)
@@ -33,6 +33,7 @@ class Worker:
             await asyncio.sleep(3600 if request.session_id == 999 else request.session_id / 1000)
         except asyncio.CancelledError:
             self.withdrawn.append(request.session_id)
+            self.withdrawal.set()
             raise
         return worker_pb2.VerifyResponse(next_token_id=request.session_id)
 
@@ -95,8 +96,8 @@ def test_a_call_past_its_deadline_is_withdrawn_on_the_worker():
     async def body(worker, server, stream):
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await stream(call(999), timeout=0.1)
-        await asyncio.sleep(0.2)
-        return error.value, worker.withdrawn
+        await asyncio.wait_for(worker.withdrawal.wait(), 10)
+        return error.value, list(worker.withdrawn)          # a copy: the teardown cancels whatever still runs
     error, withdrawn = scenario(body)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and withdrawn == [999]
 
@@ -104,10 +105,12 @@ def test_a_call_past_its_deadline_is_withdrawn_on_the_worker():
 def test_a_cancelled_caller_withdraws_its_call():
     async def body(worker, server, stream):
         pending = asyncio.ensure_future(stream(call(999), timeout=10))
-        await asyncio.sleep(0.1)
+        while not worker.started:
+            await asyncio.sleep(0.01)
         pending.cancel()
-        await asyncio.sleep(0.2)
-        return worker.started, worker.withdrawn, (await stream(call(3), timeout=10)).next_token_id
+        await asyncio.wait_for(worker.withdrawal.wait(), 10)
+        answer = (await stream(call(3), timeout=10)).next_token_id
+        return list(worker.started), list(worker.withdrawn), answer
     assert scenario(body) == ([999, 3], [999], 3)
 
 
