@@ -40,7 +40,7 @@ def tokens_of(chunks):
 
 
 def sigkill(actor):
-    os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
+    killer(actor)()
 
 
 def killer(actor):

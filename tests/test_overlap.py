@@ -282,7 +282,8 @@ def test_a_staged_round_is_verified_by_the_target_on_its_own_and_the_output_stay
     """A verify slower than a pre-draft: each pre-draft is staged on the target before its verdict. Every hit is
     then a round the target started by itself (no second verify call), every miss a staged call answered
     `missed`, and the output and the workers' caches are exactly as without staging."""
-    draft, target, policy = FakeDraft(), FakeTarget(delay=0.006, stage_first=True), FixedK(k, True, branches, stage=True)
+    draft, target = FakeDraft(), FakeTarget(delay=0.006, stage_first=True)
+    policy = FixedK(k, True, branches, stage=True)
     state = run(draft, target, policy)
     assert state.tokens[len(PROMPT):] == reference()
     assert draft.reprefills == 0 and target.reprefills == 0
