@@ -161,8 +161,11 @@ def running(config_path: str | os.PathLike, batching: bool = True):
 
 @contextlib.contextmanager
 def running_data(data: dict, batching: bool = True, label: str = "a config dict"):
-    """As running(), from a config dict."""
-    data = {**data, "router": {**(data.get("router") or {}), "port": 0}}
+    """As running(), from a config dict. Its gRPC (and HTTP, if on) ports are any free ones, so that a benchmark
+    runs beside a `specpool serve` of the same config."""
+    http = data.get("http") or {}
+    data = {**data, "router": {**(data.get("router") or {}), "port": 0},
+            "http": {**http, "port": 0 if http.get("port", -1) != -1 else -1}}
     if not batching:
         data.update({pool: {**(data.get(pool) or {}), "max_batch_size": 1} for pool in ("draft", "target")})
     log(f"starting specpool from {label}, batching {'on' if batching else 'off'}")

@@ -240,12 +240,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 
 
 def run_server(args, config: SpecpoolConfig) -> int:
-    """`serve` (its --port / --http-port over the config) or `demo` (gRPC only)."""
+    """`serve` (its --port / --http-port over the config) or `demo` (gRPC only, on any free port: it is its own
+    client, and a `specpool serve` already on the config's port must not stop it)."""
     try:
         if args.command == "serve":
             asyncio.run(_serve(with_ports(config, args.port, args.http_port), args.config))
             return 0
-        return asyncio.run(_demo(with_ports(config, None, -1), args))
+        return asyncio.run(_demo(with_ports(config, 0, -1), args))
     except StartFailed as exc:
         print(f"specpool: could not start: {exc}", file=sys.stderr)
         return 1

@@ -54,3 +54,18 @@ def test_serve_ports_override_the_config():
     config = cli.with_ports(config_from_dict({}), 50999, 8123)
     assert (config.router.port, config.http.port) == (50999, 8123)
     assert cli.with_ports(config, None, None) == config
+
+
+def test_demo_serves_on_any_free_port_so_a_running_serve_does_not_stop_it(monkeypatch):
+    import argparse
+
+    from settings.schema import config_from_dict
+    seen = {}
+
+    async def demo(config, args):
+        seen["ports"] = (config.router.port, config.http.port)
+        return 0
+    monkeypatch.setattr(cli, "_demo", demo)
+    config = config_from_dict({"router": {"port": 50051}, "http": {"port": 8000}})
+    assert cli.run_server(argparse.Namespace(command="demo"), config) == 0
+    assert seen["ports"] == (0, -1)
