@@ -9,7 +9,7 @@ plain generate(), side by side on two workloads, greedy, one request at a time:
 Rows: transformers generate(); transformers generate(prompt_lookup_num_tokens=draft.ngram_max_tokens,
 max_matching_ngram_size=draft.ngram_max); specpool adaptive with draft.method model, ngram and model+ngram
 (hot-reloaded on one service, which has a draft pool). Repeats are interleaved (every row once, then every row
-again) so that the machine's drift falls on every row alike; tokens/s is the median over repeats, and a goal's
+again, the specpool rows in reverse order every other repeat) so that the machine's drift falls on every row alike; tokens/s is the median over repeats, and a goal's
 ratio the median of the two rows' ratios repeat by repeat (with their range).
 
     python -m benchmarks.lookup --config deploy/local.yaml --out benchmarks/results   # this section alone
@@ -88,7 +88,8 @@ def workload(service, cfg: BenchConfig, prompts: list[str], hf) -> dict:
         for name, extra in ((HF_PLAIN, {}), (HF_LOOKUP, lookup)):
             seconds, tokens = hf_run(target, tokenizer, batches, cfg.max_new_tokens, **extra)
             runs[name].append({"tokens": tokens, "seconds": seconds})
-        for name, method, call in [(m, m, stream_one) for m in METHODS] + [(NGRAM_WHOLE, "ngram", whole_one)]:
+        rows = [(m, m, stream_one) for m in METHODS] + [(NGRAM_WHOLE, "ngram", whole_one)]
+        for name, method, call in rows if repeat % 2 == 0 else rows[::-1]:   # no row always after the same one
             set_method(service, method)
             runs[name].append(service.client(specpool_run, prompts, cfg.max_new_tokens, call))
         log(f"repeat {repeat + 1}: " + ", ".join(f"{n} {r[-1]['tokens'] / r[-1]['seconds']:.0f}"
