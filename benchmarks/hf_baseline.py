@@ -74,12 +74,14 @@ def forward_seconds(model, context: int = 64, steps: int = 20, tokens: int = 1) 
     """Median time of one decoding step over `tokens` new tokens (a verify pass of tokens - 1 drafts) with a KV
     cache of `context` tokens."""
     from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
-    model(torch.zeros(1, context, dtype=torch.long), past_key_values=cache, use_cache=True)
+
+    from engine.modeling import cache_keyword
+    cache, keyword = DynamicCache(config=model.config), cache_keyword(type(model))
+    model(torch.zeros(1, context, dtype=torch.long), **{keyword: cache}, use_cache=True)
     times = []
     for _ in range(steps):
         started = time.perf_counter()
-        model(torch.zeros(1, tokens, dtype=torch.long), past_key_values=cache, use_cache=True)
+        model(torch.zeros(1, tokens, dtype=torch.long), **{keyword: cache}, use_cache=True)
         times.append(time.perf_counter() - started)
         cache.crop(-tokens)
     return statistics.median(times)

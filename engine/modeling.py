@@ -1,6 +1,8 @@
 """Loading Hugging Face causal LMs and running them incrementally over a session's KV cache."""
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
 
 import torch
@@ -18,11 +20,21 @@ def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu", t
 
     kwargs = {"dtype": DTYPES[dtype]}
     if tp_plan:
-        kwargs["tp_plan"] = tp_plan
+        kwargs.update(tensor_parallel(tp_plan))
     model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     if not tp_plan:
         model.to(device)
     return model.eval()
+
+
+def tensor_parallel(tp_plan: str) -> dict:
+    """from_pretrained's keyword for a TP plan: `distributed_config` where transformers has
+    DistributedConfig (it deprecates a bare `tp_plan`), `tp_plan` in the releases before."""
+    try:
+        from transformers import DistributedConfig
+    except ImportError:
+        return {"tp_plan": tp_plan}
+    return {"distributed_config": DistributedConfig(tp_plan=tp_plan)}
 
 
 def load_lm_head(name_or_path: str, dtype: str = "float32", device: str = "cpu") -> torch.nn.Module:
@@ -91,6 +103,13 @@ def windowed(model) -> bool:
 
 
 batchable = attention_only
+
+
+@functools.lru_cache(maxsize=None)
+def cache_keyword(model_class: type) -> str:
+    """The keyword a model class's forward takes its KV cache by: `cache` since transformers deprecated
+    `past_key_values` (5.24 warns that it goes in 5.40), `past_key_values` in the 5.x releases before."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def new_cache(model):
@@ -169,7 +188,7 @@ class RaggedBatch:
         inputs = self._padded_inputs(token_lists) if self.mask is not None else \
             {"input_ids": torch.tensor(token_lists, dtype=torch.long, device=self.model.device)}
         self.lengths = [n + len(t) for n, t in zip(self.lengths, token_lists)]
-        inputs.update(past_key_values=self.cache, use_cache=True)
+        inputs.update({cache_keyword(type(self.model)): self.cache, "use_cache": True})
         if decoder_only:
             return self.model.get_decoder()(**inputs).last_hidden_state          # [B, n_new, hidden]
         return self.model(**inputs, logits_to_keep=keep).logits                  # [B, keep or n_new, vocab]

@@ -60,6 +60,7 @@ def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: i
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.filterwarnings("error::FutureWarning")     # no API transformers has deprecated (past_key_values=...)
 def test_batched_speculation_is_identical_to_the_target_alone(family_models, family):
     from draft_worker.proposer import DraftEngine
     from engine.modeling import windowed

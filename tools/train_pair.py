@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.model_pair import EOS_TOKEN, PairSpec, build_tokenizer, new_llama
+from engine.modeling import cache_keyword
 
 # The pair continues Python code, so a chat turns into Python comments and the answer is the code after them.
 CHAT_TEMPLATE = ("{% for message in messages %}# {{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
@@ -249,8 +250,9 @@ def target_rollouts(target, stream, cfg: TrainConfig, gen):
             starts = torch.randint(0, len(stream) - cfg.prompt_tokens, (cfg.rollout_batch,), generator=gen)
             ids = torch.stack([stream[s:s + cfg.prompt_tokens] for s in starts.tolist()])
             cache, feed = DynamicCache(config=target.config), ids
+            keyword = cache_keyword(type(target))
             for _ in range(n_new):
-                feed = target(input_ids=feed, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+                feed = target(input_ids=feed, **{keyword: cache}, use_cache=True).logits[:, -1:].argmax(-1)
                 ids = torch.cat([ids, feed], dim=1)
             rows.append(ids)
     return torch.cat(rows)[:cfg.rollouts]
@@ -326,7 +328,7 @@ def _crop(cache, keep: int) -> None:
 def _greedy_next(model, new_ids, cache):
     import torch
 
-    out = model(input_ids=torch.tensor([new_ids]), past_key_values=cache, use_cache=True)
+    out = model(input_ids=torch.tensor([new_ids]), **{cache_keyword(type(model)): cache}, use_cache=True)
     return out.logits[0].argmax(-1).tolist()
 
 
