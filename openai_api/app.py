@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -16,10 +17,11 @@ import grpc
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from openai_api.chat import ChatTemplate, find_chat_template, no_template_error
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, SamplingBody,
-                                 completion_prompt, generate_request, openai_param, with_seed)
+                                 completion_prompt, generate_request, http_error, with_seed)
 from openai_api.responses import FINISH, ChatCompletions, Completions, envelope, spec_stats, usage
 from router.server import Overloaded, Router
 from router.stopping import output_chunks
@@ -27,6 +29,11 @@ from router.validation import RequestError
 from settings.schema import HttpConfig
 
 GRPC_CODES = {400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
+BODY_ERRORS = {"json_invalid": "invalid JSON ({error} at character {at})", "missing": "empty: send a JSON object"}
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its (whole) answer: its request was cancelled, and nobody reads a reply."""
 
 
 class Api:
@@ -64,7 +71,7 @@ class Api:
         router = self.router()
         model = check_model(body, self.model_name(router))
         generate = generate_request(body, completion_prompt(body), body.max_tokens, body.logprobs)
-        return await answer(request, router, body, generate, Completions(_decoder(router)), "prompt", model)
+        return await answer(request, router, body, generate, Completions(_decoder(router)), model)
 
     async def chat(self, body: ChatRequest, request: Request) -> Response:
         router = self.router()
@@ -73,7 +80,7 @@ class Api:
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         generate = generate_request(body, prompt, max_tokens, logprobs)
-        return await answer(request, router, body, generate, ChatCompletions(_decoder(router)), "messages", model)
+        return await answer(request, router, body, generate, ChatCompletions(_decoder(router)), model)
 
     async def models(self) -> dict:
         name = self.model_name(self.router())
@@ -88,11 +95,48 @@ async def api_error(request: Request, exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
+def error_path(loc: tuple) -> str:
+    """Where in the body a validation error is (`messages[0].content`), from its location: the fields and
+    list indices, without the tags of union members (which have a space, see protocol.one_of)."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif " " not in part:
+            path += f".{part}" if path else part
+    return path
+
+
+def body_message(request: Request, error: dict) -> str:
+    """What is wrong with a body that is not a JSON object."""
+    if error["type"] in BODY_ERRORS:
+        return BODY_ERRORS[error["type"]].format(at=error["loc"][-1], **error.get("ctx", {}))
+    content_type = request.headers.get("content-type", "")
+    if isinstance(error.get("input"), bytes) and "json" not in content_type:      # not parsed: not sent as JSON
+        return f"send it with Content-Type: application/json (got {content_type or 'none'})"
+    return "must be a JSON object"
+
+
 async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """A body that does not parse: 400 naming the first parameter at fault, in OpenAI's shape."""
+    """A body that does not parse: 400 naming the first parameter at fault (the path to it in the message, its
+    parameter, e.g. `prompt` for `prompt[3]`, in `param`), in OpenAI's shape."""
     error = exc.errors()[0]
-    param = ".".join(str(part) for part in error["loc"] if part != "body" and not isinstance(part, int)) or None
-    return JSONResponse(ApiError(400, f"{param}: {error['msg']}", param).body(), status_code=400)
+    path = "" if error["type"] == "json_invalid" else error_path(error["loc"][1:])
+    message = f"{path}: {error['msg']}" if path else f"body: {body_message(request, error)}"
+    return JSONResponse(ApiError(400, message, re.sub(r"(\[\d+\])+$", "", path) or None).body(), status_code=400)
+
+
+async def http_exception(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own errors (404 no such route, 405 wrong method, with its Allow header) in OpenAI's shape."""
+    where = f"{request.method} {request.url.path}"
+    messages = {404: f"Invalid URL ({where})",
+                405: f"Invalid method ({where}): use {(exc.headers or {}).get('Allow', 'another')}"}
+    return JSONResponse(ApiError(exc.status_code, messages.get(exc.status_code, str(exc.detail))).body(),
+                        status_code=exc.status_code, headers=exc.headers)
+
+
+async def client_disconnected(request: Request, exc: ClientDisconnected) -> Response:
+    return Response(status_code=499)        # nginx's "client closed request": nobody is there to read it
 
 
 def create_app(http: HttpConfig, get_router: Callable[[], Router | None]) -> FastAPI:
@@ -101,6 +145,8 @@ def create_app(http: HttpConfig, get_router: Callable[[], Router | None]) -> Fas
     app = FastAPI(title="specpool", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, invalid_body)
+    app.add_exception_handler(HTTPException, http_exception)
+    app.add_exception_handler(ClientDisconnected, client_disconnected)
     authorized = [Depends(api.authorize)]
     app.add_api_route("/health", api.health, methods=["GET"])
     app.add_api_route("/v1/models", api.models, methods=["GET"], dependencies=authorized)
@@ -120,17 +166,29 @@ def check_model(body: SamplingBody, served: str) -> str:
     return served
 
 
-async def admit(router: Router, generate, n: int, prompt_param: str, streamed: bool) -> list:
+def check_n(router: Router, n: int) -> None:
+    """n choices are n router requests: more than the router ever admits at once would always be refused (429),
+    so that is an invalid request."""
+    running, queued = router.config.router.max_active_requests, router.config.router.max_queued_requests
+    if n > running + queued:
+        raise RequestError("n", f"{n} choices are {n} requests, more than this server admits at once "
+                           f"({running + queued}: router.max_active_requests {running} + router.max_queued_requests "
+                           f"{queued})")
+
+
+async def admit(router: Router, generate, body: SamplingBody) -> list:
+    """The router's states of the body's n choices (a 400 for an invalid request, counted as gRPC counts it)."""
     try:
-        return [await router.admit(with_seed(generate, i), streamed) for i in range(n)]
+        check_n(router, body.n)
+        return [await router.admit(with_seed(generate, i), body.stream) for i in range(body.n)]
     except RequestError as exc:
         count(router, "INVALID_ARGUMENT", time.perf_counter())
-        raise ApiError(400, str(exc), openai_param(exc.field, prompt_param)) from exc
+        raise http_error(exc, body.params()) from exc
 
 
 async def answer(request: Request, router: Router, body: SamplingBody, generate, kind: Completions,
-                 prompt_param: str, model: str) -> Response:
-    states = await admit(router, generate, body.n, prompt_param, body.stream)
+                 model: str) -> Response:
+    states = await admit(router, generate, body)
     request_id, started = uuid.uuid4().hex, time.perf_counter()
     chunks = choice_chunks(router, states)
     if body.stream:
@@ -227,14 +285,19 @@ async def tracked(router: Router, awaitable, started: float, final: bool = True)
 
 async def until_disconnected(request: Request, awaitable, poll_s: float = 0.2):
     """Await `awaitable`, cancelling it if the client disconnects meanwhile (a plain HTTP response is not
-    cancelled by the server when its client goes away)."""
-    task = asyncio.ensure_future(awaitable)
+    cancelled by the server when its client goes away), and then raising ClientDisconnected."""
+    task, disconnected = asyncio.ensure_future(awaitable), False
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=poll_s)
             if not task.done() and await request.is_disconnected():
                 task.cancel()
+                disconnected = True
         return await task
+    except asyncio.CancelledError:
+        if disconnected and not asyncio.current_task().cancelling():      # not this handler's own cancellation
+            raise ClientDisconnected from None
+        raise
     finally:
         task.cancel()
 

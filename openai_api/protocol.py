@@ -1,12 +1,19 @@
 """Request bodies of the OpenAI API (the fields specpool honours, plus vLLM-style `top_k` and
-`speculation`), their translation into a specpool.v1.GenerateRequest, and OpenAI's error shape."""
+`speculation`), their translation into a specpool.v1.GenerateRequest, and OpenAI's error shape.
+
+Every value a body can hold fits the GenerateRequest field it goes into (integers within the field's range,
+text that is valid Unicode), so building the request cannot fail: what does not fit is a 400 naming it."""
 from __future__ import annotations
 
-from typing import Literal, Union
+import re
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, Field
+from google.protobuf.descriptor import FieldDescriptor
+from pydantic import AfterValidator, BaseModel, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
 from protos.specpool.v1 import generation_pb2
+from router.validation import MAX_TOP_LOGPROBS, RequestError
 
 
 class ApiError(Exception):
@@ -21,75 +28,156 @@ class ApiError(Exception):
         return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
 
 
-class StreamOptions(BaseModel):
+INT_RANGES = {FieldDescriptor.CPPTYPE_INT32: (-2 ** 31, 2 ** 31 - 1), FieldDescriptor.CPPTYPE_UINT32: (0, 2 ** 32 - 1),
+              FieldDescriptor.CPPTYPE_INT64: (-2 ** 63, 2 ** 63 - 1), FieldDescriptor.CPPTYPE_UINT64: (0, 2 ** 64 - 1)}
+
+
+def proto_int(path: str, ge: int | None = None, le: int | None = None) -> Any:
+    """An int that fits the GenerateRequest field at `path` ("sampling.top_k"), which it goes into, narrowed
+    to [ge, le] where given."""
+    descriptor = generation_pb2.GenerateRequest.DESCRIPTOR
+    for name in path.split("."):
+        field = descriptor.fields_by_name[name]
+        descriptor = field.message_type
+    low, high = INT_RANGES[field.cpp_type]
+    return Annotated[int, Field(ge=low if ge is None else max(ge, low), le=high if le is None else min(le, high))]
+
+
+def _unicode(text: str) -> str:
+    """JSON's \\ud800 escapes make lone surrogates, which are not text: protobuf cannot encode them."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise PydanticCustomError("unicode", "not valid Unicode (a lone surrogate at character {at})",
+                                  {"at": exc.start}) from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+
+# Tags of a union's members, which an error's location carries: they have a space, unlike any field's name
+STRING, STRINGS, LIST = "a string", "a list of strings", "another list"
+
+
+def _kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return STRING
+    if isinstance(value, list):
+        return STRINGS if value and isinstance(value[0], str) else LIST
+    return None
+
+
+def one_of(expected: str, string: Any, strings: Any, other_list: Any) -> Any:
+    """A union whose member is chosen by the kind of JSON value (a string, a list that starts with a string,
+    another list), so that an invalid value gets that member's error alone, or `must be <expected>`."""
+    return Annotated[Union[Annotated[string, Tag(STRING)], Annotated[strings, Tag(STRINGS)],
+                           Annotated[other_list, Tag(LIST)]],
+                     Discriminator(_kind, custom_error_type="invalid_type", custom_error_message=f"must be {expected}")]
+
+
+class Body(BaseModel):
+    """A JSON object of a request, where an explicit null is the same as leaving the field out (as OpenAI takes
+    it: `"max_tokens": null` is the default)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_absent(cls, data: Any) -> Any:
+        return {key: value for key, value in data.items() if value is not None} if isinstance(data, dict) else data
+
+
+MaxTokens = Optional[proto_int("max_new_tokens", ge=1)]
+TopLogprobs = Optional[proto_int("logprobs", le=MAX_TOP_LOGPROBS)]
+TopK, Seed, SpeculationK = proto_int("sampling.top_k", ge=0), proto_int("sampling.seed"), proto_int("speculation.k")
+Stop = one_of("a string or a list of strings", Text, list[Text], list[Text])
+Prompt = one_of("a string, a list of one string, or a list of token IDs", Text, list[Text],
+                list[proto_int("prompt_token_ids")])
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class StreamOptions(Body):
     include_usage: bool = False
 
 
-class Speculation(BaseModel):
-    k: int | None = Field(default=None, ge=0)
+class Speculation(Body):
+    k: Optional[SpeculationK] = None
     disable: bool = False
 
 
-class SamplingBody(BaseModel):
+class SamplingBody(Body):
     """Fields common to both endpoints."""
-    model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    model: Text
+    max_tokens: MaxTokens = None
     temperature: float = Field(default=1.0, ge=0)
     top_p: float | None = None
-    top_k: int = Field(default=0, ge=0)
-    seed: int | None = Field(default=None, ge=0, lt=2 ** 64)
-    stop: Union[str, list[str], None] = None
+    top_k: TopK = 0
+    seed: Optional[Seed] = None
+    stop: Optional[Stop] = None
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculation: Speculation | None = None
-    user: str | None = None
+    user: Text | None = None
 
     @property
     def include_usage(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
+    def params(self) -> dict[str, str]:
+        """The HTTP parameter behind each GenerateRequest field a RequestError may name."""
+        return PARAMS
+
 
 class CompletionRequest(SamplingBody):
-    prompt: Union[str, list[int], list[str]]
-    max_tokens: int | None = Field(default=16, ge=1)
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    prompt: Prompt
+    max_tokens: MaxTokens = 16
+    logprobs: TopLogprobs = None
     echo: Literal[False] = False
 
 
-class ContentPart(BaseModel):
+class ContentPart(Body):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
-class Message(BaseModel):
-    role: str
-    content: Union[str, list[ContentPart], None] = None
+Content = one_of("a string or a list of content parts", Text, list[ContentPart], list[ContentPart])
+
+
+class Message(Body):
+    """A chat message. No tool calls, so every message has content (an assistant's too)."""
+    role: Role
+    content: Content
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
-        return self.content or ""
+        return self.content
 
 
 class ChatRequest(SamplingBody):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: MaxTokens = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: TopLogprobs = None
+
+    def params(self) -> dict[str, str]:
+        length = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+        return {**PARAMS, "prompt": "messages", "prompt_token_ids": "messages", "max_new_tokens": length}
 
 
 DEFAULT_CHAT_MAX_TOKENS = 256
 
 # specpool.v1 request fields -> the OpenAI parameter a user sent
 PARAMS = {"max_new_tokens": "max_tokens", "sampling.temperature": "temperature", "sampling.top_p": "top_p",
-          "sampling.top_k": "top_k", "prompt_token_ids": "prompt", "speculation.k": "speculation.k"}
+          "sampling.top_k": "top_k", "sampling.seed": "seed", "prompt_token_ids": "prompt"}
 
 
-def openai_param(field: str, prompt_param: str = "prompt") -> str:
-    """The OpenAI parameter behind a RequestError's field (`stop[2]` -> `stop`)."""
-    name = PARAMS.get(field.split("[")[0], field.split("[")[0])
-    return prompt_param if name == "prompt" else name
+def http_error(exc: RequestError, params: dict[str, str]) -> ApiError:
+    """A RequestError (which names a GenerateRequest field: `max_new_tokens: ...`, `stop[2]: ...`) as the 400
+    naming the HTTP parameter behind it, in its message and `param`."""
+    field = exc.field.split("[")[0]
+    param = params.get(field, field)
+    detail = re.sub(rf"(?<![\w.]){re.escape(field)}\b", param, str(exc).removeprefix(f"{exc.field}: "))
+    return ApiError(400, f"{param}{exc.field.removeprefix(field)}: {detail}", param)
 
 
 def completion_prompt(body: CompletionRequest) -> str | list[int]:

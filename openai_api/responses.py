@@ -22,10 +22,11 @@ def usage(states: list) -> dict:
 
 
 def spec_stats(states: list) -> dict:
+    """The choices' spec-decode stats together; acceptance_rate is null when nothing was drafted."""
     passes, drafted, accepted, answers = (sum(getattr(s.stats, name) for s in states) for name in
                                           ("target_passes", "draft_tokens", "accepted_tokens", "target_answers"))
     return {"target_passes": passes, "draft_tokens": drafted, "accepted_tokens": accepted,
-            "acceptance_rate": accepted / drafted if drafted else 0.0, "target_answers": answers}
+            "acceptance_rate": accepted / drafted if drafted else None, "target_answers": answers}
 
 
 class Completions:

@@ -3,9 +3,13 @@ streaming) and raw HTTP: greedy text identical to gRPC and to the target alone, 
 [DONE], stop strings across token boundaries, logprobs equal to the target's own forward, every error
 status, and a client that disconnects mid-stream freeing the workers' sessions."""
 import asyncio
+import contextlib
 import json
+import logging
+import time
 import types
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import openai
@@ -167,6 +171,88 @@ def test_400_names_the_parameter(served, body, param):
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
 
 
+BIG = 10 ** 11      # over every 32-bit field
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/completions", {"max_tokens": BIG}, "max_tokens"), ("/completions", {"top_k": BIG}, "top_k"),
+    ("/completions", {"top_k": -BIG}, "top_k"), ("/completions", {"prompt": [BIG]}, "prompt"),
+    ("/completions", {"prompt": [-BIG]}, "prompt"), ("/completions", {"speculation": {"k": BIG}}, "speculation.k"),
+    ("/completions", {"seed": 2 ** 64}, "seed"), ("/completions", {"seed": -1}, "seed"),
+    ("/completions", {"logprobs": BIG}, "logprobs"), ("/completions", {"n": BIG}, "n"),
+    ("/completions", {"prompt": "\ud800"}, "prompt"), ("/completions", {"stop": ["\udfff"]}, "stop"),
+    ("/completions", {"model": "\ud800"}, "model"),
+    ("/chat/completions", {"max_completion_tokens": BIG}, "max_completion_tokens"),
+    ("/chat/completions", {"max_tokens": BIG}, "max_tokens"),
+    ("/chat/completions", {"top_logprobs": BIG}, "top_logprobs"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
+])
+def test_out_of_range_values_are_400_naming_the_parameter(served, path, body, param):
+    """Integers outside their protobuf field's range, and text that is not Unicode (a lone surrogate), are
+    refused when the body is read, as any other invalid parameter (not a 500 from building the request)."""
+    base = {"model": served.model, "prompt": PROMPT, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    content = json.dumps({**base, **body})           # ASCII: a surrogate as its \u escape (httpx's json= fails)
+    response = httpx.post(served.base_url + path, content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"].startswith(param) and error["type"] == "invalid_request_error"
+    assert httpx.get(served.base_url.removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_null_is_the_same_as_an_absent_parameter(served):
+    """As in OpenAI's API: `"max_tokens": null` is the default (16 for completions), not max_tokens 0."""
+    nulls = dict.fromkeys(["max_tokens", "top_p", "n", "stop", "seed", "top_k", "speculation", "stream", "user",
+                           "stream_options", "logprobs"])
+    completion = httpx.post(served.base_url + "/completions", json={
+        "model": served.model, "prompt": PROMPT, **nulls, "temperature": 0})
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["usage"]["completion_tokens"] == 16
+    chat = {"model": served.model, "messages": [{"role": "user", "content": "x"}], **nulls, "temperature": None,
+            "top_logprobs": None}
+    for limit in ({"max_tokens": 3, "max_completion_tokens": None}, {"max_tokens": None, "max_completion_tokens": 3}):
+        answer = httpx.post(served.base_url + "/chat/completions", json={**chat, **limit})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] <= 3
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/completions", {"max_tokens": 10 ** 6}, "max_tokens"), ("/completions", {"max_tokens": 1020}, "max_tokens"),
+    ("/chat/completions", {"max_completion_tokens": 10 ** 6}, "max_completion_tokens"),
+    ("/chat/completions", {"max_tokens": 1020}, "max_tokens"),
+])
+def test_length_errors_name_the_parameter_sent(served, path, body, param):
+    """The router's limits (router.max_new_tokens, the model's context) are reported under the HTTP
+    parameter the request set, never the gRPC field max_new_tokens."""
+    response = httpx.post(served.base_url + path, json={
+        "model": served.model, "prompt": PROMPT, "messages": [{"role": "user", "content": "x"}], **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: ")
+    assert "max_new_tokens" not in error["message"].replace("router.max_new_tokens", "")
+
+
+def test_n_over_what_the_server_admits_is_400_naming_n(served):
+    """n choices are n router requests: more than router.max_active_requests + max_queued_requests (2 + 0
+    here) could never all be admitted, which a retry after a 429 would not fix."""
+    refused = requests_counted(served, "RESOURCE_EXHAUSTED")
+    response = httpx.post(served.base_url + "/completions", json={
+        "model": served.model, "prompt": PROMPT, "max_tokens": 4, "n": 3})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "n" and "2" in error["message"] and "max_active_requests" in error["message"]
+    assert requests_counted(served, "RESOURCE_EXHAUSTED") == refused
+
+
+def test_acceptance_rate_is_null_when_nothing_was_drafted(served):
+    def stats(k: int) -> dict:
+        return served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=8, temperature=0,
+                                                extra_body={"speculation": {"k": k}}).model_extra["specpool"]
+    undrafted, drafted = stats(0), stats(3)
+    assert (undrafted["draft_tokens"], undrafted["acceptance_rate"]) == (0, None)
+    assert drafted["draft_tokens"] > 0 and drafted["acceptance_rate"] == drafted["accepted_tokens"] / drafted[
+        "draft_tokens"]
+
+
 def test_404_unknown_model_and_sdk_errors(served):
     with pytest.raises(openai.NotFoundError):
         served.client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=4)
@@ -191,11 +277,33 @@ def test_429_when_overloaded_and_disconnect_frees_sessions(served):
     assert wait_for_no_sessions(served, timeout=20) == [0, 0]     # both clients went away mid-stream
 
 
-def test_plain_request_disconnect_frees_sessions(served):
+@contextlib.contextmanager
+def logged(logger: str) -> Iterator[list[logging.LogRecord]]:
+    """The records `logger` emits meanwhile (uvicorn's loggers do not propagate to pytest's caplog)."""
+    handler = logging.Handler()
+    records: list[logging.LogRecord] = []
+    handler.emit = records.append
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        yield records
+    finally:
+        logging.getLogger(logger).removeHandler(handler)
+
+
+def test_plain_request_disconnect_frees_sessions_quietly(served):
+    """The request is cancelled and its sessions freed, and the server logs no traceback for it."""
     body = {"model": served.model, "prompt": PROMPT, "max_tokens": 900, "temperature": 0, "speculation": {"k": 1}}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(served.base_url + "/completions", json=body, timeout=1.0)
-    assert wait_for_no_sessions(served, timeout=20) == [0, 0]
+    cancelled = requests_counted(served, "CANCELLED")
+    with logged("uvicorn.error") as records:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(served.base_url + "/completions", json=body, timeout=1.0)
+        assert wait_for_no_sessions(served, timeout=20) == [0, 0]
+        deadline = time.monotonic() + 10
+        while requests_counted(served, "CANCELLED") == cancelled and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)                     # the handler's exit, after the request is counted
+    assert requests_counted(served, "CANCELLED") == cancelled + 1
+    assert [r.getMessage() for r in records] == []
 
 
 def boundary_stop(tokenizer, tokens: list[int]) -> tuple[str, int]:
@@ -302,6 +410,58 @@ def test_401_503_and_no_chat_template(byte_pair):
                 "model": Path(byte_pair[1]).name, "messages": [{"role": "user", "content": "hi"}]})
             assert response.status_code == 400 and "http.chat_template" in response.json()["error"]["message"]
     asyncio.run(run())
+
+
+def openai_error(response: httpx.Response, status: int) -> dict:
+    """The error of an answer in OpenAI's shape, with this status."""
+    assert response.status_code == status, response.text
+    assert set(response.json()) == {"error"}
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    return error
+
+
+def test_malformed_bodies_and_unknown_routes_answer_in_openai_shape():
+    json_type = {"Content-Type": "application/json"}
+
+    async def run():
+        async with asgi_client({}, None) as client:
+            bad_json = openai_error(await client.post("/v1/completions", content=b'{"model": ', headers=json_type), 400)
+            assert bad_json["message"].startswith("body: invalid JSON") and bad_json["param"] is None
+            for content in (b"[1]", b'"text"'):
+                not_object = openai_error(await client.post("/v1/completions", content=content, headers=json_type), 400)
+                assert not_object["message"] == "body: must be a JSON object" and not_object["param"] is None
+            form = openai_error(await client.post("/v1/completions", content=b'{"model": "m", "prompt": "x"}',
+                                                  headers={"Content-Type": "application/x-www-form-urlencoded"}), 400)
+            assert "Content-Type: application/json" in form["message"]
+            for stop in (5, [5], ["x", 5]):
+                error = openai_error(await client.post("/v1/completions", json={"model": "m", "prompt": "x",
+                                                                                 "stop": stop}), 400)
+                assert error["param"] == "stop" and error["message"].startswith("stop")
+            for prompt in (5, [1, "x"], ["x", 1]):
+                error = openai_error(await client.post("/v1/completions", json={"model": "m", "prompt": prompt}), 400)
+                assert error["param"] == "prompt" and "None" not in error["message"]
+            missing = openai_error(await client.get("/v1/nowhere"), 404)
+            assert "/v1/nowhere" in missing["message"]
+            method = await client.get("/v1/completions")
+            assert "POST" in openai_error(method, 405)["message"] and method.headers["allow"] == "POST"
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("message, param", [
+    ({"role": "wizard", "content": "x"}, "messages[1].role"), ({"role": "user"}, "messages[1].content"),
+    ({"role": "assistant", "content": None}, "messages[1].content"), ({"content": "x"}, "messages[1].role"),
+    ({"role": "user", "content": 5}, "messages[1].content"),
+    ({"role": "user", "content": [{"type": "text"}]}, "messages[1].content[0].text"),
+])
+def test_chat_messages_need_a_known_role_and_content(message, param):
+    """Roles system, developer, user, assistant and tool; content (no tool calls: required in every message)."""
+    async def run():
+        async with asgi_client({}, None) as client:
+            return await client.post("/v1/chat/completions", json={
+                "model": "m", "messages": [{"role": "system", "content": "x"}, message]})
+    error = openai_error(asyncio.run(run()), 400)
+    assert error["param"] == param and error["message"].startswith(f"{param}: ")
 
 
 def test_cli_generate_from_stdin_and_status_from_config(served, target, tmp_path, monkeypatch, capsys):
