@@ -70,7 +70,7 @@ class KSelector:
         self.by_match: dict[tuple, KController] = {}   # (regime, n-gram match length, the longest size?) -> its
                                                         # controller (a match of the longest size is "at least")
         self.active: dict[int, dict[int, KController]] = {}     # session id -> its controllers per source
-        metrics.k.set(self.pool.k)
+        self.show_k(self.pool.k)
 
     @property
     def pool(self) -> KController:
@@ -97,7 +97,19 @@ class KSelector:
         return self.pools[(source, regime(state))]
 
     def choose_k(self, state: RequestState, source: int = MODEL) -> int:
-        return self.controller(state, source).choose_k()
+        """The next round's K from the request's controller of `source` (KSelector.controller). The `k` gauge
+        follows what greedy draft-model rounds get: the K that controller holds (its probes aside). A request's
+        own controller, once it decides, may hold another K than the pool's, which nobody steps meanwhile."""
+        controller = self.controller(state, source)
+        k = controller.choose_k()
+        if source == MODEL and regime(state) == "greedy":
+            self.show_k(controller.k)
+        return k
+
+    def show_k(self, k: int) -> None:
+        """The K greedy draft-model rounds get now: the `k` gauge and status's "k"."""
+        self.k_now = k
+        self.metrics.k.set(k)
 
     def held_k(self, state: RequestState, source: int) -> int:
         """The K the source's controller holds, with no probe drawn."""
@@ -227,7 +239,6 @@ class KSelector:
             own.observe(round_.k, round_.accepted, round_.timings)
         self.metrics.observe_round(round_)
         self.metrics.observe_source(SOURCE_NAMES[round_.source], round_.k, round_.accepted)
-        self.metrics.k.set(self.pool.k)
 
     def update_config(self, config: ControllerConfig, ngram_tokens: int | None = None) -> None:
         """Between rounds: new requests and the pool use it; statistics are kept."""
@@ -237,7 +248,7 @@ class KSelector:
         by_match = [(NGRAM, c) for c in self.by_match.values()]
         for source, controller in [(source, c) for (source, _), c in self.pools.items()] + owned + by_match:
             controller.update_config(self._config(source))
-        self.metrics.k.set(self.pool.k)
+        self.show_k(self.pool.k)
 
     def snapshot(self) -> dict:
         """Every pool controller's snapshot, keyed "source/regime" (e.g. "ngram/sampled"), and those per n-gram

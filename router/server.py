@@ -159,7 +159,8 @@ class Router:
         await asyncio.gather(*(client.close() for client in self.drafts + self.targets), return_exceptions=True)
 
     def status(self) -> dict:
-        return {"pool": self.k_selector.pool.snapshot(), "pools": self.k_selector.snapshot(),
+        return {"k": self.k_selector.k_now,      # what greedy draft-model rounds get now (the `k` gauge)
+                "pool": self.k_selector.pool.snapshot(), "pools": self.k_selector.snapshot(),
                 "active_requests": len(self.k_selector.active),
                 "replicas": {"draft": [c.outstanding for c in self.drafts],
                              "target": [c.outstanding for c in self.targets]},

@@ -109,6 +109,22 @@ def test_a_request_uses_its_regimes_pool_statistics_until_it_has_drafted_enough(
     assert selector.controller(greedy) is selector.pools[(MODEL, "greedy")]
 
 
+def test_the_k_gauge_shows_the_k_a_warmed_up_request_holds_not_the_pools_stale_one():
+    """A request's own controller decides once it has drafted warmup_rounds; nobody steps the pool's policy
+    meanwhile, so the gauge (and status's "k") follow the K of the controller that chose, its probes aside."""
+    metrics = Metrics()
+    selector = KSelector(sequential(k_max=K_MAX, k=4, warmup_rounds=4, probe_every=0), metrics, random.Random(0))
+    state = request_state(0, 0)
+    selector.attach(state)
+    rejected = RoundTimings(draft_seconds=0.01, verify_seconds=0.002, rtt_seconds=0.001)
+    for _ in range(40):                       # every draft rejected, drafting slow: K = 0 pays
+        k = selector.choose_k(state)
+        selector.observe(state, Round([0] * k, 0, [0], rejected))
+    assert selector.controller(state) is state.controller[MODEL]
+    assert selector.pool.k == 4 and state.controller[MODEL].k == 0
+    assert selector.k_now == 0 and metrics.k._value.get() == 0
+
+
 def test_sources_learn_separately_and_the_faster_one_is_chosen():
     """N-gram rounds feed the n-gram controllers only; with lookup accepting far better here (and costing no
     call), the selector prefers it, and a source whose acceptance collapses loses the choice."""
