@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
+import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,8 @@ import grpc  # noqa: E402
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc  # noqa: E402
 from router.service import Service, reload_from_file  # noqa: E402
-from settings.schema import ConfigError, SpecpoolConfig, load_config  # noqa: E402
+from settings.schema import (ConfigError, RouterConfig, SpecpoolConfig, config_from_dict, load_config,  # noqa: E402
+                             read_yaml)
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 FINISH_NAMES = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FINISH_REASON_STOP: "stop",
@@ -35,16 +37,16 @@ class StartFailed(Exception):
     """Ray or the pools did not come up; the message is one line (the cause's first)."""
 
 
-async def start_service(config: SpecpoolConfig, quiet: bool = False) -> Service:
+async def start_service(config: SpecpoolConfig, quiet: bool = False, overrides: dict | None = None) -> Service:
     try:
-        return await Service(config, quiet).start()
+        return await Service(config, quiet, overrides=overrides).start()
     except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception when its processes start too slowly
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise StartFailed(f"{type(exc).__name__}: {first}") from exc
 
 
-async def _serve(config: SpecpoolConfig, path: str) -> None:
-    service = await start_service(config)
+async def _serve(config: SpecpoolConfig, path: str, overrides: dict) -> None:
+    service = await start_service(config, overrides=overrides)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -61,13 +63,15 @@ async def _serve(config: SpecpoolConfig, path: str) -> None:
     await service.stop(config.router.shutdown_grace_s)
 
 
-def with_ports(config: SpecpoolConfig, port: int | None, http_port: int | None) -> SpecpoolConfig:
-    """serve --port / --http-port over the config's router.port / http.port."""
+def port_overrides(port: int | None, http_port: int | None) -> dict:
+    """serve --port / --http-port as overrides of router.port / http.port: the Service applies them over the file
+    at start and over every reloaded config (Admin.Reload, SIGHUP)."""
+    overrides = {}
     if port is not None:
-        config = dataclasses.replace(config, router=dataclasses.replace(config.router, port=port))
+        overrides["router"] = {"port": port}
     if http_port is not None:
-        config = dataclasses.replace(config, http=dataclasses.replace(config.http, port=http_port))
-    return config
+        overrides["http"] = {"port": http_port}
+    return overrides
 
 
 def make_request(args) -> generation_pb2.GenerateRequest:
@@ -84,11 +88,14 @@ def make_request(args) -> generation_pb2.GenerateRequest:
 
 
 def summary(response: generation_pb2.GenerateResponse, tokens: int, seconds: float) -> str:
+    """The line after the completion; acceptance is n/a when nothing was drafted (K = 0 throughout). The mean
+    accepted length is the tokens each target pass committed (its accepted drafts + 1), from the stats: a stop
+    string can drop tokens of passes the target had already run (GenerationStats.target_passes)."""
     stats = response.stats
-    acceptance = stats.accepted_tokens / stats.draft_tokens if stats.draft_tokens else 0.0
-    per_pass = tokens / stats.target_passes if stats.target_passes else 0.0
+    acceptance = f"{stats.accepted_tokens / stats.draft_tokens:.2f}" if stats.draft_tokens else "n/a"
+    per_pass = 1 + stats.accepted_tokens / stats.target_passes if stats.target_passes else 0.0
     return (f"[{tokens} tokens, finish={FINISH_NAMES.get(response.finish_reason, '?')}, "
-            f"target passes={stats.target_passes}, acceptance={acceptance:.2f}, "
+            f"target passes={stats.target_passes}, acceptance={acceptance}, "
             f"mean accepted length={per_pass:.2f} tokens/pass, {tokens / seconds:.1f} tokens/s, "
             f"wire={stats.wire_bytes} B]")
 
@@ -103,29 +110,77 @@ def open_channel(args) -> grpc.Channel:
     return grpc.secure_channel(args.address, credentials)
 
 
+class CancelOnInterrupt:
+    """While in force (on the main thread; elsewhere it does nothing): Ctrl-C (SIGINT) cancels the watched call and
+    is remembered, instead of raising KeyboardInterrupt wherever the main thread happens to be. The cancel runs on
+    a thread of its own, not inside the handler (which may have interrupted gRPC holding the call's lock); a second
+    Ctrl-C does nothing more. It stays in force until the channel is closed: a KeyboardInterrupt raised inside
+    channel.close() once left `generate` hung for good (in _ChannelCallState.__del__). After an interrupt SIGINT
+    stays ignored: the process is on its way out, with exit status 130."""
+
+    def __init__(self):
+        self.call = None
+        self.interrupted = False
+        self._previous = None
+
+    def __enter__(self) -> "CancelOnInterrupt":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN if self.interrupted else self._previous)
+
+    def watch(self, call):
+        """The call (a grpc.Future), to cancel on Ctrl-C; cancelled at once if Ctrl-C came before it started."""
+        self.call = call
+        if self.interrupted:
+            call.cancel()
+        return call
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.call is not None and not self.interrupted:
+            threading.Thread(target=self.call.cancel, name="cancel-on-sigint", daemon=True).start()
+        self.interrupted = True
+
+
+def responses(stub: generation_pb2_grpc.GenerationStub, request, stream: bool, interrupts: CancelOnInterrupt):
+    """The call's responses as they come (Generate: the one), the call watched by `interrupts`."""
+    if stream:
+        yield from interrupts.watch(stub.GenerateStream(request))
+    else:
+        yield interrupts.watch(stub.Generate.future(request)).result()
+
+
 def run_generate(args, out=None) -> int:
-    """Send the request; print the prompt, then the completion (streamed as it comes with --stream)."""
+    """Send the request; print the prompt, then the completion (streamed as it comes with --stream). Ctrl-C cancels
+    the call, closes the channel and prints one line: exit status 130."""
     out = out or sys.stdout
-    request = make_request(args)
-    started = time.monotonic()
-    with open_channel(args) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
+    request, started = make_request(args), time.monotonic()
+    tokens, response = 0, None
+    with CancelOnInterrupt() as interrupts, open_channel(args) as channel:
         try:
-            responses = stub.GenerateStream(request) if args.stream else [stub.Generate(request)]
-            tokens, response = 0, None
-            for i, response in enumerate(responses):
+            stub = generation_pb2_grpc.GenerationStub(channel)
+            for i, response in enumerate(responses(stub, request, args.stream, interrupts)):
                 out.write((args.prompt if i == 0 else "") + response.text)
                 out.flush()
                 tokens += len(response.token_ids)
-        except grpc.RpcError as exc:
-            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
-            return 1
+        except (grpc.RpcError, grpc.FutureCancelledError) as exc:
+            if not interrupts.interrupted:
+                print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+                return 1
+    if interrupts.interrupted:
+        if response is not None:
+            print(file=out)               # end the line of the completion so far
+        print("interrupted", file=sys.stderr)
+        return 130
     print("\n" + summary(response, tokens, time.monotonic() - started), file=out)
     return 0
 
 
-async def _demo(config: SpecpoolConfig, args) -> int:
-    service = await start_service(config, quiet=True)
+async def _demo(config: SpecpoolConfig, args, overrides: dict) -> int:
+    service = await start_service(config, quiet=True, overrides=overrides)
     try:
         await service.drafts_loaded()          # the one request shows speculation with the draft model
         args.address = f"127.0.0.1:{service.port}"
@@ -145,7 +200,7 @@ def run_admin(args) -> int:
                 print("reloaded; speculation now:\n" + response.speculation_yaml)
             else:
                 response = stub.GetStatus(admin_pb2.GetStatusRequest())
-                print(response.config_yaml + "\n" + response.stats_json)
+                print(response.config_yaml + "\n" + json.dumps(json.loads(response.stats_json), indent=2))
         except grpc.RpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
@@ -191,7 +246,15 @@ def read_prompt(parser: argparse.ArgumentParser, args) -> None:
         except (OSError, UnicodeDecodeError) as exc:
             parser.error(f"argument --prompt-file: cannot read {args.prompt_file}: {exc}")
     elif args.prompt == "-":
-        args.prompt = sys.stdin.read()
+        args.prompt = without_final_newline(sys.stdin.read())
+
+
+def without_final_newline(text: str) -> str:
+    """A prompt from stdin without the one line end that `echo` (or a here-string) adds after it."""
+    for end in ("\r\n", "\n"):
+        if text.endswith(end):
+            return text[:-len(end)]
+    return text
 
 
 def admin_address(args) -> str:
@@ -199,9 +262,19 @@ def admin_address(args) -> str:
     if args.address:
         return args.address
     if getattr(args, "config", None):
-        router = load_config(args.config).router
+        router = router_section(args.config)
         return f"{'127.0.0.1' if router.host in ('0.0.0.0', '') else router.host}:{router.port}"
     return DEFAULT_ADDRESS
+
+
+def router_section(path: str) -> RouterConfig:
+    """The config file's router.host and router.port (a RouterConfig), checked, and nothing else of it: an admin
+    command only needs to reach the server, and a copy of a config away from its model folders must still do that
+    (the server checks the document that `reload` sends, and names a bad key itself)."""
+    data = read_yaml(path)
+    router = data.get("router") if isinstance(data, dict) else None
+    router = router if isinstance(router, dict) else {}
+    return config_from_dict({"router": {key: router[key] for key in ("host", "port") if key in router}}).router
 
 
 class Parser(argparse.ArgumentParser):
@@ -244,9 +317,9 @@ def run_server(args, config: SpecpoolConfig) -> int:
     client, and a `specpool serve` already on the config's port must not stop it)."""
     try:
         if args.command == "serve":
-            asyncio.run(_serve(with_ports(config, args.port, args.http_port), args.config))
+            asyncio.run(_serve(config, args.config, port_overrides(args.port, args.http_port)))
             return 0
-        return asyncio.run(_demo(with_ports(config, 0, -1), args))
+        return asyncio.run(_demo(config, args, port_overrides(0, -1)))
     except StartFailed as exc:
         print(f"specpool: could not start: {exc}", file=sys.stderr)
         return 1
@@ -256,7 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     parser, commands = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("generate", "demo"):
-        read_prompt(commands[args.command], args)
+        try:
+            read_prompt(commands[args.command], args)
+        except KeyboardInterrupt:         # Ctrl-C while the prompt is being typed on stdin
+            print("interrupted", file=sys.stderr)
+            return 130
     if args.command == "generate":
         return run_generate(args)
     try:

@@ -39,9 +39,11 @@ class Router:
     """Live serving state: worker replicas, tokenizer, model limits, and the RNG for ids and seeds."""
 
     def __init__(self, config: SpecpoolConfig, drafts: list[DraftClient], targets: list[TargetClient],
-                 model_info: dict, tokenizer, rng: random.Random | None = None, scale_up=None):
+                 model_info: dict, tokenizer, rng: random.Random | None = None, scale_up=None,
+                 overrides: dict | None = None):
         self.config = config
         self._scale_up = scale_up        # (pool name, count) -> factories of new clients; blocking (Ray)
+        self.overrides = overrides or {}  # the command line's values over every reloaded file's (`with_overrides`)
         self.drafts, self.targets = drafts, targets
         self.tokenizer = tokenizer
         self._max_token_chars = max_token_chars(tokenizer)
@@ -139,8 +141,9 @@ class Router:
     async def reload(self, data: dict, config_dir: str | None = None) -> None:
         """Apply a new config without a restart: the speculation section between rounds, and more
         draft/target replicas (started, then added to the pools). Anything else is refused. Relative model
-        paths are read from `config_dir`, as at start-up."""
-        new = parse_config(data, config_dir)
+        paths are read from `config_dir`, and the command line's overrides (serve --port) win over the
+        document's values, both as at start-up."""
+        new = with_overrides(parse_config(data, config_dir), self.overrides)
         check_reloadable(self.config, new, bool(self.drafts))
         for name, clients in (("draft", self.drafts), ("target", self.targets)):
             extra = getattr(new, name).replicas - getattr(self.config, name).replicas
@@ -189,6 +192,23 @@ def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool 
 
 
 DRAFT_RELOADABLE = ("method", "ngram_min", "ngram_max", "ngram_max_tokens")   # router-side: apply to new requests
+
+
+def with_overrides(config: SpecpoolConfig, overrides: dict) -> SpecpoolConfig:
+    """`config` with the command line's values over the file's: `overrides` maps a section to its keys' values,
+    e.g. {"router": {"port": 50071}} for `serve --port 50071`."""
+    for section, values in overrides.items():
+        config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **values)})
+    return config
+
+
+def reload_document(config_yaml: str) -> dict:
+    """A ReloadRequest's config as parsed YAML. An empty document (or one of comments only) is refused: reloading
+    every default is almost surely a mistake."""
+    data = yaml.safe_load(config_yaml)
+    if data is None:
+        raise ConfigError("config_yaml: empty")
+    return data
 
 
 class Overloaded(Exception):
@@ -319,7 +339,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def Reload(self, request, context):
         router = await self._router(context)
         try:
-            await router.reload(yaml.safe_load(request.config_yaml) or {}, request.config_dir or None)
+            await router.reload(reload_document(request.config_yaml), request.config_dir or None)
         except RestartRequired as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except (ConfigError, ValueError, yaml.YAMLError) as exc:

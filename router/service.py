@@ -2,6 +2,9 @@
 that joins them. The CLI, the tests and the benchmarks all start one through `Service`.
 
     service = await Service(load_config("deploy/local.yaml")).start()   # ... await service.stop()
+
+`overrides` are the command line's values over the file's ({"router": {"port": 50071}} for `serve --port 50071`):
+they apply at start and to every reloaded config (Admin.Reload, SIGHUP).
 """
 from __future__ import annotations
 
@@ -10,10 +13,10 @@ import threading
 from functools import partial
 from pathlib import Path
 
-from settings.schema import SpecpoolConfig, read_yaml
+from settings.schema import ConfigError, SpecpoolConfig, read_yaml
 
 
-def build_router(config: SpecpoolConfig, pools):
+def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None):
     from router.launch import launch_more, load_draft, recover_draft, recover_target
     from router.server import Router
     from router.text import load_tokenizer
@@ -39,15 +42,18 @@ def build_router(config: SpecpoolConfig, pools):
         return [partial(TargetClient, pools.target_addresses[-count + i], timeout,
                         partial(recover_target, g, host, ready), config.tls) for i, g in enumerate(groups)]
     return Router(config, drafts, targets, pools.target_info, load_tokenizer(pools.target_info["model_path"]),
-                  scale_up=scale_up)
+                  scale_up=scale_up, overrides=overrides)
 
 
 class Service:
     """A running specpool: public server up at once (NOT_SERVING), pools launched, SERVING once the targets have
     loaded (the drafts join as they load)."""
 
-    def __init__(self, config: SpecpoolConfig, quiet: bool = False, keep_ray: bool = False):
-        self.config = config
+    def __init__(self, config: SpecpoolConfig, quiet: bool = False, keep_ray: bool = False,
+                 overrides: dict | None = None):
+        from router.server import with_overrides
+        self.overrides = overrides or {}    # the command line's values, over the file's now and at every reload
+        self.config = with_overrides(config, self.overrides)
         self.quiet = quiet             # Ray's warnings and the workers' loading output off this terminal
         self.keep_ray = keep_ray       # leave a local Ray instance it started running (the next service reuses it)
         self.server = self.port = self.pools = self.router = self.metrics_port = self.health = None
@@ -75,7 +81,7 @@ class Service:
             self.owns_ray = self.owns_ray or (connecting and launch.local(self.config))   # half up: it goes too
             await self.stop(grace=0)       # the public server goes down with the failed start, on this loop
             raise
-        self.router = build_router(self.config, self.pools)
+        self.router = build_router(self.config, self.pools, self.overrides)
         if self.config.router.metrics_port >= 0:
             self.metrics_port = self.router.metrics.serve(self.config.router.host, self.config.router.metrics_port)
             print(f"[specpool] metrics on http://{self.config.router.host}:{self.metrics_port}/metrics", flush=True)
@@ -138,9 +144,13 @@ async def in_daemon_thread(fn, timeout: float) -> bool:
 
 
 async def reload_from_file(service: Service, path: str) -> None:
-    """SIGHUP: re-read the config file and apply it (or keep the running config)."""
+    """SIGHUP: re-read the config file and apply it, the command line's overrides over it (or keep the running
+    config). An empty file (one being rewritten, say) is refused."""
     try:
-        await service.router.reload(read_yaml(path) or {}, str(Path(path).parent))
+        data = read_yaml(path)
+        if data is None:
+            raise ConfigError(f"{path}: empty")
+        await service.router.reload(data, str(Path(path).parent))
         print(f"[specpool] reloaded {path}: {service.router.config.speculation}", flush=True)
     except ValueError as exc:       # ConfigError (bad file or value) and RestartRequired
         print(f"[specpool] reload of {path} refused, running config kept: {exc}", flush=True)

@@ -1,12 +1,28 @@
 """The CLI as a new user meets it: argument errors are one line naming the option, the admin commands
-find the server through --config, serve takes --port / --http-port, and the prompt can come from stdin or a
-file. (Generating through a running server is in tests/test_openai_http.py.)"""
+find the server through --config, serve takes --port / --http-port, the prompt can come from stdin or a
+file, and Ctrl-C ends `generate` in one line. (Generating through a running server is in
+tests/test_openai_http.py.)"""
+import argparse
 import io
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
 
+import grpc
 import pytest
 import yaml
 
+from protos.specpool.v1 import generation_pb2, generation_pb2_grpc
 from router import cli
+from settings.schema import ConfigError, config_from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("argv, option", [
@@ -49,23 +65,143 @@ def test_admin_address_comes_from_config(tmp_path):
     assert cli.admin_address(parser.parse_args(["status"])) == cli.DEFAULT_ADDRESS
 
 
-def test_serve_ports_override_the_config():
-    from settings.schema import config_from_dict
-    config = cli.with_ports(config_from_dict({}), 50999, 8123)
-    assert (config.router.port, config.http.port) == (50999, 8123)
-    assert cli.with_ports(config, None, None) == config
+def served_ports(monkeypatch, args) -> tuple[int, int]:
+    """The (gRPC, HTTP) ports of the Service that `run_server` would start, for a config naming 50051 and 8000."""
+    from router.service import Service
+    seen = {}
+
+    async def start(config, _, overrides):
+        seen["config"] = Service(config, overrides=overrides).config
+        return 0
+    monkeypatch.setattr(cli, "_serve" if args.command == "serve" else "_demo", start)
+    assert cli.run_server(args, config_from_dict({"router": {"port": 50051}, "http": {"port": 8000}})) == 0
+    return seen["config"].router.port, seen["config"].http.port
+
+
+def test_serve_ports_override_the_config(monkeypatch):
+    """--port / --http-port reach the Service as overrides, which it applies over the file (and its Router over
+    every reloaded file: tests/test_e2e_admin.py)."""
+    def serve(port, http_port):
+        return argparse.Namespace(command="serve", config="c.yaml", port=port, http_port=http_port)
+    assert served_ports(monkeypatch, serve(50999, 8123)) == (50999, 8123)
+    assert served_ports(monkeypatch, serve(None, None)) == (50051, 8000)
 
 
 def test_demo_serves_on_any_free_port_so_a_running_serve_does_not_stop_it(monkeypatch):
-    import argparse
+    assert served_ports(monkeypatch, argparse.Namespace(command="demo")) == (0, -1)
 
-    from settings.schema import config_from_dict
-    seen = {}
 
-    async def demo(config, args):
-        seen["ports"] = (config.router.port, config.http.port)
-        return 0
-    monkeypatch.setattr(cli, "_demo", demo)
-    config = config_from_dict({"router": {"port": 50051}, "http": {"port": 8000}})
-    assert cli.run_server(argparse.Namespace(command="demo"), config) == 0
-    assert seen["ports"] == (0, -1)
+@pytest.mark.parametrize("piped, prompt", [("def f(\n", "def f("), ("def f(\r\n", "def f("), ("def f(", "def f("),
+                                           ("def f(\n\n", "def f(\n")])
+def test_a_prompt_from_stdin_loses_exactly_one_final_newline(piped, prompt, monkeypatch):
+    """`echo "def f(" | specpool generate -` asks for what `specpool generate "def f("` asks for."""
+    parser, commands = cli.build_parser()
+    monkeypatch.setattr("sys.stdin", io.StringIO(piped))
+    args = parser.parse_args(["generate", "-"])
+    cli.read_prompt(commands["generate"], args)
+    assert args.prompt == prompt
+
+
+def test_a_prompt_file_is_taken_as_it_is(tmp_path):
+    parser, commands = cli.build_parser()
+    (tmp_path / "p.txt").write_text("def f(\n")
+    args = parser.parse_args(["generate", "--prompt-file", str(tmp_path / "p.txt")])
+    cli.read_prompt(commands["generate"], args)
+    assert args.prompt == "def f(\n"
+
+
+def test_acceptance_is_n_a_when_nothing_was_drafted():
+    response = generation_pb2.GenerateResponse(finish_reason=generation_pb2.FINISH_REASON_LENGTH)
+    response.stats.target_passes = 8
+    assert "acceptance=n/a, mean accepted length=1.00 tokens/pass" in cli.summary(response, 8, 1.0)
+    response.stats.draft_tokens, response.stats.accepted_tokens = 4, 3
+    assert "acceptance=0.75," in cli.summary(response, 8, 1.0)
+
+
+def test_mean_accepted_length_counts_each_pass_s_committed_tokens_even_past_a_stop_string():
+    """A stop string can drop tokens of passes the target had already run (24 tokens returned from 26 passes):
+    the summary's mean accepted length stays tokens committed per pass, never below 1."""
+    response = generation_pb2.GenerateResponse(finish_reason=generation_pb2.FINISH_REASON_STOP)
+    response.stats.target_passes, response.stats.draft_tokens, response.stats.accepted_tokens = 26, 8, 4
+    assert "mean accepted length=1.15 tokens/pass" in cli.summary(response, 24, 1.0)
+
+
+def test_admin_address_of_a_copied_config_needs_no_model_folders(tmp_path):
+    """`cp deploy/local.yaml /tmp/x/my.yaml` (port edited): status and reload read only the address from it
+    (they said 'config error: draft.model: no model folder ...'); a bad address is still named."""
+    copied = tmp_path / "x" / "my.yaml"
+    copied.parent.mkdir()
+    copied.write_text((ROOT / "deploy" / "local.yaml").read_text().replace("port: 50051", "port: 50071"))
+    parser, _ = cli.build_parser()
+    for command in ("status", "reload"):
+        assert cli.admin_address(parser.parse_args([command, "--config", str(copied)])) == "127.0.0.1:50071"
+    copied.write_text(yaml.safe_dump({"router": {"port": "fifty"}, "draft": {"model": "nowhere/to/be/found"}}))
+    with pytest.raises(ConfigError, match="^router.port: must be int"):
+        cli.admin_address(parser.parse_args(["status", "--config", str(copied)]))
+
+
+class EndlessGeneration(generation_pb2_grpc.GenerationServicer):
+    """Answers until its client cancels: one-token chunks of "x" (GenerateStream), or nothing (Generate). Each call
+    is announced on `calls` as it starts."""
+
+    def __init__(self):
+        self.calls = queue.Queue()
+
+    def GenerateStream(self, request, context):
+        self.calls.put(request)
+        while context.is_active():
+            yield generation_pb2.GenerateResponse(token_ids=[120], text="x")
+            time.sleep(0.02)
+
+    def Generate(self, request, context):
+        self.calls.put(request)
+        while context.is_active():
+            time.sleep(0.02)
+        return generation_pb2.GenerateResponse()
+
+
+@pytest.fixture(scope="module")
+def endless():
+    """An EndlessGeneration served on 127.0.0.1: (its address, the servicer)."""
+    servicer, server = EndlessGeneration(), grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", servicer
+    server.stop(0)
+
+
+def interrupted_generate(address: str, calls: queue.Queue, stream: bool) -> tuple[int, str, float]:
+    """`specpool generate` against `address`, sent SIGINT twice (10 ms apart) mid-call, once its call has reached
+    the server (and, streamed, once it has printed output): its exit status, stderr and seconds from the first
+    SIGINT to its exit."""
+    process = subprocess.Popen([sys.executable, "-m", "router.cli", "generate", "--address", address,
+                                "--max-new-tokens", "900", *(["--stream"] if stream else []), "def f("],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        calls.get(timeout=60)
+        if stream:
+            assert select.select([process.stdout], [], [], 30)[0], "no output streamed"
+            assert os.read(process.stdout.fileno(), 1024).startswith(b"def f(x")
+        interrupted = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.01)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=10)
+        return process.returncode, err.decode(), time.monotonic() - interrupted
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "unary"])
+def test_ctrl_c_cancels_generate_in_one_line_with_exit_status_130(endless, stream):
+    """Ctrl-C mid-call (a second one close behind) cancels the call and ends `generate` at once with one line,
+    every time: it printed two chained KeyboardInterrupt tracebacks, and once in six tries hung for good in
+    channel.close()."""
+    address, servicer = endless
+    for _ in range(3):
+        code, err, seconds = interrupted_generate(address, servicer.calls, stream)
+        assert (code, err) == (130, "interrupted\n"), err
+        assert seconds < 5

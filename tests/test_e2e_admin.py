@@ -1,5 +1,6 @@
 """Operator control through the real service: hot reload changes the K in use without dropping an
-in-flight request, an invalid reload is refused and the old K stays, metrics move as requests run.
+in-flight request, an invalid reload is refused and the old K stays, the ports serve was started with
+stay over every reloaded file, metrics move as requests run, and the admin commands work from a copied config.
 
 The module's service is started from a YAML file whose model paths are relative to the file's folder,
 as deploy/local.yaml's are, so every reload here resolves them against that folder (ReloadRequest.config_dir);
@@ -191,3 +192,75 @@ def test_readme_reload_command_and_sighup_accept_relative_model_paths(service, a
         config_file.write_text(original)
         reload(admin, config, config_file, k=1)
     assert_k_in_force(service, admin, 1)
+
+
+def test_an_empty_reload_is_refused_as_empty(service, admin):
+    """An empty config_yaml (or one of comments only) is almost surely a mistake: INVALID_ARGUMENT saying so
+    (it was refused as FAILED_PRECONDITION 'router.port: changing this needs a restart')."""
+    for text in ("", "\n", "# nothing here\n"):
+        with pytest.raises(grpc.RpcError) as info:
+            admin.Reload(admin_pb2.ReloadRequest(config_yaml=text))
+        assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "config_yaml: empty")
+    assert_k_in_force(service, admin, 1)
+
+
+def test_reloads_keep_the_ports_serve_was_started_with(service, admin, config, config_file, monkeypatch, capsys):
+    """`serve --port P --http-port H` win over the file at every reload, not only at start: a file that differs
+    from the running config only in router.port / http.port reloads, through Admin.Reload and SIGHUP, and the
+    running ports stay; one that changes another restart-only key is still refused. (Both reloads were refused
+    with 'router.port: changing this needs a restart': the file was re-read without the command line's ports.)"""
+    from router.service import reload_from_file
+    router = service.service.router
+    running = {"router": {"port": router.config.router.port}, "http": {"port": router.config.http.port}}
+    monkeypatch.setattr(router, "overrides", running)      # what Service(..., overrides=) hands the Router
+    in_file = {**config, "router": {**config["router"], "port": 50071}, "http": {"port": 8071}}
+    sighup_file = config_file.parent / "ports.yaml"       # beside the models, like the file serve was started with
+    try:
+        reload(admin, in_file, config_file, k=2)
+        assert_k_in_force(service, admin, 2)
+        write_config(sighup_file, with_speculation(in_file, k=3))
+        capsys.readouterr()
+        service._run(reload_from_file(service.service, str(sighup_file)))
+        assert "refused" not in capsys.readouterr().out
+        assert_k_in_force(service, admin, 3)
+        status = yaml.safe_load(admin.GetStatus(admin_pb2.GetStatusRequest()).config_yaml)
+        assert {section: {"port": status[section]["port"]} for section in running} == running
+        with pytest.raises(grpc.RpcError) as info:
+            reload(admin, {**in_file, "ray": {**config["ray"], "namespace": "elsewhere"}}, config_file, k=4)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert info.value.details().startswith("ray.namespace:")
+        assert_k_in_force(service, admin, 3)
+    finally:
+        sighup_file.unlink(missing_ok=True)
+        reload(admin, config, config_file, k=1)
+
+
+def test_admin_commands_with_a_copied_config_reach_the_server_which_checks_it(service, admin, config, tmp_path,
+                                                                               capsys):
+    """`status` / `reload --config` with a copy of the config away from its model folders (port edited) reach the
+    server: the client reads only the address from it (it said 'config error: draft.model: no model folder').
+    What reload sends is the server's to check: it names the model folder it cannot find."""
+    from router.cli import main
+    copied = tmp_path / "x" / "my.yaml"
+    copied.parent.mkdir()
+    write_config(copied, {**config, "router": {**config["router"], "port": service.service.port},
+                          "draft": {**config["draft"], "model": "models/pair/draft"},
+                          "target": {**config["target"], "model": "models/pair/target"}})
+    capsys.readouterr()
+    assert main(["status", "--config", str(copied)]) == 0
+    assert main(["reload", "--config", str(copied)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: INVALID_ARGUMENT: draft.model: no model folder 'models/pair/draft' (tried "), err
+    assert_k_in_force(service, admin, 1)
+
+
+def test_status_prints_the_statistics_as_indented_json(service, capsys):
+    """`specpool status` prints the live statistics indented, not as one long line (Admin.GetStatus's
+    stats_json stays compact)."""
+    from router.cli import main
+    capsys.readouterr()
+    assert main(["status", "--address", service.address]) == 0
+    out = capsys.readouterr().out
+    stats = out[out.index("\n{\n") + 1:]
+    assert json.loads(stats)["pool"]["k"] == 1
+    assert '\n  "pool": {\n    "' in stats and max(map(len, stats.splitlines())) < 200
