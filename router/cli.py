@@ -24,6 +24,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")   # Ray forks while gRPC thread
 import grpc  # noqa: E402
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc  # noqa: E402
+from router.oplog import say  # noqa: E402
 from router.service import Service, reload_from_file  # noqa: E402
 from settings.schema import (ConfigError, RouterConfig, SpecpoolConfig, config_from_dict, load_config,  # noqa: E402
                              read_yaml)
@@ -59,7 +60,7 @@ async def _serve(config: SpecpoolConfig, path: str, overrides: dict) -> None:
         task.add_done_callback(reloads.discard)
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
     await stop.wait()
-    print(f"[specpool] shutting down (grace {config.router.shutdown_grace_s:.0f}s)", flush=True)
+    say(f"shutting down (grace {config.router.shutdown_grace_s:.0f}s)")
     await service.stop(config.router.shutdown_grace_s)
 
 

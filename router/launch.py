@@ -18,6 +18,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from draft_worker.actor import DraftWorker
+from router.oplog import say
 from settings.schema import SpecpoolConfig
 from target_worker.actor import TargetRank
 from target_worker.tp_support import ModelRefused
@@ -66,8 +67,7 @@ def connect(config: SpecpoolConfig, quiet: bool = False) -> bool:
     try:
         ray.init(address=address, **kwargs)
     except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception when its processes start too slowly
-        print(f"[specpool] the local Ray instance did not start ({str(exc).splitlines()[0]}); trying once more",
-              flush=True)
+        say(f"the local Ray instance did not start ({str(exc).splitlines()[0]}); trying once more")
         disconnect()
         ray.init(address=address, **kwargs)
     return True
@@ -280,7 +280,7 @@ def check_placement(config: SpecpoolConfig, fixed: bool) -> str:
 def report_placement(config: SpecpoolConfig, done: threading.Event, every: float = 30.0) -> None:
     """While the pools wait on a cluster that lacks what they ask for, say what is missing every `every` s."""
     while (short := check_placement(config, fixed=False)) and not done.is_set():
-        print(f"[specpool] waiting for the cluster to place the pools: {short}", flush=True)
+        say(f"waiting for the cluster to place the pools: {short}")
         if done.wait(every):
             return
 

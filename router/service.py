@@ -13,6 +13,7 @@ import threading
 from functools import partial
 from pathlib import Path
 
+from router.oplog import say
 from settings.schema import ConfigError, SpecpoolConfig, read_yaml
 
 
@@ -68,8 +69,7 @@ class Service:
         credentials = server_credentials(self.config.tls, self.config.tls.client_auth)
         self.server, self.port, servicer, self.health = await start_public_server(
             self.config.router.host, self.config.router.port, credentials)
-        print(f"[specpool] gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until the target pool is ready)",
-              flush=True)
+        say(f"gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until the target pool is ready)")
         connecting = True
         try:
             await self._start_http(servicer)
@@ -84,11 +84,11 @@ class Service:
         self.router = build_router(self.config, self.pools, self.overrides)
         if self.config.router.metrics_port >= 0:
             self.metrics_port = self.router.metrics.serve(self.config.router.host, self.config.router.metrics_port)
-            print(f"[specpool] metrics on http://{self.config.router.host}:{self.metrics_port}/metrics", flush=True)
+            say(f"metrics on http://{self.config.router.host}:{self.metrics_port}/metrics")
         await mark_ready(servicer, self.health, self.router)
-        print(f"[specpool] SERVING: {len(self.pools.target_addresses)} target replica(s) (TP="
+        say(f"SERVING: {len(self.pools.target_addresses)} target replica(s) (TP="
               f"{self.config.target.tensor_parallel_size}); {len(self.pools.draft_starts)} draft replica(s) join as "
-              f"they load", flush=True)
+              f"they load")
         return self
 
     async def drafts_loaded(self) -> None:
@@ -104,8 +104,7 @@ class Service:
         self.http = HttpServer(create_app(self.config.http, lambda: servicer.router), self.config.router.host,
                                self.config.http.port)
         self.http_port = await self.http.start()
-        print(f"[specpool] OpenAI-compatible HTTP on http://{self.config.router.host}:{self.http_port}/v1",
-              flush=True)
+        say(f"OpenAI-compatible HTTP on http://{self.config.router.host}:{self.http_port}/v1")
 
     async def stop(self, grace: float = 5.0) -> None:
         """Health NOT_SERVING, refuse new requests, give in-flight ones `grace` seconds, stop the pools."""
@@ -118,7 +117,7 @@ class Service:
         if self.owns_ray and not self.keep_ray:      # Ray's processes, workers and agents end with us, by PID
             await in_daemon_thread(launch.disconnect, RAY_STOP_S)
         elif self.pools and not await in_daemon_thread(self.pools.shutdown, RAY_STOP_S):
-            print(f"[specpool] Ray did not remove the pools within {RAY_STOP_S:g}s; going on", flush=True)
+            say(f"Ray did not remove the pools within {RAY_STOP_S:g}s; going on")
 
 
 RAY_STOP_S = 10.0      # how long stopping waits on one call into Ray
@@ -151,6 +150,6 @@ async def reload_from_file(service: Service, path: str) -> None:
         if data is None:
             raise ConfigError(f"{path}: empty")
         await service.router.reload(data, str(Path(path).parent))
-        print(f"[specpool] reloaded {path}: {service.router.config.speculation}", flush=True)
+        say(f"reloaded {path}: {service.router.config.speculation}")
     except ValueError as exc:       # ConfigError (bad file or value) and RestartRequired
-        print(f"[specpool] reload of {path} refused, running config kept: {exc}", flush=True)
+        say(f"reload of {path} refused, running config kept: {exc}")

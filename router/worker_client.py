@@ -15,6 +15,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import grpc
 
 from protos.specpool.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
+from router.oplog import say
 from settings.schema import TlsConfig
 from settings.tls import worker_channel
 
@@ -255,14 +256,13 @@ class WorkerClient:
             address = await in_daemon_thread(load)
         except Exception as exc:  # noqa: BLE001 - whatever it was, the pool serves on without this worker
             self.state, self.error = "failed", str(exc)
-            print(f"[specpool] {self.name} did not load and stays out of the pool (restart to retry): {exc}",
-                  flush=True)
+            say(f"{self.name} did not load and stays out of the pool (restart to retry): {exc}")
             return
         finally:
             self._recovering = None
         self._connect(address)
         self.state = "ready"
-        print(f"[specpool] {self.name} loaded, at {address}: it joins the pool", flush=True)
+        say(f"{self.name} loaded, at {address}: it joins the pool")
 
     def mark_failed(self) -> None:
         """Start recovering this worker (once, however many requests saw it fail)."""
@@ -277,7 +277,7 @@ class WorkerClient:
                     address = await in_daemon_thread(self._recover_fn)
                     break
                 except Exception as exc:  # noqa: BLE001 - keep trying until the worker is back
-                    print(f"[specpool] worker {self.address} still down: {exc!r}", flush=True)
+                    say(f"worker {self.address} still down: {exc!r}")
                     await asyncio.sleep(self.RETRY_PAUSE_S)
             old, old_stream = self.channel, self.stream
             self._connect(address)

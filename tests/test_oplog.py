@@ -1,0 +1,9 @@
+"""The operator's log: every line of it is stamped with the local time, to the millisecond."""
+import datetime
+
+from router.oplog import say
+
+
+def test_a_log_line_carries_its_time_then_the_tag(capsys):
+    say("target 0 failed", now=lambda: datetime.datetime(2026, 11, 25, 14, 16, 2, 123456))
+    assert capsys.readouterr().out == "2026-11-25 14:16:02.123 [specpool] target 0 failed\n"
