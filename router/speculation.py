@@ -720,6 +720,12 @@ def conclude_all(state: RequestState, policy: KPolicy, rounds: list[Round], betw
     return committed
 
 
+def predraft_k(policy: KPolicy, planned: int | None) -> int:
+    """K of the pre-draft for the next round, planned at K `planned` (None: no overlap): 0, no pre-draft, where
+    that round drafts more than a pre-draft may carry (speculation.overlap_tokens): it runs in turn at its K."""
+    return planned if planned is not None and planned <= policy.predraft_k else 0
+
+
 async def generate(state: RequestState, draft: DraftClient | None, target: TargetClient,
                    policy: KPolicy, recovery_s: float = 60.0) -> AsyncIterator[list[int]]:
     """Run rounds until the request finishes, yielding each round's committed tokens. With overlap on,
@@ -747,13 +753,13 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             if source == NGRAM:            # drafts the router looks up itself (decode runs off)
                 k = ngram_round_k(state, policy, k)
             overlap = policy.overlap and source == MODEL
-            next_k = min(choose_k(state, policy), policy.predraft_k) if overlap else 0
+            planned = choose_k(state, policy) if overlap else None
+            next_k = predraft_k(policy, planned)
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source,
                                                   policy.predraft_branches(state, k) if next_k else (),
                                                   overlap and policy.stage_predrafts)
             committed, ended = conclude(state, policy, round_, between), time.perf_counter()
             yield committed
-            planned = next_k if overlap else None
     finally:
         release_later(state.session_id, [target] + ([draft] if draft is not None and state.draft_called else []))
 

@@ -260,6 +260,17 @@ def test_output_identical_to_target_alone_and_no_worker_is_over_claimed(k, overl
         assert draft.calls == state.stats.predrafts + drafted_now          # a hit makes no draft call
 
 
+def test_a_k_above_the_predraft_budget_runs_in_turn_at_its_k_not_cut_to_the_budget():
+    """speculation.overlap_tokens bounds a pre-draft, not the K of the rounds: a round planned past it drafts
+    its whole K after the verdict, with no pre-draft."""
+    policy, draft = FixedK(4, True), FakeDraft()
+    policy.predraft_k = 2
+    state = run(draft, FakeTarget(), policy)
+    assert state.tokens[len(PROMPT):] == reference()
+    assert {r.k for r in policy.rounds[:-1]} == {4}      # the last round may stop short of max_new
+    assert state.stats.predrafts == 0 and draft.calls == len(policy.rounds)
+
+
 @pytest.mark.parametrize("branches", [0, 1, 3])
 def test_a_hit_means_all_drafts_accepted_and_the_guess_right_or_a_branch_guessed_the_rejection(branches):
     policy, draft = FixedK(3, True, branches), FakeDraft()
