@@ -21,6 +21,18 @@ DRAFT_METHODS = ("model", "ngram", "model+ngram")
 POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)
+# Upper bounds of the counts that size a round's work. Speculating past a few dozen tokens never pays (E[K] grows
+# at most by the product of the acceptance rates, which falls geometrically, while the draft's time grows with K),
+# and the controller's cost model is quadratic in k_max (goodput_curve and its overlap chances, every round and
+# in `specpool status`): k_max 100000 pinned the router's event loop for minutes.
+K_LIMIT = 64               # speculation.k_max, draft.ngram_max_tokens (the n-gram controller's k_max)
+NGRAM_LIMIT = 32           # draft.ngram_max: each lookup tries every size, and each size has its own controller
+BRANCH_LIMIT = 2 * K_LIMIT  # speculation.overlap_branches: a pre-draft beside K drafts has at most 2 K branches
+DECODE_STEPS_LIMIT = 1024  # speculation.decode_steps: a run that long keeps the policy from re-planning (or
+                           # probing) for up to 4x that many tokens under load
+WINDOW_LIMIT = 65536       # speculation.window, min_samples: rounds kept per controller (a request's too); a
+                           # reload recounts them all
+CHANGE_RECENT_LIMIT = 1024  # speculation.change_recent: the change test reads this many rounds every round
 HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")  # huggingface_hub's rule
 
 
@@ -117,8 +129,9 @@ class DraftConfig(PoolConfig):
         super().validate(section)
         checks = (("method", self.method in DRAFT_METHODS, f"must be one of {DRAFT_METHODS}"),
                   ("ngram_min", self.ngram_min >= 1, "must be >= 1"),
-                  ("ngram_max", self.ngram_max >= self.ngram_min, f"must be >= ngram_min={self.ngram_min}"),
-                  ("ngram_max_tokens", self.ngram_max_tokens >= 1, "must be >= 1"))
+                  ("ngram_max", self.ngram_min <= self.ngram_max <= NGRAM_LIMIT,
+                   f"must be in [ngram_min, {NGRAM_LIMIT}] = [{self.ngram_min}, {NGRAM_LIMIT}]"),
+                  ("ngram_max_tokens", 1 <= self.ngram_max_tokens <= K_LIMIT, f"must be in [1, {K_LIMIT}]"))
         for key, ok, rule in checks:
             if not ok:
                 raise ConfigError(f"{section}.{key}: {rule} (got {getattr(self, key)!r})")
@@ -182,20 +195,23 @@ class ControllerConfig:
             raise ConfigError(f"{section}.policy: must be one of {POLICIES} (got {self.policy!r})")
         checks = (
             ("k_min", self.k_min >= 0, "must be >= 0"),
-            ("k_max", self.k_max >= self.k_min, f"must be >= k_min={self.k_min}"),
+            ("k_max", self.k_min <= self.k_max <= K_LIMIT,
+             f"must be in [k_min, {K_LIMIT}] = [{self.k_min}, {K_LIMIT}]"),
             ("k", self.k_min <= self.k <= self.k_max, f"must be in [k_min, k_max] = [{self.k_min}, {self.k_max}]"),
-            ("window", self.window >= 1, "must be >= 1"),
-            ("min_samples", self.min_samples >= 0, "must be >= 0"),
+            ("window", 1 <= self.window <= WINDOW_LIMIT, f"must be in [1, {WINDOW_LIMIT}]"),
+            ("min_samples", 0 <= self.min_samples <= WINDOW_LIMIT, f"must be in [0, {WINDOW_LIMIT}]"),
             ("prior_acceptance", 0.0 <= self.prior_acceptance <= 1.0, "must be in [0, 1]"),
             ("prior_weight", self.prior_weight >= 0, "must be >= 0"),
-            ("change_recent", self.change_recent >= 1, "must be >= 1"),
+            ("change_recent", 1 <= self.change_recent <= CHANGE_RECENT_LIMIT,
+             f"must be in [1, {CHANGE_RECENT_LIMIT}]"),
             ("change_z", self.change_z >= 0, "must be >= 0"),
             ("cost_window", self.cost_window >= 1, "must be >= 1"),
             ("load_window", self.load_window >= 1, "must be >= 1"),
-            ("overlap_tokens", self.overlap_tokens == 0 or self.overlap_tokens >= 2, "must be 0 or >= 2"),
-            ("overlap_branches", self.overlap_branches >= 0, "must be >= 0"),
+            ("overlap_tokens", self.overlap_tokens == 0 or 2 <= self.overlap_tokens <= K_LIMIT + 1,
+             f"must be 0 or in [2, {K_LIMIT + 1}]"),
+            ("overlap_branches", 0 <= self.overlap_branches <= BRANCH_LIMIT, f"must be in [0, {BRANCH_LIMIT}]"),
             ("overlap_branch_guesses", self.overlap_branch_guesses in (1, 2), "must be 1 or 2"),
-            ("decode_steps", self.decode_steps >= 1, "must be >= 1"),
+            ("decode_steps", 1 <= self.decode_steps <= DECODE_STEPS_LIMIT, f"must be in [1, {DECODE_STEPS_LIMIT}]"),
             ("answer_delay_ms", 0 <= self.answer_delay_ms <= 1000, "must be in [0, 1000]"),
             ("unstreamed_answer_delay_ms", 0 <= self.unstreamed_answer_delay_ms <= 10000, "must be in [0, 10000]"),
             ("answer_delay_max_ms", 0 <= self.answer_delay_max_ms <= 1000, "must be in [0, 1000]"),
