@@ -43,7 +43,8 @@ K = 0) is left out: it is paid once, not per round. A controller given a `pool` 
 
 Policies. `fixed` always returns `k`. `threshold` moves K by one step every `adjust_every` rounds: up when the
 acceptance rate since its last step is above `raise_above`, down when below `lower_below`. `goodput` starts at
-`k` for `warmup_rounds`, then takes the argmax of goodput(K) over [k_min, k_max], switching only when the best
+`k` for `warmup_rounds` (and so does each policy again after a reload that changes `k`, its statistics kept),
+then takes the argmax of goodput(K) over [k_min, k_max], switching only when the best
 beats the current K by the `hysteresis` fraction. Both adaptive policies probe roughly every `probe_every`
 rounds (jittered by the injected RNG): K+1 (K-1 at k_max), or with chance `random_probe` a uniformly random
 other K, so stale statistics refresh and a phase change is noticed even at K = 0. The goodput policy makes every
@@ -253,6 +254,7 @@ class KController:
         self._calls = 0
         self._next_probe = 0
         self._rounds = 0
+        self._warm_from = 0                    # the round the last warm-up at `k` began (0, or a reload of k)
         self._drafting = 0                     # rounds observed with K > 0
         self._window: deque = deque()          # recent rounds with K > 0: (round, attempted, accepted)
         self._attempts: list[int] = []         # per position: rounds in the window that attempted it
@@ -278,6 +280,11 @@ class KController:
         return self._rounds
 
     @property
+    def _warm_rounds(self) -> int:
+        """Rounds since the warm-up at `k` began: at start, or at the reload that last changed k."""
+        return self._rounds - self._warm_from
+
+    @property
     def drafting_rounds(self) -> int:
         """Rounds observed with K > 0: the ones that taught it an acceptance rate."""
         return self._drafting
@@ -290,7 +297,7 @@ class KController:
             return self.config.k
         if self.config.policy == "threshold":
             self._threshold_step()
-        elif self._rounds >= max(self.config.warmup_rounds, 1):
+        elif self._warm_rounds >= max(self.config.warmup_rounds, 1):
             self._goodput_step()
         if self._hold_plain:                  # the second round of a K = 0 probe with overlap on (see _probe_k)
             self._hold_plain, self._probing = False, self._k != 0
@@ -418,14 +425,26 @@ class KController:
                             "branches": self.branches, "hit_rate": self.hit_rate(self.k)},
                 "goodput": {str(k): g for k, g in self.goodput_curve().items()}}
 
-    def update_config(self, config: ControllerConfig) -> None:
-        """Apply a new config between rounds: statistics are kept, the current K is clamped into range."""
+    def update_config(self, config: ControllerConfig, restart: bool | None = None) -> None:
+        """Apply a new config between rounds: statistics (acceptance, costs) are kept. If `restart` (None: if the
+        config's `k` changed), the policy moves to the new `k` and warms up again there, as at start: an operator
+        who reloads k expects rounds at it (`warmup_rounds` are rounds at k before the model decides), not a K
+        the old statistics chose. Otherwise the current K is only clamped into [k_min, k_max]."""
         config.validate()
+        restart = config.k != self.config.k if restart is None else restart
         self.config = config
         while len(self._window) > config.min_samples and self._window[0][0] <= self._rounds - config.window:
             self._window.popleft()
         self._resize_positions()
         self._k = min(max(self._k, config.k_min), config.k_max)
+        if restart:
+            self._restart_at_k()
+
+    def _restart_at_k(self) -> None:
+        """Hold `k` from the next round on, for a fresh warm-up: no goodput step or probe before warmup_rounds
+        more rounds, no threshold step before adjust_every, no K = 0 probe left half-way."""
+        self._k, self._warm_from = self.config.k, self._rounds
+        self._since, self._hold_plain, self._probing = [0, 0, 0], False, False
 
     # -- policies ----------------------------------------------------------------------------------------------
 
@@ -448,7 +467,7 @@ class KController:
 
     def _probe_due(self) -> bool:
         every = self.config.probe_every
-        if every == 0 or self._rounds < self.config.warmup_rounds or self._calls < self._next_probe:
+        if every == 0 or self._warm_rounds < self.config.warmup_rounds or self._calls < self._next_probe:
             return False
         self._next_probe = self._calls + self._rng.randint(max(1, every // 2), every + every // 2)
         return True

@@ -241,13 +241,16 @@ class KSelector:
         self.metrics.observe_source(SOURCE_NAMES[round_.source], round_.k, round_.accepted)
 
     def update_config(self, config: ControllerConfig, ngram_tokens: int | None = None) -> None:
-        """Between rounds: new requests and the pool use it; statistics are kept."""
+        """Between rounds: new requests and the pool use it; statistics are kept. A reload that changes
+        speculation.k (and only that: not a new ngram_max_tokens that clamps the n-gram controllers' k) moves
+        every controller, the pool's, the requests' and the match lengths', to it for a fresh warm-up."""
+        restart = config.k != self.config.k
         self.config = config
         self.ngram_tokens = self.ngram_tokens if ngram_tokens is None else ngram_tokens
         owned = [(source, c) for controllers in self.active.values() for source, c in controllers.items()]
         by_match = [(NGRAM, c) for c in self.by_match.values()]
         for source, controller in [(source, c) for (source, _), c in self.pools.items()] + owned + by_match:
-            controller.update_config(self._config(source))
+            controller.update_config(self._config(source), restart)
         self.show_k(self.pool.k)
 
     def snapshot(self) -> dict:

@@ -278,12 +278,12 @@ def test_config_errors_name_the_field(changes, key):
 
 
 def test_update_config_keeps_statistics_and_clamps_k():
-    controller = KController(sequential(), random.Random(0))
+    controller = KController(sequential(k=2), random.Random(0))
     simulate(controller, make_trace((0.9,) * 300, 0, 0.1), CostModel())
     before = controller.snapshot()
     assert before["k"] >= 5
 
-    controller.update_config(replace(controller.config, k=2, k_min=1, k_max=3))
+    controller.update_config(replace(controller.config, k_min=1, k_max=3))          # k itself unchanged
     after = controller.snapshot()
     assert controller.k == 3 and after["rounds"] == before["rounds"] and after["costs"] == before["costs"]
     assert after["samples"] == before["samples"][:3]
@@ -296,6 +296,34 @@ def test_update_config_keeps_statistics_and_clamps_k():
     with pytest.raises(ValueError, match=r"^speculation\.k: "):
         controller.update_config(replace(controller.config, k=9))
     assert controller.config.k_max == 8
+
+
+
+@pytest.mark.parametrize("policy", ["goodput", "threshold"])
+def test_a_reload_that_changes_k_holds_it_for_a_fresh_warmup_keeping_the_statistics(policy):
+    """The README's warmup_rounds are "rounds at k before the goodput model decides": an operator who reloads k
+    expects rounds at it, not the K the old statistics chose (update_config used to clamp K and nothing more)."""
+    controller = KController(sequential(policy=policy, k=2, warmup_rounds=16, adjust_every=8), random.Random(0))
+    simulate(controller, make_trace((0.9,) * 300, 0, 0.1), CostModel())
+    before = controller.snapshot()
+    assert controller.k >= 4
+
+    controller.update_config(replace(controller.config, k=1))
+    after = controller.snapshot()
+    assert controller.k == 1 and after["samples"] == before["samples"] and after["costs"] == before["costs"]
+    held = simulate(controller, make_trace((0.9,) * 8, 1, 0.1), CostModel())
+    assert held.ks == [1] * 8                       # no model step, no threshold step, no probe
+    if policy == "goodput":
+        simulate(controller, make_trace((0.9,) * 8, 2, 0.1), CostModel())
+        assert controller.choose_k() >= 4           # warmed up: the kept statistics decide again at once
+
+
+def test_a_reload_that_leaves_k_alone_keeps_the_k_the_policy_chose():
+    controller = KController(sequential(k=2), random.Random(0))
+    simulate(controller, make_trace((0.9,) * 300, 0, 0.1), CostModel())
+    chosen = controller.k
+    controller.update_config(replace(controller.config, hysteresis=0.02, probe_every=4))
+    assert controller.k == chosen >= 4 and controller.choose_k() != 2
 
 
 # -- 7: determinism --------------------------------------------------------------------------------------------------

@@ -311,6 +311,35 @@ def test_a_reload_to_longer_ngrams_keeps_the_old_longest_size_apart():
     assert selector.match_controller(state, 4) is not longest and selector.match_controller(state, 6) is not longest
 
 
+def test_a_reload_of_k_moves_every_controller_to_it_and_one_of_anything_else_none():
+    """Pool controllers of every source and regime, requests' own (here at K = 0, their choice) and the
+    per-match-length ones all hold the new k after a reload that changes it (the n-gram ones within
+    ngram_max_tokens), keeping their statistics; a reload that changes only ngram_max_tokens moves none of them
+    (it clamps the n-gram ones)."""
+    from engine.ngram import NgramIndex
+    selector = KSelector(sequential(k_max=K_MAX, k=4, warmup_rounds=4), Metrics(), random.Random(0),
+                         ngram_tokens=K_MAX)
+    state = request_state(0, worker_pb2.DRAFT_MODE_GREEDY)
+    state.ngram = NgramIndex(2, 4)
+    selector.attach(state)
+    rejected = RoundTimings(draft_seconds=0.01, verify_seconds=0.002, rtt_seconds=0.001)
+    for _ in range(40):                       # every draft rejected, drafting slow: every policy falls to K = 0
+        for source in (MODEL, NGRAM):
+            k = selector.choose_k(state, source)
+            selector.observe(state, Round([0] * k, 0, [0], rejected, source=source, match_size=3 if k else 0))
+    controllers = [*selector.pools.values(), *state.controller.values(), *selector.by_match.values()]
+    assert len(selector.by_match) == 1 and [c.k for c in controllers] == [4, 4, 4, 4, 0, 0, 4]   # own ones decided
+    samples = [c.snapshot()["samples"] for c in controllers]
+
+    selector.update_config(sequential(k_max=K_MAX, k=6, warmup_rounds=4), ngram_tokens=5)
+    assert [c.k for c in controllers] == [6, 6, 5, 5, 6, 5, 5]       # pools (model, ngram) x regimes, own, match
+    assert [c.snapshot()["samples"] for c in controllers] == [s[:c.config.k_max] for s, c in zip(samples, controllers)]
+    assert selector.choose_k(state, MODEL) == 6 and selector.choose_k(state, NGRAM) == 5
+
+    selector.update_config(sequential(k_max=K_MAX, k=6, warmup_rounds=4), ngram_tokens=3)
+    assert [c.k for c in controllers] == [6, 6, 3, 3, 6, 3, 3]       # clamped into the new n-gram range, no more
+
+
 def test_plain_runs_grow_with_the_target_load_up_to_four_times_decode_steps():
     """Alone, a plain decode run plans again every decode_steps tokens; under load (rows per target forward) it
     runs load times longer, up to 4x: each run's end costs its request a step of the batch, and K = 0 is what the
