@@ -8,6 +8,7 @@ An unknown key or a bad value raises ConfigError naming it (e.g. "draft.replicas
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import typing
@@ -15,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from settings.errors import ConfigError
+from settings.yaml_doc import parse_yaml
 
 DRAFT_SAMPLING_MODES = ("greedy", "sampled")
 DRAFT_METHODS = ("model", "ngram", "model+ngram")
@@ -34,10 +38,6 @@ WINDOW_LIMIT = 65536       # speculation.window, min_samples: rounds kept per co
                            # reload recounts them all
 CHANGE_RECENT_LIMIT = 1024  # speculation.change_recent: the change test reads this many rounds every round
 HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")  # huggingface_hub's rule
-
-
-class ConfigError(ValueError):
-    """A config value is missing, unknown or out of range; the message names the key."""
 
 
 @dataclass
@@ -330,21 +330,32 @@ def _coerce(value, kind, key: str):
 
 
 def _build(cls, data: dict, prefix: str):
+    """`cls` from the mapping `data` of the section at `prefix` ("" or e.g. "speculation."), every key checked.
+    A section given with no value (`speculation:` alone) is refused, not read as all its defaults."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: must be a mapping (got {data!r})")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: must be a mapping (got {data!r})")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    names = sorted(f.name for f in dataclasses.fields(cls))
+    unknown = sorted(set(data) - set(names), key=str)
     if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown key (known: {', '.join(sorted(names))})")
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown key{_did_you_mean(unknown[0], names)} "
+                          f"(known: {', '.join(names)})")
     kwargs = {}
     for name, value in data.items():
         kind = hints[name]
         if dataclasses.is_dataclass(kind):
-            kwargs[name] = _build(kind, value or {}, f"{prefix}{name}.")
+            if value is None:
+                raise ConfigError(f"{prefix}{name}: empty; leave the section out for its defaults")
+            kwargs[name] = _build(kind, value, f"{prefix}{name}.")
         else:
             kwargs[name] = _coerce(value, kind, prefix + name)
     return cls(**kwargs)
+
+
+def _did_you_mean(key, names: list[str]) -> str:
+    """", did you mean 'overlap_tokens'?" for a key close to a known one (a typo), else ""."""
+    close = difflib.get_close_matches(str(key), names, n=1)
+    return f", did you mean {close[0]!r}?" if close else ""
 
 
 def config_from_dict(data: dict, base_dir: str | os.PathLike | None = None) -> SpecpoolConfig:
@@ -383,12 +394,14 @@ def load_config(path: str | os.PathLike) -> SpecpoolConfig:
 
 
 def read_yaml(path: str | os.PathLike):
-    """The parsed YAML document at `path`; an unreadable file or bad YAML is a ConfigError naming it."""
+    """The parsed YAML document at `path` (parse_yaml: a key given twice is refused); an unreadable file, bad
+    YAML or a duplicate key is a one-line ConfigError naming the file (and the line)."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from exc
+    return parse_yaml(text, str(path))
 
 
 def resolve_model(model: str, key: str, base_dir: str | os.PathLike | None = None) -> str:
