@@ -188,6 +188,15 @@ def _round_path(k: int, costs: dict, hit: float | None, settle: float) -> float:
     return verify + settle * max(predraft - verify, 0.0) + (1.0 - hit) * draft
 
 
+def readable_costs(costs: dict) -> dict:
+    """costs() as status shows them: seconds as milliseconds to 3 decimals, each key saying so (t_draft_ms and
+    t_verify_b_ms are per token), the load (rows per target forward) to 2 decimals. t_verify_a_ms and plain_a_ms
+    are the verify line's intercepts, extrapolated to a forward of no tokens, and may be negative: only
+    a + b * tokens at the sizes the target runs is a time (round_time floors it at 0)."""
+    return {key if key == "load" else f"{key}_ms": round(value, 2) + 0.0 if key == "load"
+            else round(value * 1000, 3) + 0.0 for key, value in costs.items()}       # + 0.0: no -0.0
+
+
 def _decay_add(sums: dict, decay: float, **values: float) -> None:
     for key, value in values.items():
         sums[key] = sums[key] * decay + value
@@ -414,16 +423,27 @@ class KController:
         return {k: expected[k] / round_time(k, costs, *chances[k])
                 for k in range(self.config.k_min, self.config.k_max + 1)}
 
+    @property
+    def timed(self) -> bool:
+        """Whether a verify has been timed (a request's controller: by its pool). Before that every cost is 0 and
+        the goodput curve is E[K] / _MIN_TIME, a number that means nothing."""
+        if self._pool is not None:
+            return self._pool.timed
+        return self._cost["w"] > 0 and self._cost["y"] > 0
+
     def snapshot(self) -> dict:
-        """A JSON-ready view for the admin API."""
+        """A JSON-ready view for the admin API, for a person tuning K: rates to 4 decimals, costs in milliseconds
+        (3 decimals, keys ending in _ms), goodput in tokens per second; costs and goodput null until timed."""
+        timed = self.timed
         return {"policy": self.config.policy, "k": self.k, "probing": self._probing, "rounds": self._rounds,
                 "acceptance": [round(a, 4) for a in self.acceptance()],
                 "samples": list(self._attempts),
-                "costs": self.costs(),
-                "overlap": {"guess_rate": self.guess_rate(), "branch_rate": self.branch_rate(),
-                            "third_rate": self.third_rate(),
-                            "branches": self.branches, "hit_rate": self.hit_rate(self.k)},
-                "goodput": {str(k): g for k, g in self.goodput_curve().items()}}
+                "costs": readable_costs(self.costs()) if timed else None,
+                "overlap": {"guess_rate": round(self.guess_rate(), 4), "branch_rate": round(self.branch_rate(), 4),
+                            "third_rate": round(self.third_rate(), 4),
+                            "branches": self.branches, "hit_rate": round(self.hit_rate(self.k), 4)},
+                "goodput_tokens_per_s": {str(k): round(g, 1) for k, g in self.goodput_curve().items()}
+                if timed else None}
 
     def update_config(self, config: ControllerConfig, restart: bool | None = None) -> None:
         """Apply a new config between rounds: statistics (acceptance, costs) are kept. If `restart` (None: if the

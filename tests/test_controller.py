@@ -8,6 +8,7 @@ same uniforms decide acceptance and the same jitter scales the timings), so thei
 from __future__ import annotations
 
 import functools
+import json
 import random
 from dataclasses import dataclass, replace
 
@@ -338,6 +339,35 @@ def test_seeded_rng_gives_identical_k_sequences():
 
 
 # -- statistics and the model ------------------------------------------------------------------------------------
+
+def test_status_shows_costs_and_goodput_as_null_until_a_verify_is_timed():
+    """Untimed, every cost is 0 and goodput E[K] / 1e-12 (status showed {"0": 1000000000000.0, ...}): null."""
+    pool = KController(sequential(), random.Random(0))
+    own = KController(sequential(), random.Random(1), pool=pool)
+    for controller in (pool, own):
+        snapshot = controller.snapshot()
+        assert snapshot["costs"] is None and snapshot["goodput_tokens_per_s"] is None
+    pool.observe(2, 1, RoundTimings(draft_seconds=0.002, verify_seconds=0.003, rtt_seconds=0.001))
+    for controller in (pool, own):
+        goodput = controller.snapshot()["goodput_tokens_per_s"]
+        assert controller.snapshot()["costs"]["t_verify_b_ms"] == 0.0 and 0 < goodput["0"] < 1000
+
+
+def test_status_costs_are_milliseconds_to_three_decimals_named_so():
+    """Costs were raw seconds with 16 digits; now milliseconds, 3 decimals, the unit in each key, no -0.0. The
+    verify line's intercept is an extrapolation to a forward of no tokens and may be negative (a verify costing
+    more per token at the larger sizes seen): shown as fitted."""
+    controller = KController(sequential(), random.Random(0))
+    for tokens, seconds in ((5, 0.002), (9, 0.0045)) * 20:
+        controller.observe(tokens - 1, 0, RoundTimings(draft_seconds=0.0011 * (tokens - 1), verify_seconds=seconds,
+                                                       rtt_seconds=1e-7, between_seconds=0.00061234))
+    costs = controller.snapshot()["costs"]
+    assert set(costs) == {key if key == "load" else f"{key}_ms" for key in controller.costs()}
+    assert costs["between_ms"] == 0.612 and costs["rtt_target_ms"] == 0.0 and costs["load"] == 1.0
+    assert all(value == round(value, 3) for value in costs.values())
+    assert "-0.0" not in json.dumps(costs) and costs["t_verify_a_ms"] < 0 < costs["t_verify_b_ms"]
+    assert round_time(4, controller.costs()) > 0
+
 
 def test_round_outcome_counts_per_position():
     controller = KController(sequential(k_max=6, prior_weight=0.0), random.Random(0))
