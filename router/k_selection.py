@@ -47,6 +47,12 @@ def regime(state: RequestState) -> str:
     return "greedy" if state.sampling.temperature == 0 else "sampled"
 
 
+def _shown_source(method: str) -> int:
+    """The source whose K the `k` gauge shows under draft.method `method`: prompt lookup where it is the only
+    proposer (ngram), else the draft model (model+ngram: lookup drafts only where the context matches)."""
+    return NGRAM if method == "ngram" else MODEL
+
+
 def source_config(config: ControllerConfig, source: int, ngram_tokens: int) -> ControllerConfig:
     """The controller config of a source: n-gram rounds choose K up to draft.ngram_max_tokens and send no
     pre-draft (so their round time is modeled in turn)."""
@@ -61,26 +67,31 @@ class KSelector:
     feed."""
 
     def __init__(self, config: ControllerConfig, metrics: Metrics, rng: random.Random | None = None,
-                 ngram_tokens: int = 8):
+                 ngram_tokens: int = 8, method: str = "model"):
+        """`method` (draft.method) only says whose K the `k` gauge shows before a request has said (see show_k)."""
         self._rng = rng or random.Random()
         self.config, self.ngram_tokens = config, ngram_tokens
+        self._shown_source = _shown_source(method)
         self.pools = {(source, name): KController(self._config(source), random.Random(self._rng.getrandbits(64)))
                       for source in SOURCE_NAMES for name in REGIMES}
         self.metrics = metrics
         self.by_match: dict[tuple, KController] = {}   # (regime, n-gram match length, the longest size?) -> its
                                                         # controller (a match of the longest size is "at least")
         self.active: dict[int, dict[int, KController]] = {}     # session id -> its controllers per source
-        self.show_k(self.pool.k)
+        self._show_pool_k()
 
     @property
     def pool(self) -> KController:
-        """The draft model's controller for greedy requests (the one the `k` gauge and status show)."""
+        """The draft model's controller for greedy requests (status's "pool"; the `k` gauge: see show_k)."""
         return self.pools[(MODEL, "greedy")]
 
     def _config(self, source: int) -> ControllerConfig:
         return source_config(self.config, source, self.ngram_tokens)
 
     def attach(self, state: RequestState) -> None:
+        """Give the request its own controllers; a greedy one's method says which source the `k` gauge follows."""
+        if regime(state) == "greedy":
+            self._shown_source = _shown_source(state.method)
         state.controller = {source: KController(self._config(source), random.Random(self._rng.getrandbits(64)),
                                                 pool=self.pools[(source, regime(state))])
                             for source in SOURCE_NAMES}
@@ -98,18 +109,32 @@ class KSelector:
 
     def choose_k(self, state: RequestState, source: int = MODEL) -> int:
         """The next round's K from the request's controller of `source` (KSelector.controller). The `k` gauge
-        follows what greedy draft-model rounds get: the K that controller holds (its probes aside). A request's
-        own controller, once it decides, may hold another K than the pool's, which nobody steps meanwhile."""
+        follows what greedy rounds of the request's main source get (see show_k): the K that controller holds
+        (its probes aside). A request's own controller, once it decides, may hold another K than the pool's,
+        which nobody steps meanwhile."""
         controller = self.controller(state, source)
         k = controller.choose_k()
-        if source == MODEL and regime(state) == "greedy":
-            self.show_k(controller.k)
+        if regime(state) == "greedy" and source == _shown_source(state.method):
+            self.show_k(controller.k, self._origin(state, source))
         return k
 
-    def show_k(self, k: int) -> None:
-        """The K greedy draft-model rounds get now: the `k` gauge and status's "k"."""
-        self.k_now = k
+    def show_k(self, k: int, k_from: str = "pool model/greedy") -> None:
+        """The K greedy rounds get now, from the draft model (draft.method model, model+ngram) or, where prompt
+        lookup is the only proposer (ngram), from it: the `k` gauge, status's "k", and in `k_from` the controller
+        that holds it ("pool model/greedy", "request ngram": a warmed-up request's own)."""
+        self.k_now, self.k_from = k, k_from
         self.metrics.k.set(k)
+
+    def _show_pool_k(self) -> None:
+        """Show the K of the greedy pool controller of the source the gauge follows (at start, at a reload)."""
+        name = SOURCE_NAMES[self._shown_source]
+        self.show_k(self.pools[(self._shown_source, "greedy")].k, f"pool {name}/greedy")
+
+    def _origin(self, state: RequestState, source: int) -> str:
+        """Which controller KSelector.controller gives the request for `source`: its own, or its regime's pool's."""
+        if self.controller(state, source) is (state.controller or {}).get(source):
+            return f"request {SOURCE_NAMES[source]}"
+        return f"pool {SOURCE_NAMES[source]}/{regime(state)}"
 
     def held_k(self, state: RequestState, source: int) -> int:
         """The K the source's controller holds, with no probe drawn."""
@@ -240,18 +265,20 @@ class KSelector:
         self.metrics.observe_round(round_)
         self.metrics.observe_source(SOURCE_NAMES[round_.source], round_.k, round_.accepted)
 
-    def update_config(self, config: ControllerConfig, ngram_tokens: int | None = None) -> None:
+    def update_config(self, config: ControllerConfig, ngram_tokens: int | None = None,
+                      method: str | None = None) -> None:
         """Between rounds: new requests and the pool use it; statistics are kept. A reload that changes
         speculation.k (and only that: not a new ngram_max_tokens that clamps the n-gram controllers' k) moves
         every controller, the pool's, the requests' and the match lengths', to it for a fresh warm-up."""
         restart = config.k != self.config.k
         self.config = config
+        self._shown_source = self._shown_source if method is None else _shown_source(method)
         self.ngram_tokens = self.ngram_tokens if ngram_tokens is None else ngram_tokens
         owned = [(source, c) for controllers in self.active.values() for source, c in controllers.items()]
         by_match = [(NGRAM, c) for c in self.by_match.values()]
         for source, controller in [(source, c) for (source, _), c in self.pools.items()] + owned + by_match:
             controller.update_config(self._config(source), restart)
-        self.show_k(self.pool.k)
+        self._show_pool_k()
 
     def snapshot(self) -> dict:
         """Every pool controller's snapshot, keyed "source/regime" (e.g. "ngram/sampled"), and those per n-gram

@@ -122,7 +122,31 @@ def test_the_k_gauge_shows_the_k_a_warmed_up_request_holds_not_the_pools_stale_o
         selector.observe(state, Round([0] * k, 0, [0], rejected))
     assert selector.controller(state) is state.controller[MODEL]
     assert selector.pool.k == 4 and state.controller[MODEL].k == 0
-    assert selector.k_now == 0 and metrics.k._value.get() == 0
+    assert selector.k_now == 0 and metrics.k._value.get() == 0 and selector.k_from == "request model"
+
+
+def test_with_ngram_only_the_k_shown_is_the_ngram_controllers_and_says_so():
+    """With draft.method ngram no round asks the draft model's controller, so status's "k" (and the gauge) used
+    to show its unused K; now the n-gram controller's, and "k_from" names the controller: the pool's before a
+    request warms up, then the request's own; a reload shows its regime's pool again."""
+    metrics = Metrics()
+    config = sequential(k_max=K_MAX, k=4, warmup_rounds=4, probe_every=0)
+    selector = KSelector(config, metrics, random.Random(0), ngram_tokens=3)
+    assert (selector.k_now, selector.k_from) == (4, "pool model/greedy")        # no request has said yet
+    state = request_state(0, 0)
+    state.method = "ngram"
+    selector.attach(state)
+    assert selector.choose_k(state, NGRAM) == 3
+    assert (selector.k_now, selector.k_from, metrics.k._value.get()) == (3, "pool ngram/greedy", 3)
+    rejected = RoundTimings(draft_seconds=1e-5, verify_seconds=0.002, rtt_seconds=0.001)
+    for _ in range(40):                       # every lookup draft rejected: K = 0 pays
+        k = selector.choose_k(state, NGRAM)
+        selector.observe(state, Round([0] * k, 0, [0], rejected, source=NGRAM))
+    assert selector.pool.k == 4 and (selector.k_now, selector.k_from) == (0, "request ngram")
+    selector.update_config(config, ngram_tokens=2)
+    assert (selector.k_now, selector.k_from) == (2, "pool ngram/greedy")
+    fresh = KSelector(config, Metrics(), random.Random(0), ngram_tokens=3, method="ngram")
+    assert (fresh.k_now, fresh.k_from) == (3, "pool ngram/greedy")
 
 
 def test_sources_learn_separately_and_the_faster_one_is_chosen():
