@@ -23,7 +23,7 @@ from openai_api.chat import ChatTemplate, find_chat_template, no_template_error
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, SamplingBody,
                                  completion_prompt, generate_request, http_error, with_seed)
 from openai_api.responses import FINISH, ChatCompletions, Completions, envelope, spec_stats, usage
-from router.server import Overloaded, Router
+from router.server import Overloaded, Router, worker_failure
 from router.stopping import output_chunks
 from router.validation import RequestError
 from settings.schema import HttpConfig
@@ -47,6 +47,8 @@ class Api:
         current = self._get_router()
         if current is None:
             raise ApiError(503, "specpool is still loading its worker pools", kind="service_unavailable")
+        if current.draining:
+            raise ApiError(503, "specpool is shutting down", kind="service_unavailable")
         return current
 
     def model_name(self, router: Router) -> str:
@@ -87,7 +89,10 @@ class Api:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "specpool"}]}
 
     async def health(self) -> dict:
-        self.router()
+        """200 while a target replica is ready; 503 while none is (a load balancer routes elsewhere; requests
+        already here wait for one to come back), while loading and while shutting down."""
+        if not self.router().serving:
+            raise ApiError(503, "no target replica is ready (recovering)", kind="service_unavailable")
         return {"status": "ok"}
 
 
@@ -253,8 +258,8 @@ def failure(exc: BaseException) -> tuple[str, ApiError | None]:
     if isinstance(exc, Overloaded):
         return "RESOURCE_EXHAUSTED", ApiError(429, str(exc), kind="rate_limit_exceeded")
     if isinstance(exc, grpc.aio.AioRpcError):
-        return "UNAVAILABLE", ApiError(503, f"a worker failed: {exc.code().name}: {exc.details()}",
-                                       kind="service_unavailable")
+        code, detail = worker_failure(exc)
+        return code, ApiError(503, detail, kind="service_unavailable")
     if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         return "CANCELLED", None
     return "UNKNOWN", None

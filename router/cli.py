@@ -60,7 +60,7 @@ async def _serve(config: SpecpoolConfig, path: str, overrides: dict) -> None:
         task.add_done_callback(reloads.discard)
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
     await stop.wait()
-    say(f"shutting down (grace {config.router.shutdown_grace_s:.0f}s)")
+    say("shutting down")
     await service.stop(config.router.shutdown_grace_s)
 
 
@@ -327,6 +327,17 @@ def run_server(args, config: SpecpoolConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit status. A reader that goes away (`specpool status | head`) ends it quietly, with the
+    status a process killed by SIGPIPE has (141), not a BrokenPipeError traceback."""
+    try:
+        return run_command(argv)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)      # the interpreter's last flush of stdout must not fail too
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def run_command(argv: list[str] | None) -> int:
     parser, commands = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("generate", "demo"):

@@ -18,6 +18,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
+        self._server = None                  # the /metrics endpoint, once served
         r = self.registry
         self.drafts = Counter("specpool_spec_decode_num_drafts", "Rounds that proposed at least one draft", registry=r)
         self.draft_tokens = Counter("specpool_spec_decode_num_draft_tokens", "Draft tokens proposed", registry=r)
@@ -52,6 +53,9 @@ class Metrics:
         self.e2e = Histogram("specpool_e2e_request_latency_seconds", "End-to-end request latency",
                              buckets=LATENCY_BUCKETS, registry=r)
         self.requests = Counter("specpool_requests", "Finished requests by final gRPC status", ["code"], registry=r)
+        self.queued = Gauge("specpool_queued_requests", "Requests waiting in the admission queue for a slot "
+                            "(router.max_active_requests running; past router.max_queued_requests: RESOURCE_EXHAUSTED)",
+                            registry=r)
         self.worker_sessions = Gauge("specpool_worker_active_sessions", "Sessions the router has open on a worker",
                                      ["pool", "address"], registry=r)
         # Per proposal source (model: the draft pool; ngram: prompt lookup). Acceptance at position j of a source =
@@ -112,6 +116,22 @@ class Metrics:
             self.itl.observe(gap_seconds / max(tokens, 1))
 
     def serve(self, host: str, port: int) -> int:
-        """Expose /metrics over HTTP; returns the bound port."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return server.server_port
+        """Expose /metrics over HTTP (router.metrics_port); returns the bound port. A port that cannot be bound is
+        a MetricsPortBusy naming the key and the port. `stop()` closes it."""
+        try:
+            self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise MetricsPortBusy(f"router.metrics_port = {port}: cannot listen on {host}:{port}: "
+                                  f"{exc.strerror or exc}") from None
+        return self._server.server_port
+
+    def stop(self) -> None:
+        """Close the /metrics endpoint, if it was served."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class MetricsPortBusy(OSError):
+    """router.metrics_port could not be bound (in use, or not allowed)."""

@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import random
 import time
 import uuid
+from typing import Callable
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -24,12 +26,13 @@ from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
 from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
 from router.k_selection import KSelector
 from router.metrics import Metrics
+from router.oplog import say
 from engine.ngram import NgramIndex
 from router.speculation import DRAFT_MODES, RequestState, generate, releases_done
 from router.stopping import output_chunks
 from router.text import encode, max_token_chars
 from router.validation import ModelLimits, RequestError, check_prompt_text, validate
-from router.worker_client import DraftClient, TargetClient, least_loaded
+from router.worker_client import DraftClient, GaveUp, TargetClient, least_loaded
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024           # a request over this gets RESOURCE_EXHAUSTED (counted)
 TRANSPORT_MAX_BYTES = 2 * MAX_MESSAGE_BYTES   # ... and one over this is cut off by gRPC before it is read
@@ -40,7 +43,8 @@ class Router:
 
     def __init__(self, config: SpecpoolConfig, drafts: list[DraftClient], targets: list[TargetClient],
                  model_info: dict, tokenizer, rng: random.Random | None = None, scale_up=None,
-                 overrides: dict | None = None):
+                 overrides: dict | None = None, metrics: Metrics | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.config = config
         self._scale_up = scale_up        # (pool name, count) -> factories of new clients; blocking (Ray)
         self.overrides = overrides or {}  # the command line's values over every reloaded file's (`with_overrides`)
@@ -50,19 +54,50 @@ class Router:
         self.eos_ids = frozenset(model_info["eos_token_ids"])
         self.model_info = model_info
         self._rng = rng or random.Random()
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()      # made (and its port bound) before the pools start: Service
         self.metrics.count_replicas({"draft": self.drafts, "target": self.targets})
         self.k_selector = KSelector(config.speculation, self.metrics, random.Random(self._rng.getrandbits(64)),
                                     config.draft.ngram_max_tokens)
         self._slots = asyncio.Semaphore(config.router.max_active_requests)
         self.queued = 0
+        self.metrics.queued.set_function(lambda: self.queued)
+        self._shedding = Shedding(clock)
+        self._session_series: dict[int, tuple[str, str]] = {}   # id(worker) -> its gauge's (pool, address)
+        self.serving_changed: Callable[[], None] | None = None   # told when `serving` may have changed
+        self._serving = self.serving
+        self.draining, self.in_flight = False, 0     # shutting down: new requests refused; requests in run()
+        for pool, clients in (("draft", drafts), ("target", targets)):
+            for client in clients:
+                self._watch(pool, client)
+
+    def _watch(self, pool: str, worker) -> None:
+        worker.listeners.append(functools.partial(self._worker_changed, pool))
+
+    def _worker_changed(self, pool: str, worker) -> None:
+        """A worker's state (and maybe address) changed: move its session gauge; a target's change may change
+        whether the router can serve at all (health)."""
+        self._publish_sessions(pool, worker)
+        if pool != "target" or self.serving == self._serving:
+            return
+        self._serving = self.serving
+        say("a target replica is ready again: health SERVING" if self._serving else
+            "no target replica is ready: health NOT_SERVING until one is back (requests in flight wait for it)")
+        if self.serving_changed is not None:
+            self.serving_changed()
+
+    @property
+    def serving(self) -> bool:
+        """Whether any target replica is ready: while none is, health says NOT_SERVING (a load balancer routes
+        elsewhere), though requests already here wait for a recovery."""
+        return any(target.healthy for target in self.targets)
 
     @contextlib.asynccontextmanager
     async def admission(self):
         """A generation slot; waits in a bounded queue, and past its bound refuses at once."""
         if self._slots.locked() and self.queued >= self.config.router.max_queued_requests:
-            raise Overloaded(f"{self.config.router.max_active_requests} requests running and "
-                             f"{self.queued} queued: try again later")
+            busy = f"{self.config.router.max_active_requests} requests running and {self.queued} queued"
+            self._shedding.refused(busy)
+            raise Overloaded(f"{busy}: try again later")
         self.queued += 1
         try:
             await self._slots.acquire()
@@ -112,31 +147,53 @@ class Router:
                             streamed=streamed)
 
     async def run(self, state: RequestState):
-        """The request's rounds on the least-loaded draft and target replicas (sticky for the request)."""
+        """The request's rounds on the least-loaded draft and target replicas (sticky for the request); counted in
+        `in_flight` (queued included) for the shutdown's drain."""
         last, first = time.perf_counter(), True
-        async with self.admission():
-            draft = least_loaded(self.drafts) if self.drafts else None
-            target = least_loaded(self.targets)
-            workers = [w for w in (draft, target) if w]
-            self._count_sessions(workers, +1)
-            self.k_selector.attach(state)
-            try:
-                async with contextlib.aclosing(generate(state, draft, target, self.k_selector,
-                                                        self.config.router.target_recovery_s)) as rounds:
-                    async for tokens in rounds:
-                        now = time.perf_counter()
-                        self.metrics.observe_tokens(now - last, len(tokens), first)
-                        last, first = now, False
-                        yield tokens
-            finally:
-                self.k_selector.detach(state)
-                self._count_sessions(workers, -1)
+        self.in_flight += 1
+        try:
+            async with self.admission():
+                draft = least_loaded(self.drafts) if self.drafts else None
+                target = least_loaded(self.targets)
+                workers = [w for w in (draft, target) if w]
+                self._count_sessions(workers, +1)
+                self.k_selector.attach(state)
+                try:
+                    async with contextlib.aclosing(generate(state, draft, target, self.k_selector,
+                                                            self.config.router.target_recovery_s)) as rounds:
+                        async for tokens in rounds:
+                            now = time.perf_counter()
+                            self.metrics.observe_tokens(now - last, len(tokens), first)
+                            last, first = now, False
+                            yield tokens
+                finally:
+                    self.k_selector.detach(state)
+                    self._count_sessions(workers, -1)
+        finally:
+            self.in_flight -= 1
+
+    async def drained(self, timeout: float, poll_s: float = 0.05) -> bool:
+        """Wait until no request is in flight (True), or `timeout` seconds (False): the shutdown's grace."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(poll_s)
+        return not self.in_flight
 
     def _count_sessions(self, workers: list, delta: int) -> None:
         for worker in workers:
             worker.outstanding += delta
-            pool = "draft" if worker in self.drafts else "target"
-            self.metrics.worker_sessions.labels(pool, worker.address).set(worker.outstanding)
+            self._publish_sessions("draft" if worker in self.drafts else "target", worker)
+
+    def _publish_sessions(self, pool: str, worker) -> None:
+        """specpool_worker_active_sessions{pool, address} = the worker's outstanding sessions, under its current
+        address: the series of an address it had before (it was restarted elsewhere) is removed, so no phantom
+        sessions stay behind. A worker with no address yet (loading) has no series."""
+        old, new = self._session_series.pop(id(worker), None), (pool, worker.address)
+        if old is not None and old != new:
+            self.metrics.worker_sessions.remove(*old)
+        if worker.address and (old is not None or worker.outstanding):
+            self.metrics.worker_sessions.labels(*new).set(worker.outstanding)
+            self._session_series[id(worker)] = new
 
     async def reload(self, data: dict, config_dir: str | None = None) -> None:
         """Apply a new config without a restart: the speculation section between rounds, and more
@@ -144,16 +201,25 @@ class Router:
         paths are read from `config_dir`, and the command line's overrides (serve --port) win over the
         document's values, both as at start-up."""
         new = with_overrides(parse_config(data, config_dir), self.overrides)
-        check_reloadable(self.config, new, bool(self.drafts))
+        check_reloadable(self.config, new, bool(self.drafts), data)
         for name, clients in (("draft", self.drafts), ("target", self.targets)):
             extra = getattr(new, name).replicas - getattr(self.config, name).replicas
             if extra > 0:
                 if self._scale_up is None:
                     raise RestartRequired(f"{name}.replicas: this router cannot start replicas")
                 factories = await asyncio.to_thread(self._scale_up, name, extra)
-                clients.extend(make() for make in factories)
+                for make in factories:
+                    self._add_replica(name, clients, make())
         self.k_selector.update_config(new.speculation, new.draft.ngram_max_tokens)
         self.config = new
+
+    def _add_replica(self, pool: str, clients: list, client) -> None:
+        """A replica a reload started (loaded already) joins its pool, as the first ones did."""
+        clients.append(client)
+        self._watch(pool, client)
+        client.joined()
+        if pool == "target":
+            self._worker_changed(pool, client)
 
     async def close(self) -> None:
         """Close every worker client once the releases of ended requests are done, cancelling recoveries still in
@@ -164,22 +230,25 @@ class Router:
     def status(self) -> dict:
         return {"k": self.k_selector.k_now,      # what greedy draft-model rounds get now (the `k` gauge)
                 "pool": self.k_selector.pool.snapshot(), "pools": self.k_selector.snapshot(),
-                "active_requests": len(self.k_selector.active),
-                "replicas": {"draft": [c.outstanding for c in self.drafts],
-                             "target": [c.outstanding for c in self.targets]},
+                "active_requests": len(self.k_selector.active), "queued_requests": self.queued,
+                "outstanding_sessions": {"draft": [c.outstanding for c in self.drafts],
+                                         "target": [c.outstanding for c in self.targets]},
                 "workers": {"draft": [c.describe() for c in self.drafts],
                             "target": [c.describe() for c in self.targets]}}
 
 
-def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool | None = None) -> None:
-    """Raise RestartRequired naming the first key a reload cannot change (replicas may only grow; draft.method
-    may change, to a method that uses the draft model only if a draft pool runs: `draft_pool`, by default
-    whether the old method started one)."""
+def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool | None = None,
+                     document: dict | None = None) -> None:
+    """Raise RestartRequired naming the first key a reload cannot change, with the running value and the new one
+    (replicas may only grow; draft.method may change, to a method that uses the draft model only if a draft pool
+    runs: `draft_pool`, by default whether the old method started one). `document`: the reloaded YAML, to say
+    when the new value is a default because the key is absent from it."""
     for section in ("router", "ray", "draft", "target", "tls", "http"):
         before, after = getattr(old, section), getattr(new, section)
         if section in ("draft", "target"):
             if after.replicas < before.replicas:
-                raise RestartRequired(f"{section}.replicas: scaling down needs a restart")
+                raise RestartRequired(f"{section}.replicas: scaling down needs a restart (running "
+                                      f"{before.replicas}, this document {after.replicas})")
             after = dataclasses.replace(after, replicas=before.replicas)
         if section == "draft":
             if after.uses_model and not (before.uses_model if draft_pool is None else draft_pool):
@@ -188,7 +257,34 @@ def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool 
             after = dataclasses.replace(after, **{key: getattr(before, key) for key in DRAFT_RELOADABLE})
         changed = [f.name for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(after, f.name)]
         if changed:
-            raise RestartRequired(f"{section}.{changed[0]}: changing this needs a restart")
+            key = changed[0]
+            written = (document or {}).get(section)
+            absent = document is not None and (not isinstance(written, dict) or key not in written)
+            raise RestartRequired(f"{section}.{key}: changing this needs a restart (running "
+                                  f"{getattr(before, key)!r}, this document {getattr(after, key)!r}"
+                                  f"{': the default, as the key is absent' if absent else ''})")
+
+
+def config_changes(old: SpecpoolConfig, new: SpecpoolConfig) -> list[str]:
+    """What a reload changed, one `section.key old -> new` per key (for the operator's log)."""
+    changes = []
+    for section in dataclasses.fields(old):
+        before, after = getattr(old, section.name), getattr(new, section.name)
+        changes += [f"{section.name}.{f.name} {getattr(before, f.name)} -> {getattr(after, f.name)}"
+                    for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(after, f.name)]
+    return changes
+
+
+async def logged_reload(router: Router, read: Callable[[], dict], config_dir: str | None, source: str) -> None:
+    """Reload the router with the document `read()` returns, and log it the same way whoever asked (Admin.Reload,
+    SIGHUP): what changed, or "no change"; a refusal with its reason (and re-raised)."""
+    before = router.config
+    try:
+        await router.reload(read(), config_dir)
+    except (ValueError, yaml.YAMLError) as exc:     # ConfigError, RestartRequired, bad YAML
+        say(f"reload {source} refused, running config kept: {exc}")
+        raise
+    say(f"reloaded {source}: {', '.join(config_changes(before, router.config)) or 'no change'}")
 
 
 DRAFT_RELOADABLE = ("method", "ngram_min", "ngram_max", "ngram_max_tokens")   # router-side: apply to new requests
@@ -215,6 +311,25 @@ class Overloaded(Exception):
     """The admission queue is full."""
 
 
+class Shedding:
+    """Requests refused for overload (RESOURCE_EXHAUSTED), told to the operator at most once per INTERVAL_S, with
+    how many there were since the previous line: a burst of refusals must not flood the log."""
+
+    INTERVAL_S = 10.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock, self._count, self._last = clock, 0, None
+
+    def refused(self, busy: str) -> None:
+        self._count += 1
+        now = self._clock()
+        if self._last is not None and now - self._last < self.INTERVAL_S:
+            return
+        since = f" in the last {now - self._last:.0f} s" if self._last is not None else ""
+        say(f"overloaded: {self._count} request(s) refused with RESOURCE_EXHAUSTED{since} ({busy})")
+        self._count, self._last = 0, now
+
+
 class RestartRequired(ValueError):
     """A reload tried to change something only a restart can change."""
 
@@ -229,10 +344,28 @@ def _response(state: RequestState, request_id: str, tokens: list[int], text: str
     return response
 
 
+DEADLINE_SLACK_S = 0.1
+
+
 def _ended(context) -> str:
-    """The status of a call that ended under the handler: its deadline passed, or the client cancelled it."""
+    """The status of a call that ended under the handler: its deadline passed, or the client cancelled it. A
+    client's deadline runs out on the client first, which then cancels the call: that cancel reaches the handler
+    while the server's copy of the deadline (counted from when the request arrived) still has a little time left,
+    so a call that ends within DEADLINE_SLACK_S of its deadline counts as DEADLINE_EXCEEDED."""
     remaining = context.time_remaining()
-    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= DEADLINE_SLACK_S else "CANCELLED"
+
+
+def worker_failure(exc: grpc.aio.AioRpcError, expired: bool = False) -> tuple[str, str]:
+    """The status (its name) and detail of a request that a worker call's failure ended, for gRPC and HTTP alike:
+    DEADLINE_EXCEEDED if the client's deadline is what ended it (`expired`), else UNAVAILABLE. The detail says what
+    happened: a request that gave up waiting for a failed worker names it and what it failed with (GaveUp)."""
+    if isinstance(exc, GaveUp):
+        return ("DEADLINE_EXCEEDED", f"deadline exceeded: {exc.details()}") if expired else ("UNAVAILABLE",
+                                                                                            exc.details())
+    if expired:
+        return "DEADLINE_EXCEEDED", f"deadline exceeded while waiting for a worker ({exc.details()})"
+    return "UNAVAILABLE", f"a worker failed: {exc.code().name}: {exc.details()}"
 
 
 class GenerationServicer:
@@ -266,6 +399,8 @@ class GenerationServicer:
         router = self.router
         if router is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "specpool is still loading its worker pools")
+        if router.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "specpool is shutting down")
         try:
             state = await router.admit(request, streamed)
         except RequestError as exc:
@@ -283,8 +418,8 @@ class GenerationServicer:
         try:
             yield
         except grpc.aio.AioRpcError as exc:
-            code = "UNAVAILABLE" if _ended(context) == "CANCELLED" else "DEADLINE_EXCEEDED"
-            await context.abort(grpc.StatusCode[code], f"a worker failed: {exc.code().name}: {exc.details()}")
+            code, detail = worker_failure(exc, _ended(context) == "DEADLINE_EXCEEDED")
+            await context.abort(grpc.StatusCode[code], detail)
         except Overloaded as exc:
             code = "RESOURCE_EXHAUSTED"
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
@@ -339,7 +474,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def Reload(self, request, context):
         router = await self._router(context)
         try:
-            await router.reload(reload_document(request.config_yaml), request.config_dir or None)
+            await logged_reload(router, lambda: reload_document(request.config_yaml), request.config_dir or None,
+                                "by Admin.Reload (specpool reload)")
         except RestartRequired as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except (ConfigError, ValueError, yaml.YAMLError) as exc:
@@ -375,5 +511,18 @@ async def start_public_server(host: str, port: int, credentials: grpc.ServerCred
 
 
 async def mark_ready(servicer: GenerationServicer, health: health_async.HealthServicer, router: Router) -> None:
+    """Attach the router and let health for service "" follow it from now on: SERVING while a target replica is
+    ready, NOT_SERVING while none is (enter_graceful_shutdown, at shutdown, makes it NOT_SERVING for good)."""
     servicer.router = router
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    updates: set = set()
+
+    async def follow() -> None:     # reads `serving` when it runs: the last update wins, whatever their order
+        await health.set("", health_pb2.HealthCheckResponse.SERVING if router.serving
+                         else health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    def changed() -> None:
+        task = asyncio.ensure_future(follow())
+        updates.add(task)
+        task.add_done_callback(updates.discard)
+    router.serving_changed = changed
+    await follow()

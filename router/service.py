@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from functools import partial
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from router.oplog import say
 from settings.schema import ConfigError, SpecpoolConfig, read_yaml
 
 
-def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None):
+def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None, metrics=None):
     from router.launch import launch_more, load_draft, recover_draft, recover_target
     from router.server import Router
     from router.text import load_tokenizer
@@ -29,21 +30,25 @@ def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None):
     drafts = [DraftClient(None, timeout, partial(recover_draft, actor, host, ready), config.tls,
                           load=partial(load_draft, start, f"draft {i}", ready), name=f"draft {i}")
               for i, (actor, start) in enumerate(zip(pools.draft_actors, pools.draft_starts))]
-    targets = [TargetClient(address, timeout, partial(recover_target, ranks, host, ready), config.tls)
-               for address, ranks in zip(pools.target_addresses, pools.target_actors)]
+    targets = [TargetClient(address, timeout, partial(recover_target, ranks, host, ready), config.tls, f"target {i}")
+               for i, (address, ranks) in enumerate(zip(pools.target_addresses, pools.target_actors))]
 
     def scale_up(pool: str, count: int) -> list:
         """Start `count` more replicas of a pool through Ray (blocking); factories of their clients,
         to be called on the event loop."""
         if pool == "draft":
             actors = launch_more(config, pools, "draft", count, ready)
+            first = len(pools.draft_actors) - count
             return [partial(DraftClient, pools.draft_addresses[-count + i], timeout,
-                            partial(recover_draft, a, host, ready), config.tls) for i, a in enumerate(actors)]
+                            partial(recover_draft, a, host, ready), config.tls, name=f"draft {first + i}")
+                    for i, a in enumerate(actors)]
         groups = launch_more(config, pools, "target", count, ready)
+        first = len(pools.target_actors) - count
         return [partial(TargetClient, pools.target_addresses[-count + i], timeout,
-                        partial(recover_target, g, host, ready), config.tls) for i, g in enumerate(groups)]
+                        partial(recover_target, g, host, ready), config.tls, f"target {first + i}")
+                for i, g in enumerate(groups)]
     return Router(config, drafts, targets, pools.target_info, load_tokenizer(pools.target_info["model_path"]),
-                  scale_up=scale_up, overrides=overrides)
+                  scale_up=scale_up, overrides=overrides, metrics=metrics)
 
 
 class Service:
@@ -57,7 +62,7 @@ class Service:
         self.config = with_overrides(config, self.overrides)
         self.quiet = quiet             # Ray's warnings and the workers' loading output off this terminal
         self.keep_ray = keep_ray       # leave a local Ray instance it started running (the next service reuses it)
-        self.server = self.port = self.pools = self.router = self.metrics_port = self.health = None
+        self.server = self.port = self.pools = self.router = self.metrics_port = self.health = self.metrics = None
         self.http = self.http_port = None
         self.owns_ray = False          # this service started the local Ray instance (and stops it)
 
@@ -73,23 +78,29 @@ class Service:
         connecting = True
         try:
             await self._start_http(servicer)
+            self._start_metrics()           # every port is bound before Ray starts: a busy one fails at once
             self.owns_ray = await asyncio.to_thread(launch.connect, self.config, self.quiet)
             connecting = False
             self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s,
                                                  self.owns_ray)
+            self.router = build_router(self.config, self.pools, self.overrides, self.metrics)
+            await mark_ready(servicer, self.health, self.router)
         except BaseException:
             self.owns_ray = self.owns_ray or (connecting and launch.local(self.config))   # half up: it goes too
             await self.stop(grace=0)       # the public server goes down with the failed start, on this loop
             raise
-        self.router = build_router(self.config, self.pools, self.overrides)
-        if self.config.router.metrics_port >= 0:
-            self.metrics_port = self.router.metrics.serve(self.config.router.host, self.config.router.metrics_port)
-            say(f"metrics on http://{self.config.router.host}:{self.metrics_port}/metrics")
-        await mark_ready(servicer, self.health, self.router)
         say(f"SERVING: {len(self.pools.target_addresses)} target replica(s) (TP="
               f"{self.config.target.tensor_parallel_size}); {len(self.pools.draft_starts)} draft replica(s) join as "
               f"they load")
         return self
+
+    def _start_metrics(self) -> None:
+        """The router's metrics, and their /metrics endpoint on router.host:router.metrics_port (if not -1)."""
+        from router.metrics import Metrics
+        self.metrics = Metrics()
+        if self.config.router.metrics_port >= 0:
+            self.metrics_port = self.metrics.serve(self.config.router.host, self.config.router.metrics_port)
+            say(f"metrics on http://{self.config.router.host}:{self.metrics_port}/metrics")
 
     async def drafts_loaded(self) -> None:
         """Wait until no draft replica is still loading (each has joined the pool, or failed to load)."""
@@ -107,17 +118,29 @@ class Service:
         say(f"OpenAI-compatible HTTP on http://{self.config.router.host}:{self.http_port}/v1")
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Health NOT_SERVING, refuse new requests, give in-flight ones `grace` seconds, stop the pools."""
+        """Health NOT_SERVING, refuse new requests, give in-flight ones `grace` seconds, stop the pools. The public
+        ports stay open while the requests drain, so that health checks read NOT_SERVING (a stopped gRPC server
+        refuses connections at once) and new requests are refused with UNAVAILABLE."""
+        started = time.monotonic()
         if self.health:
             await self.health.enter_graceful_shutdown()
-        await asyncio.gather(*(server.stop(grace) for server in (self.http, self.server) if server))
+        if self.router:
+            self.router.draining = True
+            say(f"draining {self.router.in_flight} request(s) (grace {grace:g}s)")
+            await self.router.drained(grace)
+        left = max(grace - (time.monotonic() - started), 0.0)
+        await asyncio.gather(*(server.stop(left) for server in (self.http, self.server) if server))
         if self.router:
             await self.router.close()
+        if self.metrics:
+            self.metrics.stop()
         from router import launch
         if self.owns_ray and not self.keep_ray:      # Ray's processes, workers and agents end with us, by PID
             await in_daemon_thread(launch.disconnect, RAY_STOP_S)
         elif self.pools and not await in_daemon_thread(self.pools.shutdown, RAY_STOP_S):
             say(f"Ray did not remove the pools within {RAY_STOP_S:g}s; going on")
+        if self.router:
+            say("stopped")
 
 
 RAY_STOP_S = 10.0      # how long stopping waits on one call into Ray
@@ -144,12 +167,15 @@ async def in_daemon_thread(fn, timeout: float) -> bool:
 
 async def reload_from_file(service: Service, path: str) -> None:
     """SIGHUP: re-read the config file and apply it, the command line's overrides over it (or keep the running
-    config). An empty file (one being rewritten, say) is refused."""
-    try:
+    config; the log says which, as for Admin.Reload). An empty file (one being rewritten, say) is refused."""
+    from router.server import logged_reload
+
+    def read() -> dict:
         data = read_yaml(path)
         if data is None:
             raise ConfigError(f"{path}: empty")
-        await service.router.reload(data, str(Path(path).parent))
-        say(f"reloaded {path}: {service.router.config.speculation}")
-    except ValueError as exc:       # ConfigError (bad file or value) and RestartRequired
-        say(f"reload of {path} refused, running config kept: {exc}")
+        return data
+    try:
+        await logged_reload(service.router, read, str(Path(path).parent), f"{path} (SIGHUP)")
+    except ValueError:       # ConfigError (bad file or value) and RestartRequired: logged, running config kept
+        pass

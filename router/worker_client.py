@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import itertools
 import threading
+import time
 from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -79,6 +81,14 @@ async def in_daemon_thread(fn: Callable[[], str]) -> str:
 def rpc_error(code: grpc.StatusCode, message: str) -> grpc.aio.AioRpcError:
     """The error a unary call would have raised, for a call answered (or lost) on a stream."""
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), message)
+
+
+class GaveUp(grpc.aio.AioRpcError):
+    """A request stopped waiting for a failed worker to come back; its detail says which worker, why it stopped
+    (the recovery bound, or the client's deadline) and what the worker failed with."""
+
+    def __init__(self, code: grpc.StatusCode, detail: str):
+        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), detail)
 
 
 class _Stream:
@@ -213,13 +223,16 @@ class WorkerClient:
 
     `state`: "ready"; "down" (recovering); "loading": made with no address, its first start is still loading its
     model (`load()`, blocking, returns the address) and it joins once that returns; "failed": it did not load
-    (`error` says why) and stays out of the pool. Only a ready worker is `healthy`."""
+    (`error` says why) and stays out of the pool. Only a ready worker is `healthy`. Each change of state (or of
+    address) is told to the callables in `listeners` (the router's health and session gauges follow it), and the
+    operator's log gets one line per failure, give-up and return, never one per request."""
 
     RETRY_PAUSE_S = 0.5
+    FAILED_NOTE = "recovering it"       # what the pool does meanwhile (DraftClient, TargetClient say it better)
 
     def __init__(self, address: str | None, stub_class, stream: tuple[str, type], timeout: float,
                  recover: Callable[[], str] | None = None, tls: TlsConfig | None = None,
-                 load: Callable[[], str] | None = None, name: str = ""):
+                 load: Callable[[], str] | None = None, name: str = "", clock: Callable[[], float] = time.time):
         self.timeout = timeout
         self._tls = tls
         self.outstanding = 0
@@ -227,7 +240,10 @@ class WorkerClient:
         self._stream_method, self._request_type = stream      # e.g. ("VerifyStream", VerifyRequest)
         self._recover_fn = recover
         self._recovering: asyncio.Task | None = None
+        self._clock = clock
         self.name, self.error = name or address, ""
+        self.last_error, self.down_since, self.gave_up = "", None, 0   # the current (or last) outage
+        self.listeners: list[Callable[["WorkerClient"], None]] = []
         if address is None:
             self.state, self.address, self.channel = "loading", "", None
             self._recovering = asyncio.get_running_loop().create_task(self._load(load))
@@ -241,13 +257,22 @@ class WorkerClient:
         self.stub = self._stub_class(self.channel)
         self.stream = CallStream(getattr(self.stub, self._stream_method), self._request_type)
 
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        for listener in list(self.listeners):
+            listener(self)
+
     @property
     def healthy(self) -> bool:
         return self.state == "ready"
 
     def describe(self) -> dict:
-        """For Admin.GetStatus: its state, its address once known and, if it did not load, why."""
-        return {"name": self.name, "state": self.state, "address": self.address,
+        """For Admin.GetStatus: its name and state, its address once known; if it did not load, why; if it is
+        down, since when (seconds ago) and with what error; once it is back, the error it last failed with."""
+        down = {"down_since": datetime.datetime.fromtimestamp(self.down_since).isoformat(sep=" ", timespec="seconds"),
+                "down_for_s": round(self._clock() - self.down_since, 1)} if self.state == "down" else {}
+        return {"name": self.name, "state": self.state, "address": self.address, **down,
+                **({"last_error": self.last_error} if self.last_error else {}),
                 **({"error": self.error} if self.error else {})}
 
     async def _load(self, load: Callable[[], str]) -> None:
@@ -255,20 +280,36 @@ class WorkerClient:
         try:
             address = await in_daemon_thread(load)
         except Exception as exc:  # noqa: BLE001 - whatever it was, the pool serves on without this worker
-            self.state, self.error = "failed", str(exc)
+            self.error = str(exc)
+            self._set_state("failed")
             say(f"{self.name} did not load and stays out of the pool (restart to retry): {exc}")
             return
         finally:
             self._recovering = None
         self._connect(address)
-        self.state = "ready"
-        say(f"{self.name} loaded, at {address}: it joins the pool")
+        self._set_state("ready")
+        self.joined()
 
-    def mark_failed(self) -> None:
-        """Start recovering this worker (once, however many requests saw it fail)."""
+    def joined(self) -> None:
+        """The operator's line for a replica that has loaded (at start-up, or added by a reload)."""
+        say(f"{self.name} loaded, at {self.address}: it joins the pool")
+
+    def mark_failed(self, error: grpc.aio.AioRpcError | None = None) -> None:
+        """Start recovering this worker (once, however many requests saw it fail), saying so in the log."""
         if self._recover_fn is not None and self.state == "ready":
-            self.state = "down"
+            self.last_error = describe_error(error, self.timeout) if error is not None else "unknown error"
+            self.down_since, self.gave_up = self._clock(), 0
+            say(f"{self.name} failed ({self.last_error}): {self.FAILED_NOTE}")
+            self._set_state("down")
             self._recovering = asyncio.get_running_loop().create_task(self._recover())
+
+    def give_up(self, recovery_s: float) -> None:
+        """A request stopped waiting for this worker after `recovery_s`: logged once per outage (the count is
+        in the line that says the worker is back)."""
+        self.gave_up += 1
+        if self.gave_up == 1:
+            say(f"requests waiting for {self.name} give up: it did not recover within router.target_recovery_s = "
+                f"{recovery_s:g} s")
 
     async def _recover(self) -> None:
         try:
@@ -277,11 +318,13 @@ class WorkerClient:
                     address = await in_daemon_thread(self._recover_fn)
                     break
                 except Exception as exc:  # noqa: BLE001 - keep trying until the worker is back
-                    say(f"worker {self.address} still down: {exc!r}")
+                    say(f"{self.name} still down: {exc!r}")
                     await asyncio.sleep(self.RETRY_PAUSE_S)
             old, old_stream = self.channel, self.stream
             self._connect(address)
-            self.state = "ready"
+            gave_up = f"; {self.gave_up} request(s) gave up meanwhile" if self.gave_up else ""
+            say(f"{self.name} is back, at {address}, after {self._clock() - self.down_since:.1f} s{gave_up}")
+            self._set_state("ready")
             old_stream.close()
             await old.close()
         finally:
@@ -306,7 +349,17 @@ class WorkerClient:
             await self.channel.close()
 
 
+def describe_error(error: grpc.aio.AioRpcError, timeout: float) -> str:
+    """A worker call's failure for the operator: its code and detail; a call that ran past the worker timeout
+    names router.worker_timeout_s (a stalled worker, torn down as a dead one is)."""
+    if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"DEADLINE_EXCEEDED: no answer within router.worker_timeout_s = {timeout:g} s"
+    return f"{error.code().name}: {error.details()}"
+
+
 class DraftClient(WorkerClient):
+    FAILED_NOTE = "restarting it; rounds draft by n-gram (or K = 0 where none matches) until it is back"
+
     def __init__(self, address: str | None, timeout: float = 30.0, recover: Callable[[], str] | None = None,
                  tls: TlsConfig | None = None, load: Callable[[], str] | None = None, name: str = ""):
         super().__init__(address, worker_pb2_grpc.DraftWorkerStub, ("ProposeStream", worker_pb2.ProposeRequest),
@@ -327,10 +380,12 @@ class DraftClient(WorkerClient):
 
 
 class TargetClient(WorkerClient):
+    FAILED_NOTE = "tearing its group down and restarting it; its requests wait for it (router.target_recovery_s)"
+
     def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None,
-                 tls: TlsConfig | None = None):
+                 tls: TlsConfig | None = None, name: str = ""):
         super().__init__(address, worker_pb2_grpc.TargetWorkerStub, ("VerifyStream", worker_pb2.VerifyRequest),
-                         timeout, recover, tls)
+                         timeout, recover, tls, name=name)
 
     async def verify(self, session_id: int, tokens: list[int], synced: int, drafts: list[int],
                      hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float,

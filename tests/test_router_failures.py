@@ -1,0 +1,256 @@
+"""What the router tells the operator and the client when its target fails, stalls or is overloaded: health,
+the session gauge, the final status counted, the error detail, the log lines. Fake targets (tests/fake_workers.py),
+no Ray, no model."""
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos.specpool.v1 import generation_pb2_grpc
+from router.server import Overloaded, worker_failure
+from router.worker_client import GaveUp, rpc_error
+from tests.fake_workers import plain, run
+
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def health(service) -> int:
+    stub = health_pb2_grpc.HealthStub(service.channel)
+    return (await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)).status
+
+
+async def until(predicate, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def rest_of(stream) -> list:
+    """The stream's remaining chunks (read() to its end: a stream once read() cannot be iterated)."""
+    chunks = []
+    while (chunk := await stream.read()) is not grpc.aio.EOF:
+        chunks.append(chunk)
+    return chunks
+
+
+async def kill_mid_stream(service, stream):
+    """Read one chunk of `stream`, then kill the target and wait until the router has marked it down."""
+    await stream.read()
+    await service.target.kill()
+    await until(lambda: service.client.state == "down")
+
+
+def session_series(service) -> dict:
+    return {s.labels["address"]: s.value for m in service.router.metrics.worker_sessions.collect()
+            for s in m.samples}
+
+
+def test_a_session_on_a_worker_whose_address_changes_leaves_no_phantom_series():
+    async def body(service):
+        old = service.target.address
+        stream = service.stub.GenerateStream(plain(1000))
+        await kill_mid_stream(service, stream)
+        assert session_series(service) == {old: 1.0}
+        service.restarter.allow()
+        await until(lambda: service.client.state == "ready")
+        during = session_series(service)
+        chunks = await rest_of(stream)
+        return old, service.client.address, during, session_series(service), chunks[-1].finish_reason
+    old, new, during, after, finish = run(body)
+    assert old != new and finish
+    assert during == {new: 1.0}            # moved with the worker, not left behind on its old address
+    assert after == {new: 0.0}
+
+
+def test_status_names_each_worker_and_says_since_when_and_why_a_down_one_is_down():
+    async def body(service):
+        stream = service.stub.GenerateStream(plain(1000))
+        await kill_mid_stream(service, stream)
+        down = service.router.status()
+        service.restarter.allow()
+        await until(lambda: service.client.state == "ready")
+        await rest_of(stream)
+        return down, service.router.status()
+    down, back = run(body)
+    worker = down["workers"]["target"][0]
+    assert (worker["name"], worker["state"], down["outstanding_sessions"]) == ("target 0", "down", {"draft": [],
+                                                                                                    "target": [1]})
+    assert worker["last_error"].startswith("UNAVAILABLE: ") and 0 <= worker["down_for_s"] < 10
+    assert len(worker["down_since"]) == len("2026-11-25 14:16:02")
+    assert back["workers"]["target"][0]["state"] == "ready" and "down_since" not in back["workers"]["target"][0]
+    assert back["outstanding_sessions"] == {"draft": [], "target": [0]} and back["queued_requests"] == 0
+
+
+def test_health_is_not_serving_while_every_target_is_down_and_serving_once_one_is_back():
+    async def body(service):
+        stream = service.stub.GenerateStream(plain(1000))
+        await kill_mid_stream(service, stream)
+        down = await health(service)
+        from openai_api.app import Api
+        from openai_api.protocol import ApiError
+        from settings.schema import HttpConfig
+        with pytest.raises(ApiError) as http:
+            await Api(HttpConfig(), lambda: service.router).health()
+        service.restarter.allow()
+        await until(lambda: service.client.state == "ready")
+        await asyncio.sleep(0.05)                        # the health update runs as its own task
+        back = await health(service)
+        tokens = sum(len(chunk.token_ids) for chunk in await rest_of(stream))
+        return down, http.value.status, back, tokens
+    down, http_status, back, tokens = run(body)
+    assert (down, http_status, back) == (NOT_SERVING, 503, SERVING)
+    assert tokens >= 999                                # the request in flight waited and finished
+
+
+def streams_stalled_mid_way(service, count: int, timeout: float) -> list:
+    """Final status codes of `count` streams with deadline `timeout` whose target stalls after their third chunk,
+    from a client of its own (a blocking channel, as `specpool generate --stream` is: its deadline fires on its
+    side, and it cancels the call: that cancel can reach the router a few ms before the router's own deadline)."""
+    codes = []
+    with grpc.insecure_channel(service.address) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        for _ in range(count):
+            service.target.stalled = False
+            try:
+                for i, _ in enumerate(stub.GenerateStream(plain(1000), timeout=timeout)):
+                    service.target.stalled = service.target.stalled or i == 3
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+    return codes
+
+
+def test_a_stream_past_its_deadline_on_a_stalled_target_counts_as_deadline_exceeded():
+    async def body(service):
+        codes = await asyncio.to_thread(streams_stalled_mid_way, service, 3, 0.5)
+        await asyncio.sleep(0.2)                        # the handlers' ends are counted
+        return codes, service.requests_counted()
+    codes, counted = run(body)
+    assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * 3
+    assert counted == {"DEADLINE_EXCEEDED": 3.0}
+
+
+class Ended:
+    """A handler's context as grpc.aio leaves it when the call ended under it."""
+
+    def __init__(self, remaining):
+        self.remaining = remaining
+
+    def time_remaining(self):
+        return self.remaining
+
+
+@pytest.mark.parametrize("remaining, code", [(0.0, "DEADLINE_EXCEEDED"), (0.0065, "DEADLINE_EXCEEDED"),
+                                             (2.0, "CANCELLED"), (None, "CANCELLED")])
+def test_a_call_cancelled_by_its_clients_expiring_deadline_counts_as_deadline_exceeded(remaining, code):
+    """The client's deadline fires on its side first and it cancels the call: that cancel reached the router with
+    6.5 ms of the router's copy of the deadline left (a SIGSTOPped target, demo pair), and was counted CANCELLED."""
+    from router.server import _ended
+    assert _ended(Ended(remaining)) == code
+
+
+def test_a_request_that_gives_up_says_which_target_did_not_recover_and_what_it_failed_with(capsys):
+    async def body(service):
+        stream = service.stub.GenerateStream(plain(1000))
+        await kill_mid_stream(service, stream)
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await rest_of(stream)
+        service.restarter.allow()
+        await until(lambda: service.client.state == "ready")
+        return error.value
+    error = run(body, target_recovery_s=0.5)
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert error.details().startswith("target 0 did not recover within router.target_recovery_s = 0.5 s "
+                                      "(it failed with: UNAVAILABLE: ")
+    log = capsys.readouterr().out
+    assert "target 0 failed (UNAVAILABLE: " in log and "tearing its group down and restarting it" in log
+    assert log.count("requests waiting for target 0 give up") == 1
+    assert "target 0 is back, at 127.0.0.1:" in log and "1 request(s) gave up meanwhile" in log
+
+
+@pytest.mark.parametrize("error, expired, code, detail", [
+    (GaveUp(grpc.StatusCode.DEADLINE_EXCEEDED, "target 0 was down and had not recovered (it failed with: X)"), True,
+     "DEADLINE_EXCEEDED", "deadline exceeded: target 0 was down and had not recovered (it failed with: X)"),
+    (rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer within 0.4s"), True,
+     "DEADLINE_EXCEEDED", "deadline exceeded while waiting for a worker (no answer within 0.4s)"),
+    (GaveUp(grpc.StatusCode.UNAVAILABLE, "target 0 did not recover within router.target_recovery_s = 60 s (...)"),
+     False, "UNAVAILABLE", "target 0 did not recover within router.target_recovery_s = 60 s (...)"),
+    (rpc_error(grpc.StatusCode.INTERNAL, "boom"), False, "UNAVAILABLE", "a worker failed: INTERNAL: boom")])
+def test_a_failed_requests_detail_matches_its_status(error, expired, code, detail):
+    """A request whose deadline passed while its target was down got DEADLINE_EXCEEDED "a worker failed: ...";
+    one that gave up after router.target_recovery_s, the stale transport error of its last call."""
+    assert worker_failure(error, expired) == (code, detail)
+
+
+def test_a_stalled_target_is_logged_as_timed_out_after_the_worker_timeout(capsys):
+    async def body(service):
+        service.target.stalled = True
+        stream = service.stub.GenerateStream(plain(50))
+        await until(lambda: service.client.state == "down")
+        service.restarter.allow()
+        return sum([len(chunk.token_ids) async for chunk in stream])
+    assert run(body, worker_timeout_s=0.5) == 50
+    log = capsys.readouterr().out
+    assert ("target 0 failed (DEADLINE_EXCEEDED: no answer within router.worker_timeout_s = 0.5 s): tearing its "
+            "group down") in log
+    assert log.count("target 0 failed") == 1 and "target 0 is back" in log
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_admission_queue_is_visible_and_refusals_are_logged_at_most_every_10_s(capsys):
+    clock = Clock()
+
+    async def body(service):
+        router = service.router
+        async with router.admission():
+            waiting = asyncio.ensure_future(router.admission().__aenter__())
+            await asyncio.sleep(0.01)
+            queued = (router.status()["queued_requests"], router.metrics.registry.get_sample_value("specpool_queued_requests"))
+            for seconds in (0, 1, 2, 11.5, 12):
+                clock.now = 1000.0 + seconds
+                with pytest.raises(Overloaded):
+                    async with router.admission():
+                        pass
+        await waiting
+        return queued
+    assert run(body, clock=clock, max_active_requests=1, max_queued_requests=1) == (1, 1)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "refused with RESOURCE_EXHAUSTED" in line]
+    assert len(lines) == 2
+    assert "overloaded: 1 request(s) refused" in lines[0]
+    assert "overloaded: 3 request(s) refused with RESOURCE_EXHAUSTED in the last 12 s" in lines[1]
+
+
+def test_a_draining_service_answers_health_checks_refuses_new_requests_and_finishes_the_one_in_flight(capsys):
+    """Service.stop (SIGTERM): the public port stays open while requests drain, so a health check reads
+    NOT_SERVING (it got UNAVAILABLE 'Connection refused' 0.5 s after SIGTERM: grpc's server.stop(grace) stops
+    accepting connections at once); a new request gets UNAVAILABLE 'shutting down'; the one in flight finishes."""
+    from router.service import Service
+
+    async def body(service):
+        running = Service(service.router.config)
+        running.server, running.health, running.router = service.server, service.health, service.router
+        stream = service.stub.GenerateStream(plain(1000))
+        await stream.read()
+        stopping = asyncio.ensure_future(running.stop(grace=30))
+        await until(lambda: service.router.draining)
+        during = await health(service)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await service.stub.Generate(plain(2), timeout=5)
+        tokens = 1 + sum(len(chunk.token_ids) for chunk in await rest_of(stream))
+        await stopping
+        return during, refused.value, tokens
+    during, refused, tokens = run(body)
+    assert during == NOT_SERVING
+    assert (refused.code(), refused.details()) == (grpc.StatusCode.UNAVAILABLE, "specpool is shutting down")
+    assert tokens >= 999
+    log = capsys.readouterr().out
+    assert "draining 1 request(s) (grace 30s)" in log and log.rstrip().endswith("[specpool] stopped")
