@@ -264,3 +264,23 @@ def test_status_prints_the_statistics_as_indented_json(service, capsys):
     stats = out[out.index("\n{\n") + 1:]
     assert json.loads(stats)["pool"]["k"] == 1
     assert '\n  "pool": {\n    "' in stats and max(map(len, stats.splitlines())) < 200
+
+
+def test_admin_reload_leaves_one_line_in_serves_log_saying_what_changed_or_why_it_was_refused(service, admin, config,
+                                                                                             config_file, capsys):
+    """Admin.Reload (`specpool reload`) left no trace in serve's log; SIGHUP logged a 600-character dataclass dump.
+    Both now log what changed, and a refusal its reason."""
+    capsys.readouterr()
+    try:
+        reload(admin, config, config_file, k=2)
+        reload(admin, config, config_file, k=2)
+        with pytest.raises(grpc.RpcError):
+            reload(admin, {**config, "ray": {**config["ray"], "namespace": "elsewhere"}}, config_file, k=2)
+        lines = [line.split("[specpool] ", 1)[1] for line in capsys.readouterr().out.splitlines()
+                 if "reload" in line]
+    finally:
+        reload(admin, config, config_file, k=1)
+    assert lines == ["reloaded by Admin.Reload (specpool reload): speculation.k 1 -> 2",
+                     "reloaded by Admin.Reload (specpool reload): no change",
+                     "reload by Admin.Reload (specpool reload) refused, running config kept: ray.namespace: changing "
+                     "this needs a restart (running 'specpool', this document 'elsewhere')"]
