@@ -1,7 +1,8 @@
 """The router's public gRPC server: specpool.v1.Generation, grpc.health.v1 and server reflection.
 
-Health for service "" is NOT_SERVING until the target pool has loaded (`Router` attached), then SERVING; draft
-replicas join as they load (Admin.GetStatus `workers`, metric specpool_worker_replicas{pool,state}).
+Health for service "" is NOT_SERVING until the target pool has loaded (`Router` attached), then SERVING while a
+target replica is ready and NOT_SERVING while none is (all recovering), and NOT_SERVING for good from the shutdown
+on; draft replicas join as they load (Admin.GetStatus `workers`, metric specpool_worker_replicas{pool,state}).
 """
 from __future__ import annotations
 
