@@ -404,7 +404,7 @@ def test_401_503_and_no_chat_template(byte_pair):
                 assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
             assert (await keyed.get("/v1/models", headers={"Authorization": "Bearer k1"})).status_code == 503
         no_template = types.SimpleNamespace(model_info={"model_path": byte_pair[1]}, eos_ids=frozenset(),
-                                            tokenizer=None)
+                                            tokenizer=None, draining=False)
         async with asgi_client({}, no_template) as client:
             response = await client.post("/v1/chat/completions", json={
                 "model": Path(byte_pair[1]).name, "messages": [{"role": "user", "content": "hi"}]})
