@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
 from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
+from settings.yaml_doc import parse_yaml
 from router.k_selection import KSelector
 from router.metrics import Metrics
 from router.oplog import say
@@ -58,7 +59,7 @@ class Router:
         self.metrics = metrics or Metrics()      # made (and its port bound) before the pools start: Service
         self.metrics.count_replicas({"draft": self.drafts, "target": self.targets})
         self.k_selector = KSelector(config.speculation, self.metrics, random.Random(self._rng.getrandbits(64)),
-                                    config.draft.ngram_max_tokens)
+                                    config.draft.ngram_max_tokens, config.draft.method)
         self._slots = asyncio.Semaphore(config.router.max_active_requests)
         self.queued = 0
         self.metrics.queued.set_function(lambda: self.queued)
@@ -211,7 +212,7 @@ class Router:
                 factories = await asyncio.to_thread(self._scale_up, name, extra)
                 for make in factories:
                     self._add_replica(name, clients, make())
-        self.k_selector.update_config(new.speculation, new.draft.ngram_max_tokens)
+        self.k_selector.update_config(new.speculation, new.draft.ngram_max_tokens, new.draft.method)
         self.config = new
 
     def _add_replica(self, pool: str, clients: list, client) -> None:
@@ -229,7 +230,8 @@ class Router:
         await asyncio.gather(*(client.close() for client in self.drafts + self.targets), return_exceptions=True)
 
     def status(self) -> dict:
-        return {"k": self.k_selector.k_now,      # what greedy draft-model rounds get now (the `k` gauge)
+        return {"k": self.k_selector.k_now, "k_from": self.k_selector.k_from,   # what greedy rounds get now (the
+                                                                                # `k` gauge), from which controller
                 "pool": self.k_selector.pool.snapshot(), "pools": self.k_selector.snapshot(),
                 "active_requests": len(self.k_selector.active), "queued_requests": self.queued,
                 "outstanding_sessions": {"draft": [c.outstanding for c in self.drafts],
@@ -302,7 +304,7 @@ def with_overrides(config: SpecpoolConfig, overrides: dict) -> SpecpoolConfig:
 def reload_document(config_yaml: str) -> dict:
     """A ReloadRequest's config as parsed YAML. An empty document (or one of comments only) is refused: reloading
     every default is almost surely a mistake."""
-    data = yaml.safe_load(config_yaml)
+    data = parse_yaml(config_yaml, "config_yaml")       # a key given twice is refused, naming its line
     if data is None:
         raise ConfigError("config_yaml: empty")
     return data

@@ -83,7 +83,8 @@ def assert_k_in_force(service, admin, k: int) -> None:
     (the module's policy is fixed, so the pool's K is the config's)."""
     status = admin.GetStatus(admin_pb2.GetStatusRequest())
     assert yaml.safe_load(status.config_yaml)["speculation"]["k"] == k
-    assert json.loads(status.stats_json)["pool"]["k"] == k
+    stats = json.loads(status.stats_json)
+    assert stats["pool"]["k"] == k and stats["k"] == k and stats["k_from"].startswith(("pool ", "request "))
     assert scrape(service)["specpool_spec_decode_k"] == k
 
 
@@ -201,6 +202,16 @@ def test_an_empty_reload_is_refused_as_empty(service, admin):
         with pytest.raises(grpc.RpcError) as info:
             admin.Reload(admin_pb2.ReloadRequest(config_yaml=text))
         assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "config_yaml: empty")
+    assert_k_in_force(service, admin, 1)
+
+
+def test_a_reload_with_a_key_given_twice_is_refused_naming_it_and_its_lines(service, admin):
+    """Admin.Reload reads its document as config files are read: a duplicate key is INVALID_ARGUMENT naming it
+    (yaml.safe_load kept the last one silently), and the running K stays."""
+    with pytest.raises(grpc.RpcError) as info:
+        admin.Reload(admin_pb2.ReloadRequest(config_yaml="speculation:\n  k: 2\n  k: 3\n"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "config_yaml, line 3: duplicate key speculation.k (first on line 2)" in info.value.details()
     assert_k_in_force(service, admin, 1)
 
 
