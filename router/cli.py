@@ -59,9 +59,11 @@ async def _serve(config: SpecpoolConfig, path: str, overrides: dict) -> None:
         reloads.add(task)
         task.add_done_callback(reloads.discard)
     loop.add_signal_handler(signal.SIGHUP, on_sighup)
-    await stop.wait()
-    say("shutting down")
-    await service.stop(config.router.shutdown_grace_s)
+    try:
+        await stop.wait()
+        say("shutting down")
+    finally:
+        await service.stop(config.router.shutdown_grace_s)
 
 
 def port_overrides(port: int | None, http_port: int | None) -> dict:
@@ -326,18 +328,20 @@ def run_server(args, config: SpecpoolConfig) -> int:
         return 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command's exit status. A reader that goes away (`specpool status | head`) ends it quietly, with the
-    status a process killed by SIGPIPE has (141), not a BrokenPipeError traceback."""
+def quietly_on_closed_pipe(command, args) -> int:
+    """command(args) for a client command (generate, reload, status): a reader that goes away (`specpool status |
+    head`) ends it quietly, with the status a process killed by SIGPIPE has (141), not a BrokenPipeError traceback.
+    Not for serve or demo: their shutdown must run whatever happens to stdout (the log never raises: router.oplog)."""
     try:
-        return run_command(argv)
+        return command(args)
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)      # the interpreter's last flush of stdout must not fail too
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
 
 
-def run_command(argv: list[str] | None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status."""
     parser, commands = build_parser()
     args = parser.parse_args(argv)
     if args.command in ("generate", "demo"):
@@ -347,11 +351,11 @@ def run_command(argv: list[str] | None) -> int:
             print("interrupted", file=sys.stderr)
             return 130
     if args.command == "generate":
-        return run_generate(args)
+        return quietly_on_closed_pipe(run_generate, args)
     try:
         if args.command in ("reload", "status"):
             args.address = admin_address(args)
-            return run_admin(args)
+            return quietly_on_closed_pipe(run_admin, args)
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

@@ -9,5 +9,10 @@ import datetime
 
 
 def say(message: str, now=datetime.datetime.now) -> None:
-    """Print one stamped line of the operator's log (flushed: serve's output is often a pipe or a file)."""
-    print(f"{now().isoformat(sep=' ', timespec='milliseconds')} [specpool] {message}", flush=True)
+    """Print one stamped line of the operator's log (flushed: serve's output is often a pipe or a file). The log is
+    best-effort and never raises: a write that fails (its reader is gone: BrokenPipeError; stdout closed: ValueError)
+    is dropped, so that the recovery, refusal or shutdown that logs it still happens."""
+    try:
+        print(f"{now().isoformat(sep=' ', timespec='milliseconds')} [specpool] {message}", flush=True)
+    except (OSError, ValueError):
+        pass

@@ -299,9 +299,9 @@ class WorkerClient:
         if self._recover_fn is not None and self.state == "ready":
             self.last_error = describe_error(error, self.timeout) if error is not None else "unknown error"
             self.down_since, self.gave_up = self._clock(), 0
-            say(f"{self.name} failed ({self.last_error}): {self.FAILED_NOTE}")
             self._set_state("down")
             self._recovering = asyncio.get_running_loop().create_task(self._recover())
+            say(f"{self.name} failed ({self.last_error}): {self.FAILED_NOTE}")
 
     def give_up(self, recovery_s: float) -> None:
         """A request stopped waiting for this worker after `recovery_s`: logged once per outage (the count is
@@ -322,9 +322,9 @@ class WorkerClient:
                     await asyncio.sleep(self.RETRY_PAUSE_S)
             old, old_stream = self.channel, self.stream
             self._connect(address)
+            self._set_state("ready")
             gave_up = f"; {self.gave_up} request(s) gave up meanwhile" if self.gave_up else ""
             say(f"{self.name} is back, at {address}, after {self._clock() - self.down_since:.1f} s{gave_up}")
-            self._set_state("ready")
             old_stream.close()
             await old.close()
         finally:

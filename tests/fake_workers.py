@@ -78,6 +78,16 @@ class Restarter:
         return asyncio.run_coroutine_threadsafe(target.start(), self.loop).result(10)
 
 
+class ClosedPipe:
+    """A stdout whose reader has gone away (serve's output piped into a process that ended): every write raises."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
 def tokenizer() -> Tokenizer:
     return Tokenizer(WordLevel(VOCAB, unk_token="a"))
 

@@ -66,7 +66,7 @@ def test_a_command_whose_reader_goes_away_exits_quietly():
     """`specpool status | head -1`: the pipe closes while the command still prints (here a stand-in command that
     prints 1 MB); it used to end in a BrokenPipeError traceback."""
     process = subprocess.Popen([sys.executable, "-c", "import sys; from router import cli; "
-                                "cli.run_command = lambda argv: print('x' * 1000000) or 0; sys.exit(cli.main([]))"],
+                                "cli.run_admin = lambda args: print('x' * 1000000) or 0; sys.exit(cli.main(['status']))"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     process.stdout.read(1)
     process.stdout.close()

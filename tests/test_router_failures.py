@@ -2,6 +2,7 @@
 the session gauge, the final status counted, the error detail, the log lines. Fake targets (tests/fake_workers.py),
 no Ray, no model."""
 import asyncio
+import sys
 
 import grpc
 import pytest
@@ -10,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos.specpool.v1 import generation_pb2_grpc
 from router.server import Overloaded, worker_failure
 from router.worker_client import GaveUp, rpc_error
-from tests.fake_workers import plain, run
+from tests.fake_workers import ClosedPipe, plain, run
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -62,6 +63,21 @@ def test_a_session_on_a_worker_whose_address_changes_leaves_no_phantom_series():
     assert old != new and finish
     assert during == {new: 1.0}            # moved with the worker, not left behind on its old address
     assert after == {new: 0.0}
+
+
+def test_a_target_whose_failure_cannot_be_logged_is_still_recovered(monkeypatch):
+    """serve's stdout reader gone: the failure's log line raised BrokenPipeError before the state changed, and the
+    target stayed "ready" with no recovery."""
+    async def body(service):
+        stream = service.stub.GenerateStream(plain(1000))
+        first = await stream.read()
+        monkeypatch.setattr(sys, "stdout", ClosedPipe())
+        await service.target.kill()
+        await until(lambda: service.client.state == "down")
+        service.restarter.allow()
+        await until(lambda: service.client.state == "ready")
+        return len(first.token_ids) + sum(len(chunk.token_ids) for chunk in await rest_of(stream))
+    assert run(body) == 1000
 
 
 def test_status_names_each_worker_and_says_since_when_and_why_a_down_one_is_down():
