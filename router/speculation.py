@@ -563,12 +563,14 @@ async def resilient_run(state: RequestState, target: TargetClient, steps: int, r
                         answer_delay_s: float = 0.0, lookup: worker_pb2.PromptLookup | None = None
                         ) -> AsyncIterator[list[Round]]:
     """decode_run surviving a target failure as resilient_round does: the run goes on, re-prefilled, for the
-    tokens it has left."""
+    tokens it has left. Each outage has its own `recovery_s`: an answer after a recovery ends the outage, so a
+    later failure of a long run waits its full bound again."""
     give_up = None
     while steps > 0:
         try:
             async with contextlib.aclosing(decode_run(state, target, steps, source, answer_delay_s, lookup)) as run:
                 async for rounds in run:
+                    give_up = None
                     steps -= sum(len(round_.committed) for round_ in rounds)
                     yield rounds
             return

@@ -92,22 +92,22 @@ def tokenizer() -> Tokenizer:
     return Tokenizer(WordLevel(VOCAB, unk_token="a"))
 
 
-def fake_config(**router) -> object:
+def fake_config(speculation: dict | None = None, **router) -> object:
     return config_from_dict({"router": {"host": "127.0.0.1", "port": 0, "worker_timeout_s": 30.0, **router},
-                             "draft": {"method": "ngram"}})
+                             "draft": {"method": "ngram"}, "speculation": speculation or {}})
 
 
 class FakeService:
     """The public server and a Router over one FakeTarget ("target 0"), on the running loop: `stub` is a
     grpc.aio Generation stub, `health` the health servicer."""
 
-    async def start(self, clock=None, **router) -> "FakeService":
+    async def start(self, clock=None, speculation: dict | None = None, **router) -> "FakeService":
         from router.server import Router, mark_ready, start_public_server
         from router.worker_client import TargetClient
         self.target = FakeTarget()
         address = await self.target.start()
         self.restarter = Restarter(asyncio.get_running_loop())
-        config = fake_config(**router)
+        config = fake_config(speculation, **router)
         self.client = TargetClient(address, config.router.worker_timeout_s, self.restarter, name="target 0")
         info = {"eos_token_ids": [0], "vocab_size": len(VOCAB), "max_context": 4096, "model_path": "fake"}
         extra = {"clock": clock} if clock else {}

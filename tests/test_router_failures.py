@@ -186,6 +186,24 @@ def test_a_request_that_gives_up_says_which_target_did_not_recover_and_what_it_f
     assert "target 0 is back, at 127.0.0.1:" in log and "1 request(s) gave up meanwhile" in log
 
 
+def test_a_long_run_waits_the_full_recovery_bound_again_for_a_second_outage(capsys):
+    """A decode run's deadline to give up was set by its first outage and never reset: a second failure more than
+    router.target_recovery_s later gave up at once, saying the target 'did not recover within 0.5 s'."""
+    async def body(service):
+        stream = service.stub.GenerateStream(plain(1024))          # one run of 1024 steps of >= 1 ms
+        await kill_mid_stream(service, stream)
+        service.restarter.allow()
+        await until(lambda: service.client.state == "ready")
+        await stream.read()                              # the run goes on after the first recovery
+        await asyncio.sleep(0.6)                         # past the first outage's bound, not yet at the run's end
+        await service.restarter.started[-1].kill()       # its recovery is allowed already: back at once
+        chunks = await rest_of(stream)
+        return len(service.restarter.started), chunks[-1].finish_reason
+    restarts, finish = run(body, target_recovery_s=0.5, speculation={"decode_steps": 1024})
+    assert restarts == 2 and finish
+    assert "give up" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("error, expired, code, detail", [
     (GaveUp(grpc.StatusCode.DEADLINE_EXCEEDED, "target 0 was down and had not recovered (it failed with: X)"), True,
      "DEADLINE_EXCEEDED", "deadline exceeded: target 0 was down and had not recovered (it failed with: X)"),
