@@ -85,7 +85,7 @@ class FakeWorker:
         self.held[session_id] = list(tokens)
         return self.held[session_id]
 
-    def mark_failed(self):
+    def mark_failed(self, error=None):
         self.healthy = False
 
     async def wait_recovered(self, timeout):
