@@ -45,8 +45,7 @@ class Router:
 
     def __init__(self, config: SpecpoolConfig, drafts: list[DraftClient], targets: list[TargetClient],
                  model_info: dict, tokenizer, rng: random.Random | None = None, scale_up=None,
-                 overrides: dict | None = None, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 overrides: dict | None = None, metrics: Metrics | None = None):
         self.config = config
         self._scale_up = scale_up        # (pool name, count) -> factories of new clients; blocking (Ray)
         self.overrides = overrides or {}  # the command line's values over every reloaded file's (`with_overrides`)
@@ -63,7 +62,7 @@ class Router:
         self._slots = asyncio.Semaphore(config.router.max_active_requests)
         self.queued = 0
         self.metrics.queued.set_function(lambda: self.queued)
-        self._shedding = Shedding(clock)
+        self._shedding = Shedding()
         self._session_series: dict[int, tuple[str, str]] = {}   # id(worker) -> its gauge's (pool, address)
         self.serving_changed: Callable[[], None] | None = None   # told when `serving` may have changed
         self._serving = self.serving
@@ -315,22 +314,34 @@ class Overloaded(Exception):
 
 
 class Shedding:
-    """Requests refused for overload (RESOURCE_EXHAUSTED), told to the operator at most once per INTERVAL_S, with
-    how many there were since the previous line: a burst of refusals must not flood the log."""
+    """Requests refused for overload (RESOURCE_EXHAUSTED), told to the operator at most once per INTERVAL_S: the
+    first refusal after a quiet interval at once, the ones after it in one line with their count when the interval
+    ends (a timer: a burst is told within INTERVAL_S, never folded into a line much later). A burst of refusals
+    must not flood the log."""
 
     INTERVAL_S = 10.0
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
-        self._clock, self._count, self._last = clock, 0, None
+    def __init__(self):
+        self._count, self._last, self._busy = 0, None, ""
+        self._flush: asyncio.TimerHandle | None = None
 
     def refused(self, busy: str) -> None:
-        self._count += 1
-        now = self._clock()
-        if self._last is not None and now - self._last < self.INTERVAL_S:
-            return
-        since = f" in the last {now - self._last:.0f} s" if self._last is not None else ""
-        say(f"overloaded: {self._count} request(s) refused with RESOURCE_EXHAUSTED{since} ({busy})")
-        self._count, self._last = 0, now
+        loop = asyncio.get_running_loop()
+        self._count, self._busy = self._count + 1, busy
+        if self._last is None or loop.time() - self._last >= self.INTERVAL_S:
+            self._tell()
+        elif self._flush is None:
+            self._flush = loop.call_later(self._last + self.INTERVAL_S - loop.time(), self._tell)
+
+    def _tell(self) -> None:
+        """Log the refusals counted since the last line (none: nothing to say)."""
+        if self._flush is not None:
+            self._flush.cancel()
+        now = asyncio.get_running_loop().time()
+        since = f" in the last {round(now - self._last, 1):g} s" if self._last is not None and self._count > 1 else ""
+        count, self._count, self._last, self._flush = self._count, 0, now, None
+        if count:
+            say(f"overloaded: {count} request(s) refused with RESOURCE_EXHAUSTED{since} ({self._busy})")
 
 
 class RestartRequired(ValueError):

@@ -101,7 +101,7 @@ class FakeService:
     """The public server and a Router over one FakeTarget ("target 0"), on the running loop: `stub` is a
     grpc.aio Generation stub, `health` the health servicer."""
 
-    async def start(self, clock=None, speculation: dict | None = None, **router) -> "FakeService":
+    async def start(self, speculation: dict | None = None, **router) -> "FakeService":
         from router.server import Router, mark_ready, start_public_server
         from router.worker_client import TargetClient
         self.target = FakeTarget()
@@ -110,8 +110,7 @@ class FakeService:
         config = fake_config(speculation, **router)
         self.client = TargetClient(address, config.router.worker_timeout_s, self.restarter, name="target 0")
         info = {"eos_token_ids": [0], "vocab_size": len(VOCAB), "max_context": 4096, "model_path": "fake"}
-        extra = {"clock": clock} if clock else {}
-        self.router = Router(config, [], [self.client], info, tokenizer(), **extra)
+        self.router = Router(config, [], [self.client], info, tokenizer())
         self.server, port, servicer, self.health = await start_public_server("127.0.0.1", 0)
         await mark_ready(servicer, self.health, self.router)
         self.address = f"127.0.0.1:{port}"
