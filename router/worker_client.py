@@ -228,6 +228,7 @@ class WorkerClient:
     operator's log gets one line per failure, give-up and return, never one per request."""
 
     RETRY_PAUSE_S = 0.5
+    STILL_DOWN_EVERY_S = 30.0          # the most often a failing recovery is logged
     FAILED_NOTE = "recovering it"       # what the pool does meanwhile (DraftClient, TargetClient say it better)
 
     def __init__(self, address: str | None, stub_class, stream: tuple[str, type], timeout: float,
@@ -312,13 +313,17 @@ class WorkerClient:
                 f"{recovery_s:g} s")
 
     async def _recover(self) -> None:
+        """Retry recover() every RETRY_PAUSE_S until the worker is back; then connect to it and close the old channel.
+        A failure right after the return (during that close) starts a recovery of its own: this one's end leaves
+        it in `_recovering`."""
+        told = None
         try:
             while True:
                 try:
                     address = await in_daemon_thread(self._recover_fn)
                     break
                 except Exception as exc:  # noqa: BLE001 - keep trying until the worker is back
-                    say(f"{self.name} still down: {exc!r}")
+                    told = self._still_down(exc, told)
                     await asyncio.sleep(self.RETRY_PAUSE_S)
             old, old_stream = self.channel, self.stream
             self._connect(address)
@@ -328,7 +333,17 @@ class WorkerClient:
             old_stream.close()
             await old.close()
         finally:
-            self._recovering = None
+            if self._recovering is asyncio.current_task():
+                self._recovering = None
+
+    def _still_down(self, exc: Exception, told: float | None) -> float | None:
+        """Log a failed recovery attempt: the outage's first, then at most every STILL_DOWN_EVERY_S (a recover()
+        that fails fast is retried every RETRY_PAUSE_S). Returns when the outage was last told."""
+        now = self._clock()
+        if told is not None and now - told < self.STILL_DOWN_EVERY_S:
+            return told
+        say(f"{self.name} still down: {exc!r}")
+        return now
 
     async def wait_recovered(self, timeout: float) -> None:
         """Wait until recovery finishes; raises TimeoutError past `timeout` seconds."""

@@ -3,6 +3,7 @@ the session gauge, the final status counted, the error detail, the log lines. Fa
 no Ray, no model."""
 import asyncio
 import sys
+import threading
 
 import grpc
 import pytest
@@ -10,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos.specpool.v1 import generation_pb2_grpc
 from router.server import Overloaded, Shedding, worker_failure
-from router.worker_client import GaveUp, rpc_error
+from router.worker_client import GaveUp, TargetClient, WorkerClient, rpc_error
 from tests.fake_workers import ClosedPipe, plain, run
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
@@ -78,6 +79,61 @@ def test_a_target_whose_failure_cannot_be_logged_is_still_recovered(monkeypatch)
         await until(lambda: service.client.state == "ready")
         return len(first.token_ids) + sum(len(chunk.token_ids) for chunk in await rest_of(stream))
     assert run(body) == 1000
+
+
+def scripted_recover(*calls):
+    """A worker's recover() whose n-th call does as `calls[n]` says: an exception is raised (the worker is still
+    gone), an Event is waited for before returning a new address, None returns a new address at once."""
+    made = []
+
+    def recover() -> str:
+        step = calls[len(made)]
+        made.append(step)
+        if isinstance(step, Exception):
+            raise step
+        if step is not None:
+            step.wait(10)
+        return f"127.0.0.1:{40000 + len(made)}"
+    return recover
+
+
+def test_a_recovery_that_fails_fast_logs_still_down_once_not_every_retry(capsys, monkeypatch):
+    """recover() failing at once was logged every RETRY_PAUSE_S (0.5 s) for the whole outage."""
+    monkeypatch.setattr(WorkerClient, "RETRY_PAUSE_S", 0.01)
+
+    async def body():
+        client = TargetClient("127.0.0.1:40000", recover=scripted_recover(*[RuntimeError("the actor is not back yet")] * 19, None),
+                              name="target 0")
+        client.mark_failed(rpc_error(grpc.StatusCode.UNAVAILABLE, "gone"))
+        await client.wait_recovered(10)
+        state = client.state
+        await client.close()
+        return state
+    assert asyncio.run(body()) == "ready"
+    assert capsys.readouterr().out.count("target 0 still down: RuntimeError") == 1
+
+
+def test_a_failure_right_after_a_recovery_keeps_its_own_recovery():
+    """A failure while the recovery that had just ended closed the old channel started a new recovery, which the
+    ending one then erased: the worker stayed down and nobody could wait for it."""
+    gate = threading.Event()
+
+    async def body():
+        client = TargetClient("127.0.0.1:40000", recover=scripted_recover(None, gate), name="target 0")
+        fails = rpc_error(grpc.StatusCode.UNAVAILABLE, "gone")
+        client.listeners.append(lambda worker: worker.state == "ready" and not gate.is_set() and worker.mark_failed(fails))
+        client.mark_failed(fails)
+        await until(lambda: client.address == "127.0.0.1:40001" and client.state == "down")
+        await asyncio.sleep(0.1)                         # the first recovery's end
+        waiting = asyncio.ensure_future(client.wait_recovered(10))
+        await asyncio.sleep(0.1)
+        waited = not waiting.done()
+        gate.set()
+        await waiting
+        state = client.state
+        await client.close()
+        return waited, state
+    assert asyncio.run(body()) == (True, "ready")
 
 
 def test_status_names_each_worker_and_says_since_when_and_why_a_down_one_is_down():
