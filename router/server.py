@@ -24,7 +24,7 @@ import yaml
 from grpc_reflection.v1alpha import reflection
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
-from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
+from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config, shown
 from settings.yaml_doc import parse_yaml
 from router.k_selection import KSelector
 from router.metrics import Metrics
@@ -263,16 +263,17 @@ def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool 
             written = (document or {}).get(section)
             absent = document is not None and (not isinstance(written, dict) or key not in written)
             raise RestartRequired(f"{section}.{key}: changing this needs a restart (running "
-                                  f"{getattr(before, key)!r}, this document {getattr(after, key)!r}"
+                                  f"{shown(before, key)}, this document {shown(after, key)}"
                                   f"{': the default, as the key is absent' if absent else ''})")
 
 
 def config_changes(old: SpecpoolConfig, new: SpecpoolConfig) -> list[str]:
-    """What a reload changed, one `section.key old -> new` per key (for the operator's log)."""
+    """What a reload changed, one `section.key old -> new` per key (for the operator's log; a secret's values
+    redacted)."""
     changes = []
     for section in dataclasses.fields(old):
         before, after = getattr(old, section.name), getattr(new, section.name)
-        changes += [f"{section.name}.{f.name} {getattr(before, f.name)} -> {getattr(after, f.name)}"
+        changes += [f"{section.name}.{f.name} {shown(before, f.name, str)} -> {shown(after, f.name, str)}"
                     for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(after, f.name)]
     return changes
 

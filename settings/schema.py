@@ -287,11 +287,22 @@ class RayConfig:
                               f"{self.worker_niceness!r}; below 0 needs privileges a worker does not have)")
 
 
+REDACTED = "<redacted>"      # a secret's value (a field whose metadata says "secret") in a message or the log
+
+
+def shown(section, key: str, form=repr) -> str:
+    """The value of `key` of a config section (a dataclass) for a message or the log: form(value), or REDACTED for
+    a secret (http.api_keys: bearer keys must reach neither serve's log nor an admin client)."""
+    secret = any(f.name == key and f.metadata.get("secret") for f in dataclasses.fields(section))
+    return REDACTED if secret else form(getattr(section, key))
+
+
 @dataclass
 class HttpConfig:
     """The `http:` section: the OpenAI-compatible HTTP API, served on router.host next to gRPC."""
     port: int = -1                   # -1: off; 0: any free port
-    api_keys: list = field(default_factory=list)   # bearer keys accepted on /v1/* ([]: no auth)
+    api_keys: list = field(default_factory=list, metadata={"secret": True})   # bearer keys accepted on /v1/*
+                                                                             # ([]: no auth); never shown
     chat_template: str = ""          # a Jinja chat template file, for a model whose tokenizer has none
     model_name: str = ""             # the model's id in /v1/models ("": the target model folder's name)
 
@@ -299,7 +310,7 @@ class HttpConfig:
         if not -1 <= self.port <= 65535:
             raise ConfigError(f"{section}.port: must be a port number or -1 (got {self.port!r})")
         if not all(isinstance(key, str) and key for key in self.api_keys):
-            raise ConfigError(f"{section}.api_keys: must be a list of non-empty strings (got {self.api_keys!r})")
+            raise ConfigError(f"{section}.api_keys: must be a list of non-empty strings (got {REDACTED})")
         if self.chat_template and not Path(self.chat_template).is_file():
             raise ConfigError(f"{section}.chat_template: no such file (got {self.chat_template!r})")
 

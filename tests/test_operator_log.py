@@ -21,6 +21,20 @@ def test_a_reload_is_logged_as_what_changed():
     assert config_changes(old, old) == []
 
 
+def test_a_reload_touching_the_api_keys_neither_logs_nor_answers_them():
+    """The log line of a reload and a refusal's message showed both values of every key: bearer keys included."""
+    old = config_from_dict({"http": {"api_keys": ["sk-running"]}})
+    new = config_from_dict({"http": {"api_keys": ["sk-new"]}})
+    assert config_changes(old, new) == ["http.api_keys <redacted> -> <redacted>"]
+    with pytest.raises(RestartRequired) as refused:
+        check_reloadable(old, new)
+    assert str(refused.value) == ("http.api_keys: changing this needs a restart (running <redacted>, this document "
+                                  "<redacted>)")
+    with pytest.raises(ConfigError) as invalid:
+        config_from_dict({"http": {"api_keys": ["sk-kept", ""]}})
+    assert "sk-kept" not in str(invalid.value)
+
+
 class Reloading:
     """A router's reload as the log sees it: the config before and after, or a refusal."""
 
