@@ -81,10 +81,17 @@ class Router:
         if pool != "target" or self.serving == self._serving:
             return
         self._serving = self.serving
-        say("a target replica is ready again: health SERVING" if self._serving else
-            "no target replica is ready: health NOT_SERVING until one is back (requests in flight wait for it)")
+        say(self._serving_line())
         if self.serving_changed is not None:
             self.serving_changed()
+
+    def _serving_line(self) -> str:
+        """The log line for a change of `serving`: what health now says (NOT_SERVING for good while draining)."""
+        if not self._serving:
+            return "no target replica is ready: health NOT_SERVING until one is back (requests in flight wait for it)"
+        if self.draining:
+            return "a target replica is ready again (health stays NOT_SERVING: shutting down)"
+        return "a target replica is ready again: health SERVING"
 
     @property
     def serving(self) -> bool:

@@ -176,6 +176,20 @@ def test_health_is_not_serving_while_every_target_is_down_and_serving_once_one_i
     assert tokens >= 999                                # the request in flight waited and finished
 
 
+def test_a_target_back_during_the_drain_is_not_logged_as_health_serving(capsys):
+    """Health stays NOT_SERVING from the shutdown on; the log said 'health SERVING' when a target came back."""
+    async def body(service):
+        stream = service.stub.GenerateStream(plain(1000))
+        await kill_mid_stream(service, stream)
+        service.router.draining = True
+        service.restarter.allow()
+        await until(lambda: service.client.state == "ready")
+        await rest_of(stream)
+    run(body)
+    log = capsys.readouterr().out
+    assert "health SERVING" not in log and "a target replica is ready again (health stays NOT_SERVING" in log
+
+
 def streams_stalled_mid_way(service, count: int, timeout: float) -> list:
     """Final status codes of `count` streams with deadline `timeout` whose target stalls after their third chunk,
     from a client of its own (a blocking channel, as `specpool generate --stream` is: its deadline fires on its
