@@ -277,6 +277,8 @@ def test_a_long_run_waits_the_full_recovery_bound_again_for_a_second_outage(caps
 @pytest.mark.parametrize("error, expired, code, detail", [
     (GaveUp(grpc.StatusCode.DEADLINE_EXCEEDED, "target 0 was down and had not recovered (it failed with: X)"), True,
      "DEADLINE_EXCEEDED", "deadline exceeded: target 0 was down and had not recovered (it failed with: X)"),
+    (GaveUp(grpc.StatusCode.DEADLINE_EXCEEDED, "target 0 was down and had not recovered (it failed with: X)"), False,
+     "DEADLINE_EXCEEDED", "deadline exceeded: target 0 was down and had not recovered (it failed with: X)"),
     (rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer within 0.4s"), True,
      "DEADLINE_EXCEEDED", "deadline exceeded while waiting for a worker (no answer within 0.4s)"),
     (GaveUp(grpc.StatusCode.UNAVAILABLE, "target 0 did not recover within router.target_recovery_s = 60 s (...)"),
