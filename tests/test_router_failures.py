@@ -9,7 +9,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from protos.specpool.v1 import generation_pb2_grpc
 from router.server import Overloaded, Shedding, worker_failure
 from router.worker_client import GaveUp, TargetClient, WorkerClient, rpc_error
 from tests.fake_workers import ClosedPipe, plain, run
@@ -27,6 +26,14 @@ async def until(predicate, timeout: float = 10.0) -> None:
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.01)
+
+
+async def health_becomes(service, status: int, timeout: float = 10.0) -> int:
+    """The health status once it reads `status`, or the last one read after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (now := await health(service)) != status and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    return now
 
 
 async def rest_of(stream) -> list:
@@ -167,8 +174,7 @@ def test_health_is_not_serving_while_every_target_is_down_and_serving_once_one_i
             await Api(HttpConfig(), lambda: service.router).health()
         service.restarter.allow()
         await until(lambda: service.client.state == "ready")
-        await asyncio.sleep(0.05)                        # the health update runs as its own task
-        back = await health(service)
+        back = await health_becomes(service, SERVING)    # the health update runs as its own task
         tokens = sum(len(chunk.token_ids) for chunk in await rest_of(stream))
         return down, http.value.status, back, tokens
     down, http_status, back, tokens = run(body)
@@ -190,32 +196,29 @@ def test_a_target_back_during_the_drain_is_not_logged_as_health_serving(capsys):
     assert "health SERVING" not in log and "a target replica is ready again (health stays NOT_SERVING" in log
 
 
-def streams_stalled_mid_way(service, count: int, timeout: float) -> list:
-    """Final status codes of `count` streams with deadline `timeout` whose target stalls after their third chunk,
-    from a client of its own (a blocking channel, as `specpool generate --stream` is: its deadline fires on its
-    side, and it cancels the call: that cancel can reach the router a few ms before the router's own deadline)."""
-    codes = []
-    with grpc.insecure_channel(service.address) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-        for _ in range(count):
-            service.target.stalled = False
-            try:
-                for i, _ in enumerate(stub.GenerateStream(plain(1000), timeout=timeout)):
-                    service.target.stalled = service.target.stalled or i == 3
-                codes.append(grpc.StatusCode.OK)
-            except grpc.RpcError as exc:
-                codes.append(exc.code())
-    return codes
+async def stalled_stream_cancelled_just_before_its_deadline(service, timeout: float, early: float) -> None:
+    """A stream with deadline `timeout` whose target stalls after its fourth chunk, cancelled by its client `early`
+    seconds before the deadline: as a client whose deadline fires on its side first cancels the call (`specpool
+    generate --stream`), its cancel reaching the router a few ms before the router's copy of the deadline."""
+    loop = asyncio.get_running_loop()
+    service.target.stalled, started = False, loop.time()
+    call = service.stub.GenerateStream(plain(1000), timeout=timeout)
+    for _ in range(4):
+        await call.read()
+    service.target.stalled = True
+    await asyncio.sleep(started + timeout - early - loop.time())
+    call.cancel()
 
 
-def test_a_stream_past_its_deadline_on_a_stalled_target_counts_as_deadline_exceeded():
+def test_a_stream_cancelled_by_its_clients_expiring_deadline_on_a_stalled_target_counts_as_deadline_exceeded():
+    """The router counted such a stream CANCELLED: the client's cancel reached it with 6.5 ms of the router's copy of
+    the deadline left (a SIGSTOPped target, demo pair)."""
     async def body(service):
-        codes = await asyncio.to_thread(streams_stalled_mid_way, service, 3, 0.5)
-        await asyncio.sleep(0.2)                        # the handlers' ends are counted
-        return codes, service.requests_counted()
-    codes, counted = run(body)
-    assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * 3
-    assert counted == {"DEADLINE_EXCEEDED": 3.0}
+        for _ in range(3):
+            await stalled_stream_cancelled_just_before_its_deadline(service, 0.6, early=0.03)
+        await until(lambda: sum(service.requests_counted().values()) >= 3, timeout=30)   # the handlers' ends
+        return service.requests_counted()
+    assert run(body) == {"DEADLINE_EXCEEDED": 3.0}
 
 
 class Ended:
