@@ -109,7 +109,7 @@ class EngineClient:
     def __init__(self, engine):
         self.engine = engine
 
-    def mark_failed(self):
+    def mark_failed(self, error=None):
         raise AssertionError("an engine call failed")
 
     async def release(self, session_id):

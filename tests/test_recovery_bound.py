@@ -19,21 +19,26 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class AlwaysDownTarget:
     """Every verify fails UNAVAILABLE; every recovery 'succeeds' at once (the worst case for a loop)."""
-    timeout = 5.0
+    timeout, name = 5.0, "target 0"
 
     def __init__(self):
         self.calls = self.recoveries = 0
+        self.last_error = None
 
     async def verify(self, *args):
         self.calls += 1
         await asyncio.sleep(0.01)
         raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down")
 
-    def mark_failed(self):
+    def mark_failed(self, error=None):
         self.recoveries += 1
+        self.last_error = error
 
     async def wait_recovered(self, timeout):
         assert timeout > 0
+
+    def give_up(self, recovery_s: float):
+        self.gave_up_after = recovery_s         # the router logs the give-up once per outage
 
 
 def state() -> RequestState:
@@ -48,8 +53,9 @@ def test_round_gives_up_recovery_s_after_its_first_failure():
     with pytest.raises(grpc.aio.AioRpcError) as info:
         asyncio.run(resilient_round(state(), None, target, 0, recovery_s=1.0))
     elapsed = time.monotonic() - started
-    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert 1.0 <= elapsed < 10.0 and target.calls > 2 and target.recoveries == target.calls - 1
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and target.gave_up_after == 1.0
+    assert "target 0 did not recover within router.target_recovery_s = 1 s" in info.value.details()
+    assert 1.0 <= elapsed < 10.0 and target.calls > 2 and target.recoveries == target.calls   # each failure marked, the last too
 
 
 def test_a_blocked_recovery_does_not_hold_the_process_open():
