@@ -23,7 +23,8 @@ from openai_api.chat import ChatTemplate, find_chat_template, no_template_error
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, SamplingBody,
                                  completion_prompt, generate_request, http_error, with_seed)
 from openai_api.responses import FINISH, ChatCompletions, Completions, envelope, spec_stats, usage
-from router.server import Overloaded, Router, worker_failure
+from router.failures import worker_failure
+from router.server import Overloaded, Router
 from router.stopping import output_chunks
 from router.validation import RequestError
 from settings.schema import HttpConfig

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import json
 import random
@@ -24,17 +23,18 @@ import yaml
 from grpc_reflection.v1alpha import reflection
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
-from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config, shown
-from settings.yaml_doc import parse_yaml
+from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
+from router.failures import worker_failure
 from router.k_selection import KSelector
 from router.metrics import Metrics
 from router.oplog import say
+from router.reload import RestartRequired, check_reloadable, logged_reload, reload_document, with_overrides
 from engine.ngram import NgramIndex
 from router.speculation import DRAFT_MODES, RequestState, generate, releases_done
 from router.stopping import output_chunks
 from router.text import encode, max_token_chars
 from router.validation import ModelLimits, RequestError, check_prompt_text, validate
-from router.worker_client import DraftClient, GaveUp, TargetClient, least_loaded
+from router.worker_client import DraftClient, TargetClient, least_loaded
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024           # a request over this gets RESOURCE_EXHAUSTED (counted)
 TRANSPORT_MAX_BYTES = 2 * MAX_MESSAGE_BYTES   # ... and one over this is cut off by gRPC before it is read
@@ -246,77 +246,6 @@ class Router:
                             "target": [c.describe() for c in self.targets]}}
 
 
-def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool | None = None,
-                     document: dict | None = None) -> None:
-    """Raise RestartRequired naming the first key a reload cannot change, with the running value and the new one
-    (replicas may only grow; draft.method may change, to a method that uses the draft model only if a draft pool
-    runs: `draft_pool`, by default whether the old method started one). `document`: the reloaded YAML, to say
-    when the new value is a default because the key is absent from it."""
-    for section in ("router", "ray", "draft", "target", "tls", "http"):
-        before, after = getattr(old, section), getattr(new, section)
-        if section in ("draft", "target"):
-            if after.replicas < before.replicas:
-                raise RestartRequired(f"{section}.replicas: scaling down needs a restart (running "
-                                      f"{before.replicas}, this document {after.replicas})")
-            after = dataclasses.replace(after, replicas=before.replicas)
-        if section == "draft":
-            if after.uses_model and not (before.uses_model if draft_pool is None else draft_pool):
-                raise RestartRequired("draft.method: no draft pool was started (method ngram); using the draft "
-                                      "model needs a restart")
-            after = dataclasses.replace(after, **{key: getattr(before, key) for key in DRAFT_RELOADABLE})
-        changed = [f.name for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(after, f.name)]
-        if changed:
-            key = changed[0]
-            written = (document or {}).get(section)
-            absent = document is not None and (not isinstance(written, dict) or key not in written)
-            raise RestartRequired(f"{section}.{key}: changing this needs a restart (running "
-                                  f"{shown(before, key)}, this document {shown(after, key)}"
-                                  f"{': the default, as the key is absent' if absent else ''})")
-
-
-def config_changes(old: SpecpoolConfig, new: SpecpoolConfig) -> list[str]:
-    """What a reload changed, one `section.key old -> new` per key (for the operator's log; a secret's values
-    redacted)."""
-    changes = []
-    for section in dataclasses.fields(old):
-        before, after = getattr(old, section.name), getattr(new, section.name)
-        changes += [f"{section.name}.{f.name} {shown(before, f.name, str)} -> {shown(after, f.name, str)}"
-                    for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(after, f.name)]
-    return changes
-
-
-async def logged_reload(router: Router, read: Callable[[], dict], config_dir: str | None, source: str) -> None:
-    """Reload the router with the document `read()` returns, and log it the same way whoever asked (Admin.Reload,
-    SIGHUP): what changed, or "no change"; a refusal with its reason (and re-raised)."""
-    before = router.config
-    try:
-        await router.reload(read(), config_dir)
-    except (ValueError, yaml.YAMLError) as exc:     # ConfigError, RestartRequired, bad YAML
-        say(f"reload {source} refused, running config kept: {exc}")
-        raise
-    say(f"reloaded {source}: {', '.join(config_changes(before, router.config)) or 'no change'}")
-
-
-DRAFT_RELOADABLE = ("method", "ngram_min", "ngram_max", "ngram_max_tokens")   # router-side: apply to new requests
-
-
-def with_overrides(config: SpecpoolConfig, overrides: dict) -> SpecpoolConfig:
-    """`config` with the command line's values over the file's: `overrides` maps a section to its keys' values,
-    e.g. {"router": {"port": 50071}} for `serve --port 50071`."""
-    for section, values in overrides.items():
-        config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **values)})
-    return config
-
-
-def reload_document(config_yaml: str) -> dict:
-    """A ReloadRequest's config as parsed YAML. An empty document (or one of comments only) is refused: reloading
-    every default is almost surely a mistake."""
-    data = parse_yaml(config_yaml, "config_yaml")       # a key given twice is refused, naming its line
-    if data is None:
-        raise ConfigError("config_yaml: empty")
-    return data
-
-
 class Overloaded(Exception):
     """The admission queue is full."""
 
@@ -352,10 +281,6 @@ class Shedding:
             say(f"overloaded: {count} request(s) refused with RESOURCE_EXHAUSTED{since} ({self._busy})")
 
 
-class RestartRequired(ValueError):
-    """A reload tried to change something only a restart can change."""
-
-
 def _response(state: RequestState, request_id: str, tokens: list[int], text: str,
               logprobs: list = ()) -> generation_pb2.GenerateResponse:
     response = generation_pb2.GenerateResponse(token_ids=tokens, text=text, request_id=request_id,
@@ -376,20 +301,6 @@ def _ended(context) -> str:
     so a call that ends within DEADLINE_SLACK_S of its deadline counts as DEADLINE_EXCEEDED."""
     remaining = context.time_remaining()
     return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= DEADLINE_SLACK_S else "CANCELLED"
-
-
-def worker_failure(exc: grpc.aio.AioRpcError, expired: bool = False) -> tuple[str, str]:
-    """The status (its name) and detail of a request that a worker call's failure ended, for gRPC and HTTP alike:
-    DEADLINE_EXCEEDED if the client's deadline is what ended it (`expired`, or a GaveUp's own code), else UNAVAILABLE.
-    The detail says what happened: a request that gave up waiting for a failed worker names it and what it failed
-    with (GaveUp)."""
-    if isinstance(exc, GaveUp):       # its own code says whether the client's deadline is what it gave up at
-        if expired or exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return "DEADLINE_EXCEEDED", f"deadline exceeded: {exc.details()}"
-        return exc.code().name, exc.details()
-    if expired:
-        return "DEADLINE_EXCEEDED", f"deadline exceeded while waiting for a worker ({exc.details()})"
-    return "UNAVAILABLE", f"a worker failed: {exc.code().name}: {exc.details()}"
 
 
 class GenerationServicer:

@@ -33,20 +33,17 @@ def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None, m
     targets = [TargetClient(address, timeout, partial(recover_target, ranks, host, ready), config.tls, f"target {i}")
                for i, (address, ranks) in enumerate(zip(pools.target_addresses, pools.target_actors))]
 
+    recovers = {"draft": (DraftClient, recover_draft), "target": (TargetClient, recover_target)}
+
     def scale_up(pool: str, count: int) -> list:
-        """Start `count` more replicas of a pool through Ray (blocking); factories of their clients,
-        to be called on the event loop."""
-        if pool == "draft":
-            actors = launch_more(config, pools, "draft", count, ready)
-            first = len(pools.draft_actors) - count
-            return [partial(DraftClient, pools.draft_addresses[-count + i], timeout,
-                            partial(recover_draft, a, host, ready), config.tls, name=f"draft {first + i}")
-                    for i, a in enumerate(actors)]
-        groups = launch_more(config, pools, "target", count, ready)
-        first = len(pools.target_actors) - count
-        return [partial(TargetClient, pools.target_addresses[-count + i], timeout,
-                        partial(recover_target, g, host, ready), config.tls, f"target {first + i}")
-                for i, g in enumerate(groups)]
+        """Start `count` more replicas of a pool through Ray (blocking); factories of their clients (named on from
+        the pool's last), to be called on the event loop."""
+        client, recover = recovers[pool]
+        started = launch_more(config, pools, pool, count, ready)      # draft actors, or target rank groups
+        first, addresses = len(getattr(pools, f"{pool}_actors")) - count, getattr(pools, f"{pool}_addresses")
+        return [partial(client, addresses[-count + i], timeout, partial(recover, replica, host, ready), config.tls,
+                        name=f"{pool} {first + i}")
+                for i, replica in enumerate(started)]
     return Router(config, drafts, targets, pools.target_info, load_tokenizer(pools.target_info["model_path"]),
                   scale_up=scale_up, overrides=overrides, metrics=metrics)
 
@@ -57,7 +54,7 @@ class Service:
 
     def __init__(self, config: SpecpoolConfig, quiet: bool = False, keep_ray: bool = False,
                  overrides: dict | None = None):
-        from router.server import with_overrides
+        from router.reload import with_overrides
         self.overrides = overrides or {}    # the command line's values, over the file's now and at every reload
         self.config = with_overrides(config, self.overrides)
         self.quiet = quiet             # Ray's warnings and the workers' loading output off this terminal
@@ -168,7 +165,7 @@ async def in_daemon_thread(fn, timeout: float) -> bool:
 async def reload_from_file(service: Service, path: str) -> None:
     """SIGHUP: re-read the config file and apply it, the command line's overrides over it (or keep the running
     config; the log says which, as for Admin.Reload). An empty file (one being rewritten, say) is refused."""
-    from router.server import logged_reload
+    from router.reload import logged_reload
 
     def read() -> dict:
         data = read_yaml(path)

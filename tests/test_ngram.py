@@ -243,7 +243,7 @@ def test_config_errors_name_the_key(draft, key):
 
 
 def test_method_reloads_unless_it_needs_a_draft_pool_that_was_never_started():
-    from router.server import RestartRequired, check_reloadable
+    from router.reload import RestartRequired, check_reloadable
     from settings.schema import config_from_dict
     model, ngram, both = (config_from_dict({"draft": {"method": m}}) for m in ("model", "ngram", "model+ngram"))
     check_reloadable(model, ngram)

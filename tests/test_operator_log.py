@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.server import RestartRequired, check_reloadable, config_changes, logged_reload
+from router.reload import RestartRequired, check_reloadable, config_changes, logged_reload
 from settings.schema import ConfigError, config_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from router.server import Overloaded, Shedding, worker_failure
+from router.failures import worker_failure
+from router.server import Overloaded, Shedding
 from router.worker_client import GaveUp, TargetClient, WorkerClient, rpc_error
 from tests.fake_workers import ClosedPipe, plain, run
 
