@@ -7,6 +7,7 @@ An unknown key or a bad value raises ConfigError naming it (e.g. "draft.replicas
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
@@ -444,4 +445,16 @@ def with_model_paths_from(data, folder: Path):
 
 
 def config_to_yaml(config) -> str:
-    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
+    """A config (or one section) as YAML for an admin client, secrets (http.api_keys) shown as REDACTED."""
+    return yaml.safe_dump(_shown_fields(config), sort_keys=False)
+
+
+def _shown_fields(value):
+    """dataclasses.asdict of `value`, at every depth, with each secret field that is set replaced by REDACTED."""
+    if not dataclasses.is_dataclass(value):
+        return copy.deepcopy(value)
+    shown = {}
+    for f in dataclasses.fields(value):
+        field_value = getattr(value, f.name)
+        shown[f.name] = REDACTED if f.metadata.get("secret") and field_value else _shown_fields(field_value)
+    return shown

@@ -7,6 +7,7 @@ import re
 import textwrap
 
 import pytest
+import yaml
 
 from settings.schema import ConfigError, config_from_dict, load_config, read_yaml
 from settings.yaml_doc import parse_yaml
@@ -105,3 +106,17 @@ def test_a_valid_file_reads_as_before(tmp_path):
     assert read_yaml(path) == {"speculation": {"k": 2, "policy": "fixed"}, "draft": {"model": "gpt2"},
                                "target": {"model": "gpt2"}}
     assert load_config(path).speculation.k == 2
+
+
+def test_the_config_an_admin_client_sees_shows_no_bearer_key():
+    """Admin.GetStatus sends the running config as YAML (config_to_yaml): http.api_keys comes as <redacted>, and
+    everything else as it is."""
+    import dataclasses
+
+    from settings.schema import SpecpoolConfig, config_to_yaml
+
+    plain = SpecpoolConfig()
+    keyed = dataclasses.replace(plain, http=dataclasses.replace(plain.http, api_keys=["sk-secret"]))
+    shown = yaml.safe_load(config_to_yaml(keyed))
+    assert "sk-secret" not in config_to_yaml(keyed) and shown["http"]["api_keys"] == "<redacted>"
+    assert yaml.safe_load(config_to_yaml(plain)) == dataclasses.asdict(plain)
