@@ -200,7 +200,8 @@ def run_admin(args) -> int:
             if args.command == "reload":
                 response = stub.Reload(admin_pb2.ReloadRequest(
                     config_yaml=open(args.config).read(), config_dir=str(Path(args.config).resolve().parent)))
-                print("reloaded; speculation now:\n" + response.speculation_yaml)
+                print(f"reloaded: {', '.join(response.changes) or 'no change'}\n"
+                      f"speculation now:\n{response.speculation_yaml}")
             else:
                 response = stub.GetStatus(admin_pb2.GetStatusRequest())
                 print(response.config_yaml + "\n" + json.dumps(json.loads(response.stats_json), indent=2))

@@ -59,16 +59,19 @@ def config_changes(old: SpecpoolConfig, new: SpecpoolConfig) -> list[str]:
     return changes
 
 
-async def logged_reload(router: "Router", read: Callable[[], dict], config_dir: str | None, source: str) -> None:
+async def logged_reload(router: "Router", read: Callable[[], dict], config_dir: str | None,
+                        source: str) -> list[str]:
     """Reload the router with the document `read()` returns, and log it the same way whoever asked (Admin.Reload,
-    SIGHUP): what changed, or "no change"; a refusal with its reason (and re-raised)."""
+    SIGHUP): what changed, or "no change"; a refusal with its reason (and re-raised). Returns what changed."""
     before = router.config
     try:
         await router.reload(read(), config_dir)
     except (ValueError, yaml.YAMLError) as exc:     # ConfigError, RestartRequired, bad YAML
         say(f"reload {source} refused, running config kept: {exc}")
         raise
-    say(f"reloaded {source}: {', '.join(config_changes(before, router.config)) or 'no change'}")
+    changes = config_changes(before, router.config)
+    say(f"reloaded {source}: {', '.join(changes) or 'no change'}")
+    return changes
 
 
 DRAFT_RELOADABLE = ("method", "ngram_min", "ngram_max", "ngram_max_tokens")   # router-side: apply to new requests

@@ -409,13 +409,13 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def Reload(self, request, context):
         router = await self._router(context)
         try:
-            await logged_reload(router, lambda: reload_document(request.config_yaml), request.config_dir or None,
-                                "by Admin.Reload (specpool reload)")
+            changes = await logged_reload(router, lambda: reload_document(request.config_yaml),
+                                          request.config_dir or None, "by Admin.Reload (specpool reload)")
         except RestartRequired as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except (ConfigError, ValueError, yaml.YAMLError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return admin_pb2.ReloadResponse(speculation_yaml=config_to_yaml(router.config.speculation))
+        return admin_pb2.ReloadResponse(speculation_yaml=config_to_yaml(router.config.speculation), changes=changes)
 
     async def GetStatus(self, request, context):
         router = await self._router(context)

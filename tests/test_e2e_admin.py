@@ -283,8 +283,8 @@ def test_admin_reload_leaves_one_line_in_serves_log_saying_what_changed_or_why_i
     Both now log what changed, and a refusal its reason."""
     capsys.readouterr()
     try:
-        reload(admin, config, config_file, k=2)
-        reload(admin, config, config_file, k=2)
+        assert list(reload(admin, config, config_file, k=2).changes) == ["speculation.k 1 -> 2"]  # told the client
+        assert list(reload(admin, config, config_file, k=2).changes) == []                         # too
         with pytest.raises(grpc.RpcError):
             reload(admin, {**config, "ray": {**config["ray"], "namespace": "elsewhere"}}, config_file, k=2)
         lines = [line.split("[specpool] ", 1)[1] for line in capsys.readouterr().out.splitlines()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/specpool/v1/admin.proto\x12\x0bspecpool.v1\"8\n\rReloadRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x12\n\nconfig_dir\x18\x02 \x01(\t\"*\n\x0eReloadResponse\x12\x18\n\x10speculation_yaml\x18\x01 \x01(\t\"\x12\n\x10GetStatusRequest\"<\n\x11GetStatusResponse\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x12\n\nstats_json\x18\x02 \x01(\t2\x96\x01\n\x05\x41\x64min\x12\x41\n\x06Reload\x12\x1a.specpool.v1.ReloadRequest\x1a\x1b.specpool.v1.ReloadResponse\x12J\n\tGetStatus\x12\x1d.specpool.v1.GetStatusRequest\x1a\x1e.specpool.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/specpool/v1/admin.proto\x12\x0bspecpool.v1\"8\n\rReloadRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x12\n\nconfig_dir\x18\x02 \x01(\t\";\n\x0eReloadResponse\x12\x18\n\x10speculation_yaml\x18\x01 \x01(\t\x12\x0f\n\x07\x63hanges\x18\x02 \x03(\t\"\x12\n\x10GetStatusRequest\"<\n\x11GetStatusResponse\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x12\n\nstats_json\x18\x02 \x01(\t2\x96\x01\n\x05\x41\x64min\x12\x41\n\x06Reload\x12\x1a.specpool.v1.ReloadRequest\x1a\x1b.specpool.v1.ReloadResponse\x12J\n\tGetStatus\x12\x1d.specpool.v1.GetStatusRequest\x1a\x1e.specpool.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,11 +34,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RELOADREQUEST']._serialized_start=47
   _globals['_RELOADREQUEST']._serialized_end=103
   _globals['_RELOADRESPONSE']._serialized_start=105
-  _globals['_RELOADRESPONSE']._serialized_end=147
-  _globals['_GETSTATUSREQUEST']._serialized_start=149
-  _globals['_GETSTATUSREQUEST']._serialized_end=167
-  _globals['_GETSTATUSRESPONSE']._serialized_start=169
-  _globals['_GETSTATUSRESPONSE']._serialized_end=229
-  _globals['_ADMIN']._serialized_start=232
-  _globals['_ADMIN']._serialized_end=382
+  _globals['_RELOADRESPONSE']._serialized_end=164
+  _globals['_GETSTATUSREQUEST']._serialized_start=166
+  _globals['_GETSTATUSREQUEST']._serialized_end=184
+  _globals['_GETSTATUSRESPONSE']._serialized_start=186
+  _globals['_GETSTATUSRESPONSE']._serialized_end=246
+  _globals['_ADMIN']._serialized_start=249
+  _globals['_ADMIN']._serialized_end=399
 # @@protoc_insertion_point(module_scope)

@@ -1,5 +1,7 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
 from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -13,10 +15,12 @@ class ReloadRequest(_message.Message):
     def __init__(self, config_yaml: _Optional[str] = ..., config_dir: _Optional[str] = ...) -> None: ...
 
 class ReloadResponse(_message.Message):
-    __slots__ = ("speculation_yaml",)
+    __slots__ = ("speculation_yaml", "changes")
     SPECULATION_YAML_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
     speculation_yaml: str
-    def __init__(self, speculation_yaml: _Optional[str] = ...) -> None: ...
+    changes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, speculation_yaml: _Optional[str] = ..., changes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
