@@ -47,11 +47,23 @@ async def start_service(config: SpecpoolConfig, quiet: bool = False, overrides: 
 
 
 async def _serve(config: SpecpoolConfig, path: str, overrides: dict) -> None:
-    service = await start_service(config, overrides=overrides)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    """Serve until SIGINT / SIGTERM, then drain and stop. A signal while the service starts cancels the start,
+    which stops what it had started (Service.start): it used to kill serve outright, leaving its Ray processes."""
+    stop, loop = asyncio.Event(), asyncio.get_running_loop()
+    starting = asyncio.ensure_future(start_service(config, overrides=overrides))
+
+    def on_stop() -> None:
+        stop.set()
+        starting.cancel()                 # nothing once the service has started
+    on_stop_signals(loop, on_stop)
+    try:
+        service = await starting
+    except asyncio.CancelledError:
+        if not stop.is_set():
+            raise
+        say("stopped while starting")
+        return
+    on_stop_signals(loop, on_stop)        # again: starting Ray may have put its own SIGTERM handler in place
     reloads = set()
 
     def on_sighup():
@@ -64,6 +76,11 @@ async def _serve(config: SpecpoolConfig, path: str, overrides: dict) -> None:
         say("shutting down")
     finally:
         await service.stop(config.router.shutdown_grace_s)
+
+
+def on_stop_signals(loop: asyncio.AbstractEventLoop, handler) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, handler)
 
 
 def port_overrides(port: int | None, http_port: int | None) -> dict:

@@ -76,7 +76,7 @@ class Service:
         try:
             await self._start_http(servicer)
             self._start_metrics()           # every port is bound before Ray starts: a busy one fails at once
-            self.owns_ray = await asyncio.to_thread(launch.connect, self.config, self.quiet)
+            self.owns_ray = await to_thread_to_its_end(launch.connect, self.config, self.quiet)
             connecting = False
             self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s,
                                                  self.owns_ray)
@@ -141,6 +141,17 @@ class Service:
 
 
 RAY_STOP_S = 10.0      # how long stopping waits on one call into Ray
+
+
+async def to_thread_to_its_end(fn, *args):
+    """asyncio.to_thread(fn, *args), except that a cancel waits for fn to return before it is raised: a stop
+    while Ray starts then finds every process Ray started (they would outlive serve otherwise)."""
+    call = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await asyncio.wait([call])
+        raise
 
 
 async def in_daemon_thread(fn, timeout: float) -> bool:

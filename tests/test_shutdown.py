@@ -129,3 +129,31 @@ def test_sigterm_to_the_whole_process_group_does_not_hang(tmp_path, byte_pair, r
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def test_sigterm_while_serve_starts_stops_it_and_everything_its_ray_started(tmp_path, byte_pair, ray_tmp):
+    """A SIGTERM while Ray comes up (before serve is SERVING) killed serve outright (no handler was in place yet;
+    Ray's printed 'SIGTERM received'), leaving Ray's agents and workers running. Now it cancels the start, which
+    stops what had started: exit status 0, no process left."""
+    from tests.conftest import processes_under
+
+    config = service_config(byte_pair, router={"port": free_port()},
+                            ray={"node_ip": "127.0.0.1", "num_cpus": 8,
+                                 "resources": {"draft_pool": 2, "target_pool": 2}})
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "RAY_ADDRESS": "", "RAY_TMPDIR": ray_tmp, "RAY_gcs_server_port_wait_time_s": "120"}
+    with open(tmp_path / "serve.log", "w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "router.cli", "serve", "--config", str(path)],
+                                  env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(lambda: processes_under(ray_tmp), 120), "Ray never started"
+        server.send_signal(signal.SIGTERM)
+        status = server.wait(90)
+        output = (tmp_path / "serve.log").read_text()
+        assert status == 0 and "stopped while starting" in output, output[-3000:]
+        assert wait_gone(ray_tmp, 10) == [], "processes serve started outlived it by 10 s"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
