@@ -15,6 +15,8 @@ def worker_failure(exc: grpc.aio.AioRpcError, expired: bool = False) -> tuple[st
         if expired or exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             return "DEADLINE_EXCEEDED", f"deadline exceeded: {exc.details()}"
         return exc.code().name, exc.details()
+    if expired and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:   # the call was cut at what the deadline left
+        return "DEADLINE_EXCEEDED", "deadline exceeded: the client's deadline passed during a worker call"
     if expired:
         return "DEADLINE_EXCEEDED", f"deadline exceeded while waiting for a worker ({exc.details()})"
     return "UNAVAILABLE", f"a worker failed: {exc.code().name}: {exc.details()}"

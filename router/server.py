@@ -440,9 +440,18 @@ async def start_public_server(host: str, port: int, credentials: grpc.ServerCred
     reflection.enable_server_reflection(services, server)
     bind = f"{host}:{port}"
     bound = server.add_secure_port(bind, credentials) if credentials else server.add_insecure_port(bind)
-    await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    await set_health(health, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
     return server, bound, servicer, health
+
+
+HEALTH_SERVICES = ("", generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name)   # probes name either
+
+
+async def set_health(health: health_async.HealthServicer, status) -> None:
+    """The same health status for the server ("") and for specpool.v1.Generation, which a probe may name."""
+    for service in HEALTH_SERVICES:
+        await health.set(service, status)
 
 
 async def mark_ready(servicer: GenerationServicer, health: health_async.HealthServicer, router: Router) -> None:
@@ -452,7 +461,7 @@ async def mark_ready(servicer: GenerationServicer, health: health_async.HealthSe
     updates: set = set()
 
     async def follow() -> None:     # reads `serving` when it runs: the last update wins, whatever their order
-        await health.set("", health_pb2.HealthCheckResponse.SERVING if router.serving
+        await set_health(health, health_pb2.HealthCheckResponse.SERVING if router.serving
                          else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def changed() -> None:
