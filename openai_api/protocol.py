@@ -91,6 +91,7 @@ TopK, Seed, SpeculationK = proto_int("sampling.top_k", ge=0), proto_int("samplin
 Stop = one_of("a string or a list of strings", Text, list[Text], list[Text])
 Prompt = one_of("a string, a list of one string, or a list of token IDs", Text, list[Text],
                 list[proto_int("prompt_token_ids")])
+StopTokenId = proto_int("stop_token_ids")
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
@@ -113,6 +114,7 @@ class SamplingBody(Body):
     seed: Optional[Seed] = None
     stop: Optional[Stop] = None
     n: int = Field(default=1, ge=1, le=16)
+    stop_token_ids: Optional[list[StopTokenId]] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculation: Speculation | None = None
@@ -194,7 +196,8 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
                      logprobs: int | None) -> generation_pb2.GenerateRequest:
     """The GenerateRequest this body asks for (the router validates it, naming proto fields)."""
     request = generation_pb2.GenerateRequest(max_new_tokens=max_tokens or 0,
-                                             stop=[body.stop] if isinstance(body.stop, str) else body.stop or [])
+                                             stop=[body.stop] if isinstance(body.stop, str) else body.stop or [],
+                                             stop_token_ids=body.stop_token_ids or [])
     if isinstance(prompt, str):
         request.prompt = prompt
     else:

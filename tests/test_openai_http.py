@@ -161,7 +161,7 @@ def test_raw_sse_framing(served):
     ({"temperature": -1}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": 10 ** 6}, "max_tokens"), ({"logprobs": 50}, "logprobs"), ({"stop": [""]}, "stop"),
     ({"n": 0}, "n"), ({"prompt": ""}, "prompt"), ({"speculation": {"k": 99}}, "speculation.k"),
-    ({"prompt": [10 ** 6]}, "prompt"),
+    ({"prompt": [10 ** 6]}, "prompt"), ({"stop_token_ids": [10 ** 6]}, "stop_token_ids"),
 ])
 def test_400_names_the_parameter(served, body, param):
     response = httpx.post(served.base_url + "/completions",
@@ -186,6 +186,7 @@ BIG = 10 ** 11      # over every 32-bit field
     ("/chat/completions", {"max_tokens": BIG}, "max_tokens"),
     ("/chat/completions", {"top_logprobs": BIG}, "top_logprobs"),
     ("/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
+    ("/completions", {"stop_token_ids": [BIG]}, "stop_token_ids"),
 ])
 def test_out_of_range_values_are_400_naming_the_parameter(served, path, body, param):
     """Integers outside their protobuf field's range, and text that is not Unicode (a lone surrogate), are
@@ -339,6 +340,29 @@ def test_stop_strings_across_token_boundaries(served, target):
     pieces = [c.choices[0].text for c in chunks]
     assert "".join(pieces) == expected and all(stop not in p for p in pieces)
     assert wait_for_no_sessions(served) == [0, 0]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_stop_token_ids_stop_http_where_grpc_stops(served, target, chat):
+    """`stop_token_ids` in the body (as vLLM takes it) is GenerateRequest.stop_token_ids: greedy, HTTP keeps
+    the tokens gRPC keeps (up to the stop token) and finishes with `stop`."""
+    messages = [{"role": "user", "content": "a class with an init"}]
+    prompt = target[1].apply_chat_template(messages, add_generation_prompt=True, tokenize=False) if chat else PROMPT
+    tokens = greedy_alone(target, prompt, 10)
+    stop = next(token for i, token in enumerate(tokens) if i >= 1 and token not in tokens[:i])
+    grpc_answer = served.stub.Generate(generation_pb2.GenerateRequest(prompt=prompt, max_new_tokens=10,
+                                                                      stop_token_ids=[stop]))
+    assert list(grpc_answer.token_ids) == tokens[:tokens.index(stop) + 1]
+    assert grpc_answer.finish_reason == generation_pb2.FINISH_REASON_STOP
+    body = dict(model=served.model, max_tokens=10, temperature=0, extra_body={"stop_token_ids": [stop]})
+    if chat:
+        answer = served.client.chat.completions.create(messages=messages, **body)
+        text = answer.choices[0].message.content
+    else:
+        answer = served.client.completions.create(prompt=PROMPT, **body)
+        text = answer.choices[0].text
+    assert (text, answer.choices[0].finish_reason, answer.usage.completion_tokens) == (
+        grpc_answer.text, "stop", len(grpc_answer.token_ids))
 
 
 def reference_logprobs(target, prompt_ids: list[int], output: list[int], sampling) -> torch.Tensor:
