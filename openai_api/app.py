@@ -31,6 +31,7 @@ from settings.schema import HttpConfig
 
 GRPC_CODES = {400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
 BODY_ERRORS = {"json_invalid": "invalid JSON ({error} at character {at})", "missing": "empty: send a JSON object"}
+FIELD_ERRORS = {"extra_forbidden": "unknown key"}       # pydantic's messages that would not say what is wrong
 
 
 class ClientDisconnected(Exception):
@@ -128,7 +129,8 @@ async def invalid_body(request: Request, exc: RequestValidationError) -> JSONRes
     parameter, e.g. `prompt` for `prompt[3]`, in `param`), in OpenAI's shape."""
     error = exc.errors()[0]
     path = "" if error["type"] == "json_invalid" else error_path(error["loc"][1:])
-    message = f"{path}: {error['msg']}" if path else f"body: {body_message(request, error)}"
+    detail = FIELD_ERRORS.get(error["type"], error["msg"])
+    message = f"{path}: {detail}" if path else f"body: {body_message(request, error)}"
     return JSONResponse(ApiError(400, message, re.sub(r"(\[\d+\])+$", "", path) or None).body(), status_code=400)
 
 

@@ -9,7 +9,7 @@ import re
 from typing import Annotated, Any, Literal, Optional, Union
 
 from google.protobuf.descriptor import FieldDescriptor
-from pydantic import AfterValidator, BaseModel, Discriminator, Field, Tag, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
 from protos.specpool.v1 import generation_pb2
@@ -100,6 +100,9 @@ class StreamOptions(Body):
 
 
 class Speculation(Body):
+    """specpool's own extension object: a misspelt key (`kk`) is refused, not ignored as an unknown OpenAI
+    parameter at the top level is."""
+    model_config = ConfigDict(extra="forbid")
     k: Optional[SpeculationK] = None
     disable: bool = False
 

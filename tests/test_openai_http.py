@@ -162,6 +162,7 @@ def test_raw_sse_framing(served):
     ({"max_tokens": 10 ** 6}, "max_tokens"), ({"logprobs": 50}, "logprobs"), ({"stop": [""]}, "stop"),
     ({"n": 0}, "n"), ({"prompt": ""}, "prompt"), ({"speculation": {"k": 99}}, "speculation.k"),
     ({"prompt": [10 ** 6]}, "prompt"), ({"stop_token_ids": [10 ** 6]}, "stop_token_ids"),
+    ({"speculation": {"kk": 3}}, "speculation.kk"),
 ])
 def test_400_names_the_parameter(served, body, param):
     response = httpx.post(served.base_url + "/completions",
@@ -198,6 +199,16 @@ def test_out_of_range_values_are_400_naming_the_parameter(served, path, body, pa
     error = response.json()["error"]
     assert error["param"] == param and error["message"].startswith(param) and error["type"] == "invalid_request_error"
     assert httpx.get(served.base_url.removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_unknown_keys_are_refused_inside_speculation_only(served):
+    """Unknown OpenAI parameters are ignored (a client may send ones specpool does not honour), but a key of
+    specpool's own `speculation` object that it does not know is a misspelling, named in the 400."""
+    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 2, "frequency_penalty": 0.5, "logit_bias": {}}
+    assert httpx.post(served.base_url + "/completions", json=body).status_code == 200
+    response = httpx.post(served.base_url + "/completions", json={**body, "speculation": {"k": 1, "kk": 3}})
+    error = openai_error(response, 400)
+    assert (error["param"], error["message"]) == ("speculation.kk", "speculation.kk: unknown key")
 
 
 def test_null_is_the_same_as_an_absent_parameter(served):
