@@ -2,6 +2,7 @@
 usage, logprobs in each endpoint's format, and a `specpool` object carrying the spec-decode stats."""
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -35,20 +36,30 @@ class Completions:
 
     def __init__(self, decode):
         self.decode = decode           # token ID -> its text
+        self.streamed: dict[int, int] = {}    # choice index -> characters of its tokens already streamed
 
-    def logprobs(self, entries: list) -> dict:
+    def logprobs(self, entries: list, start: int = 0) -> dict:
+        """Legacy logprobs; `text_offset` counts from the completion's start (`start`: the characters of the
+        tokens before these), as OpenAI and vLLM do in a stream too."""
         tokens = [self.decode(e.token_id) for e in entries]
-        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        offsets = list(itertools.accumulate((len(t) for t in tokens), initial=start))
         return {"tokens": tokens, "token_logprobs": [finite(e.logprob) for e in entries],
                 "top_logprobs": [{self.decode(t.token_id): finite(t.logprob) for t in e.top} for e in entries],
-                "text_offset": offsets}
+                "text_offset": offsets[:-1]}
 
-    def choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
-        return {"index": index, "text": text, "logprobs": self.logprobs(entries) if entries is not None else None,
+    def choice(self, index: int, text: str, entries: list | None, finish_reason: str | None,
+               start: int = 0) -> dict:
+        return {"index": index, "text": text,
+                "logprobs": self.logprobs(entries, start) if entries is not None else None,
                 "finish_reason": finish_reason}
 
     def chunk_choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
-        return self.choice(index, text, entries, finish_reason)
+        """A stream chunk of choice `index`, its text_offsets following on from its earlier chunks'."""
+        choice = self.choice(index, text, entries, finish_reason, self.streamed.get(index, 0))
+        if entries:
+            logprobs = choice["logprobs"]
+            self.streamed[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+        return choice
 
     def opening(self, index: int) -> list[dict]:
         return []

@@ -4,6 +4,7 @@ streaming) and raw HTTP: greedy text identical to gRPC and to the target alone, 
 status, and a client that disconnects mid-stream freeing the workers' sessions."""
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -374,6 +375,21 @@ def test_stop_token_ids_stop_http_where_grpc_stops(served, target, chat):
         text = answer.choices[0].text
     assert (text, answer.choices[0].finish_reason, answer.usage.completion_tokens) == (
         grpc_answer.text, "stop", len(grpc_answer.token_ids))
+
+
+def test_streamed_text_offsets_count_from_the_completion_start(served):
+    """As OpenAI and vLLM: a stream's text_offset is the token's offset in the whole completion, so its chunks'
+    offsets together are the unstreamed response's (for each of n choices)."""
+    body = dict(model=served.model, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=1, n=2,
+                extra_body={"speculation": {"k": 1}})
+    whole = served.client.completions.create(**body)
+    chunks = [c.choices[0] for c in served.client.completions.create(**body, stream=True)]
+    for index in (0, 1):
+        streamed = [c.logprobs.text_offset for c in chunks if c.index == index and c.logprobs.tokens]
+        assert len(streamed) > 1                           # more than one chunk, or the offsets prove nothing
+        assert sum(streamed, []) == whole.choices[index].logprobs.text_offset
+    assert whole.choices[0].logprobs.text_offset[:3] == [0, *itertools.accumulate(
+        len(t) for t in whole.choices[0].logprobs.tokens[:2])]
 
 
 def reference_logprobs(target, prompt_ids: list[int], output: list[int], sampling) -> torch.Tensor:
