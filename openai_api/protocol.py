@@ -92,6 +92,9 @@ Stop = one_of("a string or a list of strings", Text, list[Text], list[Text])
 Prompt = one_of("a string, a list of one string, or a list of token IDs", Text, list[Text],
                 list[proto_int("prompt_token_ids")])
 StopTokenId = proto_int("stop_token_ids")
+# A sane bound on one body's fan-out (each choice is a router request, holding a slot and both workers'
+# caches); check_n in app.py refuses an n the router could never admit at once, which may be lower
+MAX_N = 16
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
@@ -116,7 +119,7 @@ class SamplingBody(Body):
     top_k: TopK = 0
     seed: Optional[Seed] = None
     stop: Optional[Stop] = None
-    n: int = Field(default=1, ge=1, le=16)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stop_token_ids: Optional[list[StopTokenId]] = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -188,7 +188,7 @@ BIG = 10 ** 11      # over every 32-bit field
     ("/chat/completions", {"max_tokens": BIG}, "max_tokens"),
     ("/chat/completions", {"top_logprobs": BIG}, "top_logprobs"),
     ("/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
-    ("/completions", {"stop_token_ids": [BIG]}, "stop_token_ids"),
+    ("/completions", {"stop_token_ids": [BIG]}, "stop_token_ids"), ("/completions", {"n": 17}, "n"),
 ])
 def test_out_of_range_values_are_400_naming_the_parameter(served, path, body, param):
     """Integers outside their protobuf field's range, and text that is not Unicode (a lone surrogate), are
