@@ -34,13 +34,14 @@ INT_RANGES = {FieldDescriptor.CPPTYPE_INT32: (-2 ** 31, 2 ** 31 - 1), FieldDescr
 
 def proto_int(path: str, ge: int | None = None, le: int | None = None) -> Any:
     """An int that fits the GenerateRequest field at `path` ("sampling.top_k"), which it goes into, narrowed
-    to [ge, le] where given."""
+    to [ge, le] where given. Strict, as OpenAI's API is: "4" and 4.0 are not integers."""
     descriptor = generation_pb2.GenerateRequest.DESCRIPTOR
     for name in path.split("."):
         field = descriptor.fields_by_name[name]
         descriptor = field.message_type
     low, high = INT_RANGES[field.cpp_type]
-    return Annotated[int, Field(ge=low if ge is None else max(ge, low), le=high if le is None else min(le, high))]
+    return Annotated[int, Field(strict=True, ge=low if ge is None else max(ge, low),
+                                le=high if le is None else min(le, high))]
 
 
 def _unicode(text: str) -> str:
@@ -119,7 +120,7 @@ class SamplingBody(Body):
     top_k: TopK = 0
     seed: Optional[Seed] = None
     stop: Optional[Stop] = None
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
     stop_token_ids: Optional[list[StopTokenId]] = None
     stream: bool = False
     stream_options: StreamOptions | None = None

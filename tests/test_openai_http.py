@@ -193,6 +193,11 @@ BIG = 10 ** 11      # over every 32-bit field
 def test_out_of_range_values_are_400_naming_the_parameter(served, path, body, param):
     """Integers outside their protobuf field's range, and text that is not Unicode (a lone surrogate), are
     refused when the body is read, as any other invalid parameter (not a 500 from building the request)."""
+    assert_refused_naming(served, path, body, param)
+
+
+def assert_refused_naming(served, path: str, body: dict, param: str) -> None:
+    """`body` (over a valid one) is a 400 naming `param`, in `param` and at the start of the message."""
     base = {"model": served.model, "prompt": PROMPT, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
     content = json.dumps({**base, **body})           # ASCII: a surrogate as its \u escape (httpx's json= fails)
     response = httpx.post(served.base_url + path, content=content, headers={"Content-Type": "application/json"})
@@ -200,6 +205,21 @@ def test_out_of_range_values_are_400_naming_the_parameter(served, path, body, pa
     error = response.json()["error"]
     assert error["param"] == param and error["message"].startswith(param) and error["type"] == "invalid_request_error"
     assert httpx.get(served.base_url.removesuffix("/v1") + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/completions", {"max_tokens": "4"}, "max_tokens"), ("/completions", {"max_tokens": 4.0}, "max_tokens"),
+    ("/completions", {"n": 1.0}, "n"), ("/completions", {"n": "1"}, "n"), ("/completions", {"seed": "7"}, "seed"),
+    ("/completions", {"top_k": 40.0}, "top_k"), ("/completions", {"logprobs": True}, "logprobs"),
+    ("/completions", {"prompt": [1.0]}, "prompt"), ("/completions", {"speculation": {"k": "3"}}, "speculation.k"),
+    ("/completions", {"stop_token_ids": ["14"]}, "stop_token_ids"),
+    ("/chat/completions", {"max_completion_tokens": 4.0}, "max_completion_tokens"),
+    ("/chat/completions", {"top_logprobs": "2", "logprobs": True}, "top_logprobs"),
+])
+def test_integer_parameters_take_json_integers_only(served, path, body, param):
+    """As OpenAI's API: "4", 4.0 or true is not an integer parameter (a float parameter, temperature, still
+    takes an integer: the other tests send 0)."""
+    assert_refused_naming(served, path, body, param)
 
 
 def test_unknown_keys_are_refused_inside_speculation_only(served):
