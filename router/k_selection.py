@@ -115,7 +115,7 @@ class KSelector:
         controller = self.controller(state, source)
         k = controller.choose_k()
         if regime(state) == "greedy" and source == _shown_source(state.method):
-            self.show_k(controller.k, self._origin(state, source))
+            self.show_k(controller.k, self._origin(state, source, controller))
         return k
 
     def show_k(self, k: int, k_from: str = "pool model/greedy") -> None:
@@ -130,9 +130,11 @@ class KSelector:
         name = SOURCE_NAMES[self._shown_source]
         self.show_k(self.pools[(self._shown_source, "greedy")].k, f"pool {name}/greedy")
 
-    def _origin(self, state: RequestState, source: int) -> str:
-        """Which controller KSelector.controller gives the request for `source`: its own, or its regime's pool's."""
-        if self.controller(state, source) is (state.controller or {}).get(source):
+    @staticmethod
+    def _origin(state: RequestState, source: int, controller: KController) -> str:
+        """Whose `controller` (KSelector.controller's for the request and `source`) is: its own, or its regime's
+        pool's."""
+        if controller is (state.controller or {}).get(source):
             return f"request {SOURCE_NAMES[source]}"
         return f"pool {SOURCE_NAMES[source]}/{regime(state)}"
 

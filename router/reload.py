@@ -86,9 +86,13 @@ def with_overrides(config: SpecpoolConfig, overrides: dict) -> SpecpoolConfig:
 
 
 def reload_document(config_yaml: str) -> dict:
-    """A ReloadRequest's config as parsed YAML. An empty document (or one of comments only) is refused: reloading
+    """A ReloadRequest's config as parsed YAML (a key given twice is refused, naming its line), not empty."""
+    return not_empty(parse_yaml(config_yaml, "config_yaml"), "config_yaml")
+
+
+def not_empty(data, source: str):
+    """A reloaded document, refused when empty (or comments only; a file caught while being rewritten): reloading
     every default is almost surely a mistake."""
-    data = parse_yaml(config_yaml, "config_yaml")       # a key given twice is refused, naming its line
     if data is None:
-        raise ConfigError("config_yaml: empty")
+        raise ConfigError(f"{source}: empty")
     return data

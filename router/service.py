@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from router.oplog import say
-from settings.schema import ConfigError, SpecpoolConfig, read_yaml
+from settings.schema import SpecpoolConfig, read_yaml
 
 
 def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None, metrics=None):
@@ -176,14 +176,10 @@ async def in_daemon_thread(fn, timeout: float) -> bool:
 async def reload_from_file(service: Service, path: str) -> None:
     """SIGHUP: re-read the config file and apply it, the command line's overrides over it (or keep the running
     config; the log says which, as for Admin.Reload). An empty file (one being rewritten, say) is refused."""
-    from router.reload import logged_reload
+    from router.reload import logged_reload, not_empty
 
-    def read() -> dict:
-        data = read_yaml(path)
-        if data is None:
-            raise ConfigError(f"{path}: empty")
-        return data
     try:
-        await logged_reload(service.router, read, str(Path(path).parent), f"{path} (SIGHUP)")
+        await logged_reload(service.router, lambda: not_empty(read_yaml(path), path), str(Path(path).parent),
+                            f"{path} (SIGHUP)")
     except ValueError:       # ConfigError (bad file or value) and RestartRequired: logged, running config kept
         pass
