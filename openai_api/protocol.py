@@ -32,16 +32,21 @@ INT_RANGES = {FieldDescriptor.CPPTYPE_INT32: (-2 ** 31, 2 ** 31 - 1), FieldDescr
               FieldDescriptor.CPPTYPE_INT64: (-2 ** 63, 2 ** 63 - 1), FieldDescriptor.CPPTYPE_UINT64: (0, 2 ** 64 - 1)}
 
 
+def strict(kind: type, **constraints: Any) -> Any:
+    """`kind` as OpenAI's API takes it, JSON's own type and no coercion: "4", 4.0 and true are not integers,
+    "0.5" and true are not numbers (an integer is one), 1 and "yes" are not booleans."""
+    return Annotated[kind, Field(strict=True, **constraints)]
+
+
 def proto_int(path: str, ge: int | None = None, le: int | None = None) -> Any:
-    """An int that fits the GenerateRequest field at `path` ("sampling.top_k"), which it goes into, narrowed
-    to [ge, le] where given. Strict, as OpenAI's API is: "4" and 4.0 are not integers."""
+    """A strict int that fits the GenerateRequest field at `path` ("sampling.top_k"), which it goes into,
+    narrowed to [ge, le] where given."""
     descriptor = generation_pb2.GenerateRequest.DESCRIPTOR
     for name in path.split("."):
         field = descriptor.fields_by_name[name]
         descriptor = field.message_type
     low, high = INT_RANGES[field.cpp_type]
-    return Annotated[int, Field(strict=True, ge=low if ge is None else max(ge, low),
-                                le=high if le is None else min(le, high))]
+    return strict(int, ge=low if ge is None else max(ge, low), le=high if le is None else min(le, high))
 
 
 def _unicode(text: str) -> str:
@@ -55,6 +60,14 @@ def _unicode(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_unicode)]
+Number = strict(float, allow_inf_nan=False)     # Python's JSON parser reads NaN, Infinity and 1e400 (inf)
+Flag = strict(bool)
+
+
+def _no_echo(echo: bool) -> bool:
+    if echo:
+        raise PydanticCustomError("unsupported", "only false: specpool does not echo the prompt")
+    return echo
 
 # Tags of a union's members, which an error's location carries: they have a space, unlike any field's name
 STRING, STRINGS, LIST = "a string", "a list of strings", "another list"
@@ -83,7 +96,10 @@ class Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _nulls_are_absent(cls, data: Any) -> Any:
-        return {key: value for key, value in data.items() if value is not None} if isinstance(data, dict) else data
+        """Only a known field's null: an unknown key stays, for a model that forbids them to refuse."""
+        if not isinstance(data, dict):
+            return data
+        return {key: value for key, value in data.items() if value is not None or key not in cls.model_fields}
 
 
 MaxTokens = Optional[proto_int("max_new_tokens", ge=1)]
@@ -100,29 +116,29 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 class StreamOptions(Body):
-    include_usage: bool = False
+    include_usage: Flag = False
 
 
 class Speculation(Body):
     """specpool's own extension object: a misspelt key (`kk`) is refused, not ignored as an unknown OpenAI
-    parameter at the top level is."""
+    parameter at the top level is (whatever its value: `"kk": null` too)."""
     model_config = ConfigDict(extra="forbid")
     k: Optional[SpeculationK] = None
-    disable: bool = False
+    disable: Flag = False
 
 
 class SamplingBody(Body):
     """Fields common to both endpoints."""
     model: Text
     max_tokens: MaxTokens = None
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float | None = None
+    temperature: Annotated[Number, Field(ge=0)] = 1.0
+    top_p: Optional[Number] = None
     top_k: TopK = 0
     seed: Optional[Seed] = None
     stop: Optional[Stop] = None
-    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
+    n: strict(int, ge=1, le=MAX_N) = 1
     stop_token_ids: Optional[list[StopTokenId]] = None
-    stream: bool = False
+    stream: Flag = False
     stream_options: StreamOptions | None = None
     speculation: Speculation | None = None
     user: Text | None = None
@@ -140,7 +156,7 @@ class CompletionRequest(SamplingBody):
     prompt: Prompt
     max_tokens: MaxTokens = 16
     logprobs: TopLogprobs = None
-    echo: Literal[False] = False
+    echo: Annotated[Flag, AfterValidator(_no_echo)] = False      # a strict Literal[False] would still take 0
 
 
 class ContentPart(Body):
@@ -165,7 +181,7 @@ class Message(Body):
 class ChatRequest(SamplingBody):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: MaxTokens = None
-    logprobs: bool = False
+    logprobs: Flag = False
     top_logprobs: TopLogprobs = None
 
     def params(self) -> dict[str, str]:

@@ -163,7 +163,7 @@ def test_raw_sse_framing(served):
     ({"max_tokens": 10 ** 6}, "max_tokens"), ({"logprobs": 50}, "logprobs"), ({"stop": [""]}, "stop"),
     ({"n": 0}, "n"), ({"prompt": ""}, "prompt"), ({"speculation": {"k": 99}}, "speculation.k"),
     ({"prompt": [10 ** 6]}, "prompt"), ({"stop_token_ids": [10 ** 6]}, "stop_token_ids"),
-    ({"speculation": {"kk": 3}}, "speculation.kk"),
+    ({"speculation": {"kk": 3}}, "speculation.kk"), ({"echo": True}, "echo"), ({"user": 5}, "user"),
 ])
 def test_400_names_the_parameter(served, body, param):
     response = httpx.post(served.base_url + "/completions",
@@ -197,14 +197,16 @@ def test_out_of_range_values_are_400_naming_the_parameter(served, path, body, pa
 
 
 def assert_refused_naming(served, path: str, body: dict, param: str) -> None:
-    """`body` (over a valid one) is a 400 naming `param`, in `param` and at the start of the message."""
+    """`body` (over a valid one) is a 400 naming `param`, in `param` and at the start of the message; the
+    valid one is served afterwards."""
     base = {"model": served.model, "prompt": PROMPT, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
-    content = json.dumps({**base, **body})           # ASCII: a surrogate as its \u escape (httpx's json= fails)
-    response = httpx.post(served.base_url + path, content=content, headers={"Content-Type": "application/json"})
+    json_type = {"Content-Type": "application/json"}
+    content = json.dumps({**base, **body})     # ASCII: a surrogate as its \u escape, inf as Infinity (not json=)
+    response = httpx.post(served.base_url + path, content=content, headers=json_type)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["message"].startswith(param) and error["type"] == "invalid_request_error"
-    assert httpx.get(served.base_url.removesuffix("/v1") + "/health").status_code == 200
+    assert httpx.post(served.base_url + path, content=json.dumps(base), headers=json_type).status_code == 200
 
 
 @pytest.mark.parametrize("path, body, param", [
@@ -220,6 +222,50 @@ def test_integer_parameters_take_json_integers_only(served, path, body, param):
     """As OpenAI's API: "4", 4.0 or true is not an integer parameter (a float parameter, temperature, still
     takes an integer: the other tests send 0)."""
     assert_refused_naming(served, path, body, param)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/completions", {"temperature": "0.5"}, "temperature"), ("/completions", {"temperature": True}, "temperature"),
+    ("/completions", {"top_p": "1"}, "top_p"), ("/completions", {"top_p": True}, "top_p"),
+    ("/chat/completions", {"temperature": "1"}, "temperature"),
+    ("/chat/completions", {"temperature": False}, "temperature"),
+])
+def test_float_parameters_refuse_strings_and_booleans(served, path, body, param):
+    """As OpenAI's API: a float parameter takes a JSON number (an integer too: temperature 1, as the other tests
+    send), never "0.5" or true."""
+    assert_refused_naming(served, path, body, param)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/completions", {"temperature": float("inf")}, "temperature"), ("/completions", {"top_p": float("nan")}, "top_p"),
+    ("/completions", {"top_p": float("inf")}, "top_p"), ("/chat/completions", {"top_p": -float("inf")}, "top_p"),
+])
+def test_non_finite_numbers_are_refused_when_the_body_is_read(served, path, body, param):
+    """Python's JSON parser reads NaN, Infinity and -Infinity (and 1e400 as infinity): a float parameter
+    refuses them as it reads the body, before any request reaches the router (which counts what it refuses)."""
+    refused = requests_counted(served, "INVALID_ARGUMENT")
+    assert_refused_naming(served, path, body, param)
+    assert requests_counted(served, "INVALID_ARGUMENT") == refused
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/completions", {"stream": "yes"}, "stream"), ("/completions", {"stream": 1}, "stream"),
+    ("/completions", {"echo": 0}, "echo"), ("/chat/completions", {"logprobs": 1}, "logprobs"),
+    ("/chat/completions", {"logprobs": "true"}, "logprobs"),
+    ("/completions", {"stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ("/completions", {"speculation": {"disable": "no"}}, "speculation.disable"),
+])
+def test_boolean_parameters_take_json_booleans_only(served, path, body, param):
+    """As OpenAI's API: 1, 0, "yes" or "true" is not a boolean parameter."""
+    assert_refused_naming(served, path, body, param)
+
+
+def test_an_unknown_speculation_key_is_refused_even_when_null(served):
+    """A null does not hide a misspelt key inside `speculation`; a known key's null is still absent."""
+    assert_refused_naming(served, "/completions", {"speculation": {"kk": None}}, "speculation.kk")
+    response = httpx.post(served.base_url + "/completions", json={
+        "model": served.model, "prompt": PROMPT, "max_tokens": 2, "speculation": {"k": None, "disable": None}})
+    assert response.status_code == 200, response.text
 
 
 def test_unknown_keys_are_refused_inside_speculation_only(served):
