@@ -162,9 +162,9 @@ def running(config_path: str | os.PathLike, batching: bool = True):
 @contextlib.contextmanager
 def running_data(data: dict, batching: bool = True, label: str = "a config dict"):
     """As running(), from a config dict. Its gRPC (and HTTP, if on) ports are any free ones, so that a benchmark
-    runs beside a `specpool serve` of the same config."""
+    runs beside a `specpool serve` of the same config; Admin (GetStatus) answers on the gRPC port."""
     http = data.get("http") or {}
-    data = {**data, "router": {**(data.get("router") or {}), "port": 0},
+    data = {**data, "router": {**(data.get("router") or {}), "port": 0, "admin_port": -1},
             "http": {**http, "port": 0 if http.get("port", -1) != -1 else -1}}
     if not batching:
         data.update({pool: {**(data.get(pool) or {}), "max_batch_size": 1} for pool in ("draft", "target")})

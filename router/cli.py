@@ -29,7 +29,8 @@ from router.service import Service, reload_from_file  # noqa: E402
 from settings.schema import (ConfigError, RouterConfig, SpecpoolConfig, config_from_dict, load_config,  # noqa: E402
                              read_yaml)
 
-DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_ADDRESS = "127.0.0.1:50051"         # router.port's default
+DEFAULT_ADMIN_ADDRESS = "127.0.0.1:50052"   # router.admin_host and admin_port's defaults
 FINISH_NAMES = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FINISH_REASON_STOP: "stop",
                 generation_pb2.FINISH_REASON_EOS: "eos"}
 
@@ -83,14 +84,14 @@ def on_stop_signals(loop: asyncio.AbstractEventLoop, handler) -> None:
         loop.add_signal_handler(sig, handler)
 
 
-def port_overrides(port: int | None, http_port: int | None) -> dict:
-    """serve --port / --http-port as overrides of router.port / http.port: the Service applies them over the file
-    at start and over every reloaded config (Admin.Reload, SIGHUP)."""
-    overrides = {}
-    if port is not None:
-        overrides["router"] = {"port": port}
-    if http_port is not None:
-        overrides["http"] = {"port": http_port}
+def port_overrides(port: int | None, http_port: int | None, admin_port: int | None = None) -> dict:
+    """serve --port / --http-port / --admin-port as overrides of router.port / http.port / router.admin_port: the
+    Service applies them over the file at start and over every reloaded config (Admin.Reload, SIGHUP)."""
+    overrides: dict = {}
+    for section, key, value in (("router", "port", port), ("http", "port", http_port),
+                                ("router", "admin_port", admin_port)):
+        if value is not None:
+            overrides.setdefault(section, {})[key] = value
     return overrides
 
 
@@ -279,23 +280,30 @@ def without_final_newline(text: str) -> str:
 
 
 def admin_address(args) -> str:
-    """--address, else the router address in --config, else the default."""
+    """--address, else where --config puts Admin (router.admin_host:admin_port; router.host:port at admin_port
+    -1), else the default. A wildcard host is reached on loopback; admin_port 0 (any free port) cannot be found."""
     if args.address:
         return args.address
-    if getattr(args, "config", None):
-        router = router_section(args.config)
-        return f"{'127.0.0.1' if router.host in ('0.0.0.0', '') else router.host}:{router.port}"
-    return DEFAULT_ADDRESS
+    if not getattr(args, "config", None):
+        return DEFAULT_ADMIN_ADDRESS
+    router = router_section(args.config)
+    on_public = router.admin_port < 0
+    host, port = (router.host, router.port) if on_public else (router.admin_host, router.admin_port)
+    if port == 0:
+        key = "router.port" if on_public else "router.admin_port"
+        raise ConfigError(f"{key} is 0 (any free port): give --address (serve's log says which port it took)")
+    return f"{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
 
 
 def router_section(path: str) -> RouterConfig:
-    """The config file's router.host and router.port (a RouterConfig), checked, and nothing else of it: an admin
-    command only needs to reach the server, and a copy of a config away from its model folders must still do that
-    (the server checks the document that `reload` sends, and names a bad key itself)."""
+    """The config file's router addresses (host, port, admin_host, admin_port: a RouterConfig), checked, and nothing
+    else of it: an admin command only needs to reach the server, and a copy of a config away from its model folders
+    must still do that (the server checks the document that `reload` sends, and names a bad key itself)."""
     data = read_yaml(path)
     router = data.get("router") if isinstance(data, dict) else None
     router = router if isinstance(router, dict) else {}
-    return config_from_dict({"router": {key: router[key] for key in ("host", "port") if key in router}}).router
+    keys = ("host", "port", "admin_host", "admin_port")
+    return config_from_dict({"router": {key: router[key] for key in keys if key in router}}).router
 
 
 class Parser(argparse.ArgumentParser):
@@ -314,6 +322,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     serve.add_argument("--port", type=int_in(0, 65535), help="public gRPC port (overrides router.port)")
     serve.add_argument("--http-port", type=int_in(-1, 65535),
                        help="OpenAI-compatible HTTP port (overrides http.port; -1: off)")
+    serve.add_argument("--admin-port", type=int_in(-1, 65535),
+                       help="Admin (reload, status) port (overrides router.admin_port; -1: on the public port)")
     gen = sub.add_parser("generate", help="send one request to a running server")
     gen.add_argument("--address", default=DEFAULT_ADDRESS)
     _add_generate_args(gen)
@@ -321,11 +331,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     demo.add_argument("--config", default="deploy/local.yaml")
     _add_generate_args(demo)
     reload = sub.add_parser("reload", help="hot-reload the speculation section of a running server")
-    reload.add_argument("--config", required=True, help="the new config (its router.port is the address)")
+    reload.add_argument("--config", required=True,
+                        help="the new config (its router.admin_host and admin_port are the address)")
     status = sub.add_parser("status", help="print the active config and live statistics")
-    status.add_argument("--config", help="the server's config (its router.port is the address)")
+    status.add_argument("--config", help="the server's config (its router.admin_host and admin_port are the address)")
     for admin in (reload, status):
-        admin.add_argument("--address", help=f"the server (default: from --config, else {DEFAULT_ADDRESS})")
+        admin.add_argument("--address", help="the server's Admin address (default: from --config, else "
+                                             f"{DEFAULT_ADMIN_ADDRESS})")
     for client in (gen, reload, status):
         client.add_argument("--tls-ca", help="CA bundle: connect with TLS")
         client.add_argument("--tls-cert", help="client certificate (mutual TLS)")
@@ -338,9 +350,9 @@ def run_server(args, config: SpecpoolConfig) -> int:
     client, and a `specpool serve` already on the config's port must not stop it)."""
     try:
         if args.command == "serve":
-            asyncio.run(_serve(config, args.config, port_overrides(args.port, args.http_port)))
+            asyncio.run(_serve(config, args.config, port_overrides(args.port, args.http_port, args.admin_port)))
             return 0
-        return asyncio.run(_demo(config, args, port_overrides(0, -1)))
+        return asyncio.run(_demo(config, args, port_overrides(0, -1, -1)))
     except StartFailed as exc:
         print(f"specpool: could not start: {exc}", file=sys.stderr)
         return 1

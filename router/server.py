@@ -38,6 +38,9 @@ from router.worker_client import DraftClient, TargetClient, least_loaded
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024           # a request over this gets RESOURCE_EXHAUSTED (counted)
 TRANSPORT_MAX_BYTES = 2 * MAX_MESSAGE_BYTES   # ... and one over this is cut off by gRPC before it is read
+GENERATION, ADMIN, HEALTH = (generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name,
+                             admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+                             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
 
 
 class Router:
@@ -391,8 +394,7 @@ def add_generation(servicer: GenerationServicer, server: grpc.aio.Server) -> Non
     handlers = {"Generate": grpc.stream_unary_rpc_method_handler(servicer.Generate, response_serializer=serialize),
                 "GenerateStream": grpc.stream_stream_rpc_method_handler(servicer.GenerateStream,
                                                                         response_serializer=serialize)}
-    name = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(GENERATION, handlers),))
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
@@ -423,29 +425,58 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                                            stats_json=json.dumps(router.status()))
 
 
-async def start_public_server(host: str, port: int, credentials: grpc.ServerCredentials | None = None
+class PortBusy(OSError):
+    """A configured gRPC port could not be bound (in use, or not allowed)."""
+
+
+def grpc_server() -> grpc.aio.Server:
+    """A server for specpool's clients: messages up to TRANSPORT_MAX_BYTES; a port in use is refused, not shared."""
+    return grpc.aio.server(options=[("grpc.max_receive_message_length", TRANSPORT_MAX_BYTES),
+                                    ("grpc.so_reuseport", 0)])
+
+
+def bind(server: grpc.aio.Server, key: str, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
+    """Listen on host:port (TLS with `credentials`); the port bound, or a PortBusy naming the config key."""
+    address = f"{host}:{port}"
+    try:
+        return server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError:
+        raise PortBusy(f"{key} = {port}: cannot listen on {address} (in use, or not allowed)") from None
+
+
+async def start_public_server(host: str, port: int, credentials: grpc.ServerCredentials | None = None,
+                              with_admin: bool = False
                               ) -> tuple[grpc.aio.Server, int, GenerationServicer, health_async.HealthServicer]:
-    """Start Generation + Admin + health (NOT_SERVING) + reflection; attach a Router later.
-    With `credentials` the port speaks TLS."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", TRANSPORT_MAX_BYTES),
-                                      ("grpc.so_reuseport", 0)])
+    """Start Generation + health (NOT_SERVING) + reflection, and Admin too `with_admin` (router.admin_port -1);
+    attach a Router later. With `credentials` the port speaks TLS."""
+    server = grpc_server()
     servicer = GenerationServicer()
     add_generation(servicer, server)
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(servicer), server)
+    if with_admin:
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(servicer), server)
     health = health_async.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    services = (generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name,
-                admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+    services = (GENERATION, *((ADMIN,) if with_admin else ()), HEALTH, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(services, server)
-    bind = f"{host}:{port}"
-    bound = server.add_secure_port(bind, credentials) if credentials else server.add_insecure_port(bind)
+    bound = bind(server, "router.port", host, port, credentials)
     await set_health(health, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.start()
     return server, bound, servicer, health
 
 
-HEALTH_SERVICES = ("", generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name)   # probes name either
+async def start_admin_server(generation: GenerationServicer, host: str, port: int,
+                             credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.aio.Server, int]:
+    """Start Admin (Reload, GetStatus) + reflection on a port of its own (router.admin_host:admin_port), away from
+    the port clients reach: Admin has no credentials of its own beyond the port's TLS."""
+    server = grpc_server()
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(generation), server)
+    reflection.enable_server_reflection((ADMIN, reflection.SERVICE_NAME), server)
+    bound = bind(server, "router.admin_port", host, port, credentials)
+    await server.start()
+    return server, bound
+
+
+HEALTH_SERVICES = ("", GENERATION)   # probes name either
 
 
 async def set_health(health: health_async.HealthServicer, status) -> None:

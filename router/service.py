@@ -60,6 +60,7 @@ class Service:
         self.quiet = quiet             # Ray's warnings and the workers' loading output off this terminal
         self.keep_ray = keep_ray       # leave a local Ray instance it started running (the next service reuses it)
         self.server = self.port = self.pools = self.router = self.metrics_port = self.health = self.metrics = None
+        self.admin_server = self.admin_port = None    # admin_port: where Admin answers (the public port at -1)
         self.http = self.http_port = None
         self.owns_ray = False          # this service started the local Ray instance (and stops it)
 
@@ -68,12 +69,13 @@ class Service:
         from router.server import mark_ready, start_public_server
         from settings.tls import server_credentials
 
-        credentials = server_credentials(self.config.tls, self.config.tls.client_auth)
+        credentials, router = server_credentials(self.config.tls, self.config.tls.client_auth), self.config.router
         self.server, self.port, servicer, self.health = await start_public_server(
-            self.config.router.host, self.config.router.port, credentials)
-        say(f"gRPC on {self.config.router.host}:{self.port} (NOT_SERVING until the target pool is ready)")
+            router.host, router.port, credentials, with_admin=router.admin_port < 0)
+        say(f"gRPC on {router.host}:{self.port} (NOT_SERVING until the target pool is ready)")
         connecting = True
         try:
+            await self._start_admin(servicer, credentials)
             await self._start_http(servicer)
             self._start_metrics()           # every port is bound before Ray starts: a busy one fails at once
             self.owns_ray = await to_thread_to_its_end(launch.connect, self.config, self.quiet)
@@ -98,6 +100,18 @@ class Service:
         if self.config.router.metrics_port >= 0:
             self.metrics_port = self.metrics.serve(self.config.router.host, self.config.router.metrics_port)
             say(f"metrics on http://{self.config.router.host}:{self.metrics_port}/metrics")
+
+    async def _start_admin(self, servicer, credentials) -> None:
+        """Admin (specpool reload / status) on router.admin_host:admin_port, or on the public port at -1."""
+        from router.server import start_admin_server
+        router = self.config.router
+        if router.admin_port < 0:
+            self.admin_port = self.port
+            say(f"admin (specpool reload / status) on the public port {self.port}")
+            return
+        self.admin_server, self.admin_port = await start_admin_server(servicer, router.admin_host, router.admin_port,
+                                                                      credentials)
+        say(f"admin (specpool reload / status) on {router.admin_host}:{self.admin_port}")
 
     async def drafts_loaded(self) -> None:
         """Wait until no draft replica is still loading (each has joined the pool, or failed to load)."""
@@ -126,7 +140,7 @@ class Service:
             say(f"draining {self.router.in_flight} request(s) (grace {grace:g}s)")
             await self.router.drained(grace)
         left = max(grace - (time.monotonic() - started), 0.0)
-        await asyncio.gather(*(server.stop(left) for server in (self.http, self.server) if server))
+        await asyncio.gather(*(server.stop(left) for server in (self.http, self.server, self.admin_server) if server))
         if self.router:
             await self.router.close()
         if self.metrics:

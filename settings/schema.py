@@ -237,6 +237,8 @@ class RouterConfig:
     worker_timeout_s: float = 30.0   # per router -> worker call
     ready_timeout_s: float = 600.0   # how long serve waits for every pool to load
     metrics_port: int = -1           # Prometheus /metrics on router.host (-1: off, 0: any free port)
+    admin_host: str = "127.0.0.1"    # interface the Admin service (specpool reload / status) binds
+    admin_port: int = 50052          # its port (0: any free port; -1: on the public port, beside Generation)
     max_active_requests: int = 64    # requests generating at once; more wait in the admission queue
     max_queued_requests: int = 256   # beyond this, RESOURCE_EXHAUSTED at once
     max_prompt_tokens: int = 0       # size cap on prompts (0: the model's context)
@@ -245,9 +247,12 @@ class RouterConfig:
     target_recovery_s: float = 60.0  # how long a request waits for a failed target to come back
 
     def validate(self, section: str = "router") -> None:
-        for key in ("port", "metrics_port"):
+        for key in ("port", "metrics_port", "admin_port"):
             if not -1 <= getattr(self, key) <= 65535 or (key == "port" and self.port < 0):
                 raise ConfigError(f"{section}.{key}: must be a port number (got {getattr(self, key)!r})")
+        if self.admin_port == self.port > 0 and self.admin_host == self.host:
+            raise ConfigError(f"{section}.admin_port: {self.admin_port} is router.port too (-1 serves Admin on "
+                              f"the public port)")
         for key in ("worker_timeout_s", "ready_timeout_s", "max_active_requests", "shutdown_grace_s",
                     "target_recovery_s"):
             if getattr(self, key) <= 0:

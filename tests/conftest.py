@@ -92,7 +92,7 @@ def ray_local():
 def service_config(pair, **overrides) -> dict:
     draft, target = pair
     config = {
-        "router": {"host": "127.0.0.1", "port": 0, "worker_timeout_s": 60.0},
+        "router": {"host": "127.0.0.1", "port": 0, "admin_port": 0, "worker_timeout_s": 60.0},
         "ray": {"node_ip": "127.0.0.1"},
         "draft": {"model": draft, "resources": {"draft_pool": 1}, "num_threads": 1},
         "target": {"model": target, "resources": {"target_pool": 1}, "num_threads": 1},
@@ -114,6 +114,7 @@ class RunningService:
         if drafts_loaded:
             self._run(self.service.drafts_loaded())
         self.address = f"127.0.0.1:{self.service.port}"
+        self.admin_address = f"127.0.0.1:{self.service.admin_port}"     # Admin (reload, status): a port of its own
         self.channel = grpc.insecure_channel(self.address)
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
 

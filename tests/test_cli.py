@@ -56,13 +56,23 @@ def test_prompt_from_stdin_file_or_argument(tmp_path, monkeypatch):
 
 
 def test_admin_address_comes_from_config(tmp_path):
+    """reload / status dial Admin where the config puts it: router.admin_host:admin_port (a wildcard host on
+    loopback), router.host:port at admin_port -1; --address wins; admin_port 0 cannot be found, and says so."""
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"router": {"host": "0.0.0.0", "port": 50123}}))
     parser, _ = cli.build_parser()
-    assert cli.admin_address(parser.parse_args(["status", "--config", str(path)])) == "127.0.0.1:50123"
-    assert cli.admin_address(parser.parse_args(["reload", "--config", str(path)])) == "127.0.0.1:50123"
+
+    def address(router: dict, *extra: str) -> str:
+        path.write_text(yaml.safe_dump({"router": router}))
+        return cli.admin_address(parser.parse_args(["status", "--config", str(path), *extra]))
+    assert address({"host": "0.0.0.0", "port": 50123}) == "127.0.0.1:50052"
+    assert address({"port": 50123, "admin_host": "0.0.0.0", "admin_port": 50124}) == "127.0.0.1:50124"
+    assert address({"admin_host": "10.1.2.3", "admin_port": 50124}) == "10.1.2.3:50124"
+    assert address({"host": "0.0.0.0", "port": 50123, "admin_port": -1}) == "127.0.0.1:50123"
+    assert address({"admin_port": 50124}, "--address", "h:1") == "h:1"
+    with pytest.raises(ConfigError, match=r"^router.admin_port is 0 \(any free port\): give --address"):
+        address({"admin_port": 0})
     assert cli.admin_address(parser.parse_args(["reload", "--config", str(path), "--address", "h:1"])) == "h:1"
-    assert cli.admin_address(parser.parse_args(["status"])) == cli.DEFAULT_ADDRESS
+    assert cli.admin_address(parser.parse_args(["status"])) == cli.DEFAULT_ADMIN_ADDRESS == "127.0.0.1:50052"
 
 
 def served_ports(monkeypatch, args) -> tuple[int, int]:
@@ -75,20 +85,22 @@ def served_ports(monkeypatch, args) -> tuple[int, int]:
         return 0
     monkeypatch.setattr(cli, "_serve" if args.command == "serve" else "_demo", start)
     assert cli.run_server(args, config_from_dict({"router": {"port": 50051}, "http": {"port": 8000}})) == 0
-    return seen["config"].router.port, seen["config"].http.port
+    return seen["config"].router.port, seen["config"].http.port, seen["config"].router.admin_port
 
 
 def test_serve_ports_override_the_config(monkeypatch):
     """--port / --http-port reach the Service as overrides, which it applies over the file (and its Router over
     every reloaded file: tests/test_e2e_admin.py)."""
-    def serve(port, http_port):
-        return argparse.Namespace(command="serve", config="c.yaml", port=port, http_port=http_port)
-    assert served_ports(monkeypatch, serve(50999, 8123)) == (50999, 8123)
-    assert served_ports(monkeypatch, serve(None, None)) == (50051, 8000)
+    def serve(port, http_port, admin_port=None):
+        return argparse.Namespace(command="serve", config="c.yaml", port=port, http_port=http_port,
+                                  admin_port=admin_port)
+    assert served_ports(monkeypatch, serve(50999, 8123, 50998)) == (50999, 8123, 50998)
+    assert served_ports(monkeypatch, serve(None, None)) == (50051, 8000, 50052)
 
 
 def test_demo_serves_on_any_free_port_so_a_running_serve_does_not_stop_it(monkeypatch):
-    assert served_ports(monkeypatch, argparse.Namespace(command="demo")) == (0, -1)
+    """gRPC on any free port, no HTTP, Admin on that gRPC port (-1): a running serve's ports are left alone."""
+    assert served_ports(monkeypatch, argparse.Namespace(command="demo")) == (0, -1, -1)
 
 
 @pytest.mark.parametrize("piped, prompt", [("def f(\n", "def f("), ("def f(\r\n", "def f("), ("def f(", "def f("),
@@ -127,14 +139,16 @@ def test_mean_accepted_length_counts_each_pass_s_committed_tokens_even_past_a_st
 
 
 def test_admin_address_of_a_copied_config_needs_no_model_folders(tmp_path):
-    """`cp deploy/local.yaml /tmp/x/my.yaml` (port edited): status and reload read only the address from it
+    """`cp deploy/local.yaml /tmp/x/my.yaml` (admin port edited): status and reload read only the address from it
     (they said 'config error: draft.model: no model folder ...'); a bad address is still named."""
     copied = tmp_path / "x" / "my.yaml"
     copied.parent.mkdir()
-    copied.write_text((ROOT / "deploy" / "local.yaml").read_text().replace("port: 50051", "port: 50071"))
+    local = (ROOT / "deploy" / "local.yaml").read_text()
+    assert "admin_port: 50052" in local
+    copied.write_text(local.replace("admin_port: 50052", "admin_port: 50072"))
     parser, _ = cli.build_parser()
     for command in ("status", "reload"):
-        assert cli.admin_address(parser.parse_args([command, "--config", str(copied)])) == "127.0.0.1:50071"
+        assert cli.admin_address(parser.parse_args([command, "--config", str(copied)])) == "127.0.0.1:50072"
     copied.write_text(yaml.safe_dump({"router": {"port": "fifty"}, "draft": {"model": "nowhere/to/be/found"}}))
     with pytest.raises(ConfigError, match="^router.port: must be int"):
         cli.admin_address(parser.parse_args(["status", "--config", str(copied)]))

@@ -17,7 +17,7 @@ import grpc
 import pytest
 import yaml
 
-from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
+from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc
 from settings.schema import load_config
 from tests.conftest import service_config
 
@@ -54,7 +54,7 @@ def service(start_service, config_file):
 
 @pytest.fixture(scope="module")
 def admin(service):
-    channel = grpc.insecure_channel(service.address)
+    channel = grpc.insecure_channel(service.admin_address)
     yield admin_pb2_grpc.AdminStub(channel)
     channel.close()
 
@@ -178,7 +178,7 @@ def test_readme_reload_command_and_sighup_accept_relative_model_paths(service, a
     try:
         write_config(config_file, with_speculation(config, k=3))
         capsys.readouterr()
-        assert main(["reload", "--config", name, "--address", service.address]) == 0
+        assert main(["reload", "--config", name, "--address", service.admin_address]) == 0
         assert "k: 3" in capsys.readouterr().out
         assert_k_in_force(service, admin, 3)
         assert first_round_k(service) == 3
@@ -254,7 +254,7 @@ def test_admin_commands_with_a_copied_config_reach_the_server_which_checks_it(se
     from router.cli import main
     copied = tmp_path / "x" / "my.yaml"
     copied.parent.mkdir()
-    write_config(copied, {**config, "router": {**config["router"], "port": service.service.port},
+    write_config(copied, {**config, "router": {**config["router"], "admin_port": service.service.admin_port},
                           "draft": {**config["draft"], "model": "models/pair/draft"},
                           "target": {**config["target"], "model": "models/pair/target"}})
     capsys.readouterr()
@@ -265,12 +265,32 @@ def test_admin_commands_with_a_copied_config_reach_the_server_which_checks_it(se
     assert_k_in_force(service, admin, 1)
 
 
+def test_admin_answers_on_its_own_port_and_not_on_the_public_one(service, admin):
+    """Admin (Reload, GetStatus) has no credentials of its own beyond the port's TLS: it answers on
+    router.admin_host:admin_port (loopback by default), and the public port, which clients reach, answers it
+    UNIMPLEMENTED (any client of the public port could reload the config). The admin port serves no generation."""
+    assert service.service.admin_port not in (0, service.service.port)
+    assert json.loads(admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=30).stats_json)["pool"]["k"] == 1
+    with grpc.insecure_channel(service.address) as public:
+        for call, request in (("GetStatus", admin_pb2.GetStatusRequest()),
+                              ("Reload", admin_pb2.ReloadRequest(config_yaml="speculation: {k: 2}\n"))):
+            with pytest.raises(grpc.RpcError) as info:
+                getattr(admin_pb2_grpc.AdminStub(public), call)(request, timeout=30)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED, call
+    with grpc.insecure_channel(service.admin_address) as private:
+        with pytest.raises(grpc.RpcError) as info:
+            generation_pb2_grpc.GenerationStub(private).Generate(
+                generation_pb2.GenerateRequest(prompt="x", max_new_tokens=1), timeout=30)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert_k_in_force(service, admin, 1)
+
+
 def test_status_prints_the_statistics_as_indented_json(service, capsys):
     """`specpool status` prints the live statistics indented, not as one long line (Admin.GetStatus's
     stats_json stays compact)."""
     from router.cli import main
     capsys.readouterr()
-    assert main(["status", "--address", service.address]) == 0
+    assert main(["status", "--address", service.admin_address]) == 0
     out = capsys.readouterr().out
     stats = out[out.index("\n{\n") + 1:]
     assert json.loads(stats)["pool"]["k"] == 1

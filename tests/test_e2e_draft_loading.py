@@ -57,7 +57,7 @@ def config(pair, **draft) -> dict:
 
 
 def status(service) -> dict:
-    with grpc.insecure_channel(service.address) as channel:
+    with grpc.insecure_channel(service.admin_address) as channel:
         return json.loads(admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.GetStatusRequest()).stats_json)
 
 

@@ -53,7 +53,7 @@ def test_reload_adds_replicas_while_serving(growing, reference_generate):
     thread = threading.Thread(target=lambda: in_flight.update(r=service.stub.Generate(request, timeout=300)))
     thread.start()
     bigger = {**config, "draft": {**config["draft"], "replicas": 2}, "target": {**config["target"], "replicas": 2}}
-    with grpc.insecure_channel(service.address) as channel:
+    with grpc.insecure_channel(service.admin_address) as channel:
         admin_pb2_grpc.AdminStub(channel).Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(bigger)),
                                                  timeout=300)
         with pytest.raises(grpc.RpcError) as info:                     # scaling down needs a restart

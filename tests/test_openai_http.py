@@ -590,6 +590,6 @@ def test_cli_generate_from_stdin_and_status_from_config(served, target, tmp_path
     completion = target[1].decode(greedy_alone(target, PROMPT, 12), skip_special_tokens=True)
     assert capsys.readouterr().out.startswith(PROMPT + completion + "\n[12 tokens, finish=length")
     path = tmp_path / "served.yaml"
-    path.write_text(yaml.safe_dump({"router": {"port": served.service.port}}))
+    path.write_text(yaml.safe_dump({"router": {"port": served.service.port, "admin_port": served.service.admin_port}}))
     assert cli.main(["status", "--config", str(path)]) == 0
     assert "active_requests" in capsys.readouterr().out

@@ -32,6 +32,8 @@ def test_local_config_loads():
     ({"draft": {"replica": 2}}, "draft.replica: unknown key"),
     ({"target": {"tensor_parallel_size": 0}}, "target.tensor_parallel_size:"),
     ({"router": {"port": "x"}}, "router.port: must be int"),
+    ({"router": {"admin_port": 70000}}, "router.admin_port: must be a port number"),
+    ({"router": {"port": 50060, "admin_port": 50060}}, "router.admin_port: 50060 is router.port too"),
     ({"speculation": {"draft_sampling": "beam"}}, "speculation.draft_sampling:"),
     ({"speculation": {"k": -1}}, "speculation.k:"),
     ({"speculation": {"overlap_branch_guesses": 3}}, "speculation.overlap_branch_guesses: must be 1 or 2"),

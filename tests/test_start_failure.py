@@ -12,7 +12,7 @@ def test_failed_start_is_one_line_and_frees_the_public_server(tmp_path, monkeypa
         raise Exception("The current node timed out during startup.\nThis could happen because ...")
     monkeypatch.setattr(launch, "connect", slow_ray)
     path = tmp_path / "specpool.yaml"
-    path.write_text(yaml.safe_dump({"router": {"host": "127.0.0.1", "port": 0}}))
+    path.write_text(yaml.safe_dump({"router": {"host": "127.0.0.1", "port": 0, "admin_port": 0}}))
     assert cli.main(["demo", "--config", str(path), "hello"]) == 1
     gc.collect()                                    # a server left running would complain here, its loop closed
     err = capsys.readouterr().err

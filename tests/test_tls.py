@@ -1,11 +1,12 @@
-"""TLS on the public port and mutual TLS on router <-> worker channels."""
+"""TLS on the public and admin ports and mutual TLS on router <-> worker channels."""
 import datetime
 import ipaddress
+import json
 
 import grpc
 import pytest
 
-from protos.specpool.v1 import generation_pb2, generation_pb2_grpc
+from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc
 from settings.schema import ConfigError, config_from_dict
 from tests.conftest import service_config
 
@@ -53,11 +54,11 @@ def service(start_service, byte_pair, certs):
     return start_service(config)
 
 
-def tls_channel(service, certs, with_client_cert=True):
+def tls_channel(service, certs, with_client_cert=True, address=None):
     read = lambda key: open(certs[key], "rb").read()  # noqa: E731
     credentials = grpc.ssl_channel_credentials(read("ca"), read("key") if with_client_cert else None,
                                                read("cert") if with_client_cert else None)
-    return grpc.secure_channel(service.address, credentials)
+    return grpc.secure_channel(address or service.address, credentials)
 
 
 REQUEST = generation_pb2.GenerateRequest(prompt_token_ids=[1, 2, 3], max_new_tokens=8)
@@ -75,6 +76,22 @@ def test_clients_without_credentials_are_refused(service, certs, client):
         tls_channel(service, certs, with_client_cert=False)
     with channel, pytest.raises(grpc.RpcError) as info:
         generation_pb2_grpc.GenerationStub(channel).Generate(REQUEST, timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("client", ["mutual TLS", "plaintext", "no client certificate"])
+def test_the_admin_port_speaks_what_the_public_port_speaks(service, certs, client):
+    """Admin's own port (router.admin_port) takes the public port's TLS: only a client certificate reaches it."""
+    address = service.admin_address
+    channel = (grpc.insecure_channel(address) if client == "plaintext" else
+               tls_channel(service, certs, with_client_cert=client == "mutual TLS", address=address))
+    with channel:
+        call = admin_pb2_grpc.AdminStub(channel).GetStatus
+        if client == "mutual TLS":
+            assert "target" in json.loads(call(admin_pb2.GetStatusRequest(), timeout=30).stats_json)["workers"]
+            return
+        with pytest.raises(grpc.RpcError) as info:
+            call(admin_pb2.GetStatusRequest(), timeout=10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
 

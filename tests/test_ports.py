@@ -1,0 +1,75 @@
+"""The router's ports: a busy one (router.metrics_port, router.admin_port, router.port) fails the start at once, in
+one line naming the key and the port, before Ray starts (so nothing is left behind: Ray is made to fail the test if
+it is reached); Admin answers on the public port only at router.admin_port -1."""
+import gc
+import socket
+
+import pytest
+import yaml
+
+from router import cli, launch
+
+
+def serve_with_a_busy_port(key: str, tmp_path, monkeypatch, capsys) -> tuple[int, str]:
+    """`specpool serve` of a config whose router.`key` is a port held by a listening socket: (the port, stderr),
+    after checking that serve exited 1 without reaching Ray."""
+    def no_ray(config, quiet=False):
+        raise AssertionError(f"Ray was started before router.{key} was bound")
+    monkeypatch.setattr(launch, "connect", no_ray)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        path = tmp_path / "specpool.yaml"
+        path.write_text(yaml.safe_dump({"router": {"host": "127.0.0.1", "port": 0, "admin_port": 0, key: port}}))
+        assert cli.main(["serve", "--config", str(path)]) == 1
+    gc.collect()                                    # a server left running would complain here, its loop closed
+    return port, capsys.readouterr().err.strip()
+
+
+def test_a_busy_metrics_port_fails_at_once_naming_the_key_and_the_port(tmp_path, monkeypatch, capsys):
+    """router.metrics_port is bound with the public ports, before Ray starts: a busy one fails the start at once
+    (it failed after Ray had started and the pools had loaded, with 'OSError: [Errno 98] Address already in use',
+    and left Ray's agents running)."""
+    port, err = serve_with_a_busy_port("metrics_port", tmp_path, monkeypatch, capsys)
+    assert err == (f"specpool: could not start: MetricsPortBusy: router.metrics_port = {port}: cannot listen "
+                   f"on 127.0.0.1:{port}: Address already in use")
+
+
+@pytest.mark.parametrize("key", ["admin_port", "port"])
+def test_a_busy_grpc_port_fails_at_once_naming_the_key_and_the_port(key, tmp_path, monkeypatch, capsys):
+    """router.admin_port and router.port: a busy one is named in one line, before Ray starts (router.port's said
+    'RuntimeError: Failed to bind to address ...; set GRPC_VERBOSITY=debug environment variable to see detailed
+    error message', naming no key)."""
+    port, err = serve_with_a_busy_port(key, tmp_path, monkeypatch, capsys)
+    assert err == (f"specpool: could not start: PortBusy: router.{key} = {port}: cannot listen on "
+                   f"127.0.0.1:{port} (in use, or not allowed)")
+
+
+@pytest.mark.parametrize("with_admin", [True, False])
+def test_admin_is_on_the_public_port_only_at_admin_port_minus_one(with_admin):
+    """router.admin_port -1 (`with_admin`) serves Admin beside Generation, as `specpool demo` and the benchmarks
+    run; any other value leaves it off the public port (UNIMPLEMENTED there), on a port of its own."""
+    import asyncio
+
+    import grpc
+
+    from protos.specpool.v1 import admin_pb2, admin_pb2_grpc
+    from router.server import start_admin_server, start_public_server
+
+    async def status_codes() -> list:
+        server, port, servicer, _ = await start_public_server("127.0.0.1", 0, with_admin=with_admin)
+        admin, admin_port = await start_admin_server(servicer, "127.0.0.1", 0)
+        codes = []
+        try:
+            for bound in (port, admin_port):
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{bound}") as channel:
+                    try:
+                        await admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.GetStatusRequest(), timeout=10)
+                    except grpc.aio.AioRpcError as exc:
+                        codes.append(exc.code())
+        finally:
+            await asyncio.gather(server.stop(0), admin.stop(0))
+        return codes
+    loading = grpc.StatusCode.UNAVAILABLE              # Admin is there: no router attached yet ("still loading")
+    assert asyncio.run(status_codes()) == [loading if with_admin else grpc.StatusCode.UNIMPLEMENTED, loading]
