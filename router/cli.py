@@ -224,9 +224,14 @@ def run_admin(args) -> int:
                 response = stub.GetStatus(admin_pb2.GetStatusRequest())
                 print(response.config_yaml + "\n" + json.dumps(json.loads(response.stats_json), indent=2))
         except grpc.RpcError as exc:
-            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            hint = NO_ADMIN_HINT.format(args.address) if exc.code() == grpc.StatusCode.UNIMPLEMENTED else ""
+            print(f"error: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)
             return 1
     return 0
+
+
+NO_ADMIN_HINT = (" (no Admin service at {}: it listens on router.admin_host:admin_port, 127.0.0.1:50052 by default, "
+                 "not on the public port)")
 
 
 def int_in(low: int, high: int):

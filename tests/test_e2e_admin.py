@@ -265,7 +265,7 @@ def test_admin_commands_with_a_copied_config_reach_the_server_which_checks_it(se
     assert_k_in_force(service, admin, 1)
 
 
-def test_admin_answers_on_its_own_port_and_not_on_the_public_one(service, admin):
+def test_admin_answers_on_its_own_port_and_not_on_the_public_one(service, admin, capsys):
     """Admin (Reload, GetStatus) has no credentials of its own beyond the port's TLS: it answers on
     router.admin_host:admin_port (loopback by default), and the public port, which clients reach, answers it
     UNIMPLEMENTED (any client of the public port could reload the config). The admin port serves no generation."""
@@ -282,6 +282,12 @@ def test_admin_answers_on_its_own_port_and_not_on_the_public_one(service, admin)
             generation_pb2_grpc.GenerationStub(private).Generate(
                 generation_pb2.GenerateRequest(prompt="x", max_new_tokens=1), timeout=30)
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    from router.cli import main
+    capsys.readouterr()
+    assert main(["status", "--address", service.address]) == 1           # the public port: says where Admin is
+    assert capsys.readouterr().err == (f"error: UNIMPLEMENTED: Method not found! (no Admin service at "
+                                       f"{service.address}: it listens on router.admin_host:admin_port, "
+                                       f"127.0.0.1:50052 by default, not on the public port)\n")
     assert_k_in_force(service, admin, 1)
 
 
