@@ -56,6 +56,7 @@ def connect(config: SpecpoolConfig, quiet: bool = False) -> bool:
     errors on this terminal, and the workers' output (model loading) left in Ray's log files."""
     if ray.is_initialized():
         return False
+    logging.getLogger("ray._private.worker").addFilter(no_sigterm_notice)
     address = config.ray.address or os.environ.get("RAY_ADDRESS") or "local"   # "local": never join by accident
     kwargs = {"namespace": config.ray.namespace, "log_to_driver": not quiet,
               "logging_level": logging.ERROR if quiet else logging.INFO}
@@ -71,6 +72,13 @@ def connect(config: SpecpoolConfig, quiet: bool = False) -> bool:
         disconnect()
         ray.init(address=address, **kwargs)
     return True
+
+
+def no_sigterm_notice(record: logging.LogRecord) -> bool:
+    """A logging filter that drops ray.init's "SIGTERM handler is not set because current thread is not the main
+    thread": serve calls it on a thread on purpose, and handles SIGTERM itself (a drain); Ray's handler, which the
+    warning misses, would exit at once. On serve's terminal the line read as if SIGTERM went unhandled."""
+    return not record.getMessage().startswith("SIGTERM handler is not set")
 
 
 def local(config: SpecpoolConfig) -> bool:

@@ -99,6 +99,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path, byte_pair, reference_genera
         assert exited - finished < 10, f"serve took {exited - finished:.1f}s to exit after its last request"
         assert [t for c in chunks for t in c.token_ids] == reference_generate([3, 1, 4, 1, 5], 400)
         assert chunks[-1].finish_reason == generation_pb2.FINISH_REASON_LENGTH
+        assert "SIGTERM handler is not set" not in (tmp_path / "serve.log").read_text()   # it is: serve drains
     finally:
         channel.close()
         if server.poll() is None:
