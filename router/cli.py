@@ -224,14 +224,21 @@ def run_admin(args) -> int:
                 response = stub.GetStatus(admin_pb2.GetStatusRequest())
                 print(response.config_yaml + "\n" + json.dumps(json.loads(response.stats_json), indent=2))
         except grpc.RpcError as exc:
-            hint = NO_ADMIN_HINT.format(args.address) if exc.code() == grpc.StatusCode.UNIMPLEMENTED else ""
-            print(f"error: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)
+            print(f"error: {exc.code().name}: {exc.details()}{admin_hint(exc, args.address)}", file=sys.stderr)
             return 1
     return 0
 
 
-NO_ADMIN_HINT = (" (no Admin service at {}: it listens on router.admin_host:admin_port, 127.0.0.1:50052 by default, "
-                 "not on the public port)")
+def admin_hint(exc: grpc.RpcError, address: str) -> str:
+    """What an admin command's failure to reach Admin at `address` likely means: Admin is not on that port (the
+    public one, say), or nothing listens there. An error the server itself sent needs none."""
+    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+        return (f" (no Admin service at {address}: it listens on router.admin_host:admin_port, 127.0.0.1:50052 by "
+                f"default, not on the public port)")
+    if exc.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (exc.details() or "").lower():
+        return (f" (nothing listens at {address}: is specpool serve running? The address is --config's "
+                f"router.admin_host:admin_port, 127.0.0.1:50052 by default; --address gives another)")
+    return ""
 
 
 def int_in(low: int, high: int):

@@ -219,3 +219,20 @@ def test_ctrl_c_cancels_generate_in_one_line_with_exit_status_130(endless, strea
         code, err, seconds = interrupted_generate(address, servicer.calls, stream)
         assert (code, err) == (130, "interrupted\n"), err
         assert seconds < 5
+
+
+def test_an_admin_command_with_nothing_at_its_address_says_what_to_check(tmp_path, capsys):
+    """`specpool status` where nothing listens (serve not running, or a config whose admin port is not the running
+    server's): the transport's error, then what to check; it printed gRPC's 'failed to connect to all addresses'
+    alone."""
+    import socket
+    with socket.socket() as probe:                 # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"router": {"admin_port": port}}))
+    assert cli.main(["status", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: UNAVAILABLE: ") and err.endswith(
+        f" (nothing listens at 127.0.0.1:{port}: is specpool serve running? The address is --config's "
+        f"router.admin_host:admin_port, 127.0.0.1:50052 by default; --address gives another)\n"), err
