@@ -22,10 +22,12 @@ from pathlib import Path
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")   # Ray forks while gRPC threads run; keep that quiet
 
 import grpc  # noqa: E402
+import yaml  # noqa: E402
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc  # noqa: E402
 from router.oplog import say  # noqa: E402
 from router.service import Service, reload_from_file  # noqa: E402
+from router import status_summary  # noqa: E402
 from settings.schema import (ConfigError, RouterConfig, SpecpoolConfig, config_from_dict, load_config,  # noqa: E402
                              read_yaml)
 
@@ -221,12 +223,22 @@ def run_admin(args) -> int:
                 print(f"reloaded: {', '.join(response.changes) or 'no change'}\n"
                       f"speculation now:\n{response.speculation_yaml}")
             else:
-                response = stub.GetStatus(admin_pb2.GetStatusRequest())
-                print(response.config_yaml + "\n" + json.dumps(json.loads(response.stats_json), indent=2))
+                print(status_text(stub.GetStatus(admin_pb2.GetStatusRequest()), args.full, args.json))
         except grpc.RpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}{admin_hint(exc, args.address)}", file=sys.stderr)
             return 1
     return 0
+
+
+def status_text(response: admin_pb2.GetStatusResponse, full: bool, as_json: bool) -> str:
+    """`specpool status`: the summary (router/status_summary.py); --full: the running config as YAML, then the
+    statistics as indented JSON; --json: the statistics alone (for jq and scripts)."""
+    stats = json.loads(response.stats_json)
+    if as_json:
+        return json.dumps(stats, indent=2)
+    if full:
+        return response.config_yaml + "\n" + json.dumps(stats, indent=2)
+    return status_summary.summary(yaml.safe_load(response.config_yaml) or {}, stats)
 
 
 def admin_hint(exc: grpc.RpcError, address: str) -> str:
@@ -347,6 +359,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
                         help="the new config (its router.admin_host and admin_port are the address)")
     status = sub.add_parser("status", help="print the active config and live statistics")
     status.add_argument("--config", help="the server's config (its router.admin_host and admin_port are the address)")
+    shown = status.add_mutually_exclusive_group()
+    shown.add_argument("--full", action="store_true", help="the running config, then every statistic (long)")
+    shown.add_argument("--json", action="store_true", help="the statistics alone, as JSON")
     for admin in (reload, status):
         admin.add_argument("--address", help="the server's Admin address (default: from --config, else "
                                              f"{DEFAULT_ADMIN_ADDRESS})")

@@ -291,16 +291,25 @@ def test_admin_answers_on_its_own_port_and_not_on_the_public_one(service, admin,
     assert_k_in_force(service, admin, 1)
 
 
-def test_status_prints_the_statistics_as_indented_json(service, capsys):
-    """`specpool status` prints the live statistics indented, not as one long line (Admin.GetStatus's
-    stats_json stays compact)."""
+def test_status_prints_a_summary_and_the_whole_on_asking(service, capsys):
+    """`specpool status` prints a summary of a dozen lines (it printed ~500: the config, then every controller's
+    statistics); --full prints those, the statistics indented, not one long line (Admin.GetStatus's stats_json
+    stays compact); --json the statistics alone, for jq."""
     from router.cli import main
     capsys.readouterr()
     assert main(["status", "--address", service.admin_address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("SERVING: 1 of 1 target replica(s) ready; ") and len(lines) < 15, lines
+    assert lines[1].startswith("K now 1 (from ") and "draft.method model, draft_sampling greedy" in lines[1]
+    assert main(["status", "--address", service.admin_address, "--full"]) == 0
     out = capsys.readouterr().out
+    assert out.startswith("router:\n")
     stats = out[out.index("\n{\n") + 1:]
     assert json.loads(stats)["pool"]["k"] == 1
     assert '\n  "pool": {\n    "' in stats and max(map(len, stats.splitlines())) < 200
+    assert main(["status", "--address", service.admin_address, "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert alone.keys() == json.loads(stats).keys() and alone["pool"]["k"] == 1
 
 
 def test_admin_reload_leaves_one_line_in_serves_log_saying_what_changed_or_why_it_was_refused(service, admin, config,

@@ -1,0 +1,59 @@
+"""What `specpool status` prints first: a dozen lines an on-call engineer can read at a glance, built from
+Admin.GetStatus's running config and live statistics (the whole of both, ~500 lines: `specpool status --full`;
+the statistics alone as JSON, for jq and scripts: `specpool status --json`).
+
+    specpool status --config deploy/local.yaml
+"""
+from __future__ import annotations
+
+FOOTER = "all of the config and statistics: specpool status --full (the statistics as JSON: --json)"
+
+
+def summary(config: dict, stats: dict) -> str:
+    """The summary of a running server's `config` (Admin.GetStatus config_yaml, parsed) and `stats` (stats_json)."""
+    return "\n".join([serving_line(stats), k_line(config, stats), acceptance_line(stats["pool"]), "workers:",
+                      *worker_lines(stats), FOOTER])
+
+
+def serving_line(stats: dict) -> str:
+    """Whether it serves (a target replica is ready, as health says) and the requests in it."""
+    targets = stats["workers"]["target"]
+    ready = sum(worker["state"] == "ready" for worker in targets)
+    state = "SERVING" if ready else "NOT_SERVING (no target replica is ready)"
+    return (f"{state}: {ready} of {len(targets)} target replica(s) ready; {stats['active_requests']} request(s) "
+            f"generating, {stats['queued_requests']} queued")
+
+
+def k_line(config: dict, stats: dict) -> str:
+    """The K greedy draft-model rounds get now, who chose it, and the speculation settings that shape it."""
+    speculation, method = config.get("speculation", {}), config.get("draft", {}).get("method", "model")
+    overlap = "on" if speculation.get("overlap") else "off"
+    return (f"K now {stats['k']} (from {stats['k_from']}); policy {speculation.get('policy')}, draft.method "
+            f"{method}, draft_sampling {speculation.get('draft_sampling')}, overlap {overlap}")
+
+
+def acceptance_line(pool: dict) -> str:
+    """The pool controller's acceptance at each draft position it has seen verified (model drafts, greedy), with
+    the drafts verified there."""
+    seen = [f"{rate:.2f} ({samples})" for rate, samples in zip(pool["acceptance"], pool["samples"]) if samples]
+    if not seen:
+        return "acceptance: no draft-model drafts verified yet"
+    return f"acceptance by draft position (drafts verified), model drafts, greedy: {' '.join(seen)}"
+
+
+def worker_lines(stats: dict) -> list[str]:
+    """One line per replica: its state, address and sessions; when it is down or did not load, why."""
+    lines = []
+    for pool in ("target", "draft"):
+        for worker, sessions in zip(stats["workers"][pool], stats["outstanding_sessions"][pool]):
+            lines.append(f"  {worker['name']}: {worker['state']}{worker_detail(worker, sessions)}")
+    return lines
+
+
+def worker_detail(worker: dict, sessions: int) -> str:
+    if worker["state"] == "down":
+        return f" for {worker['down_for_s']} s (since {worker['down_since']}): {worker.get('last_error', '')}"
+    if worker["state"] == "failed":
+        return f" to load, out of the pool until a restart: {worker.get('error', '')}"
+    at = f" at {worker['address']}" if worker["address"] else ""
+    return f"{at}, {sessions} session(s)" if worker["state"] == "ready" else at

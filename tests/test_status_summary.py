@@ -1,0 +1,40 @@
+"""`specpool status`'s summary (router/status_summary.py) from Admin.GetStatus's config and statistics: serving or
+not, K and who chose it, acceptance per position, and one line per replica saying why one is out."""
+from router.status_summary import FOOTER, summary
+
+CONFIG = {"draft": {"method": "model+ngram"},
+          "speculation": {"policy": "goodput", "draft_sampling": "greedy", "overlap": True}}
+
+
+def stats(targets: list[dict], drafts: list[dict], samples=(12, 7, 0, 0)) -> dict:
+    return {"k": 2, "k_from": "request 7", "active_requests": 3, "queued_requests": 1,
+            "pool": {"acceptance": [0.75, 0.5, 0.5, 0.5], "samples": list(samples), "rounds": 40},
+            "outstanding_sessions": {"target": [3] * len(targets), "draft": [2] * len(drafts)},
+            "workers": {"target": targets, "draft": drafts}}
+
+
+READY = {"name": "target 0", "state": "ready", "address": "10.0.0.5:40001"}
+
+
+def test_a_serving_router_in_a_dozen_lines():
+    text = summary(CONFIG, stats([READY], [{"name": "draft 0", "state": "loading", "address": ""}]))
+    assert text.splitlines() == [
+        "SERVING: 1 of 1 target replica(s) ready; 3 request(s) generating, 1 queued",
+        "K now 2 (from request 7); policy goodput, draft.method model+ngram, draft_sampling greedy, overlap on",
+        "acceptance by draft position (drafts verified), model drafts, greedy: 0.75 (12) 0.50 (7)",
+        "workers:",
+        "  target 0: ready at 10.0.0.5:40001, 3 session(s)",
+        "  draft 0: loading",
+        FOOTER]
+
+
+def test_no_ready_target_reads_not_serving_and_says_why_each_worker_is_out():
+    down = {"name": "target 0", "state": "down", "address": "10.0.0.5:40001", "down_since": "2026-11-25 16:00:00",
+            "down_for_s": 12.5, "last_error": "UNAVAILABLE: Socket closed"}
+    failed = {"name": "draft 0", "state": "failed", "address": "", "error": "OSError: no model folder"}
+    lines = summary(CONFIG, stats([down], [failed], samples=(0, 0, 0, 0))).splitlines()
+    assert lines[0] == "NOT_SERVING (no target replica is ready): 0 of 1 target replica(s) ready; 3 request(s) " \
+                       "generating, 1 queued"
+    assert lines[2] == "acceptance: no draft-model drafts verified yet"
+    assert lines[4] == "  target 0: down for 12.5 s (since 2026-11-25 16:00:00): UNAVAILABLE: Socket closed"
+    assert lines[5] == "  draft 0: failed to load, out of the pool until a restart: OSError: no model folder"
