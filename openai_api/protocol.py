@@ -9,7 +9,8 @@ import re
 from typing import Annotated, Any, Literal, Optional, Union
 
 from google.protobuf.descriptor import FieldDescriptor
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo,
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from protos.specpool.v1 import generation_pb2
@@ -59,9 +60,15 @@ def _unicode(text: str) -> str:
     return text
 
 
+def number(**bounds: float) -> Any:
+    """A strict finite float (Python's JSON parser reads NaN, Infinity and 1e400 as inf) within `bounds`,
+    checked on the JSON value itself: the float32 field it goes into would round 1.0000001 to 1."""
+    return strict(float, allow_inf_nan=False, **bounds)
+
+
 Text = Annotated[str, AfterValidator(_unicode)]
-Number = strict(float, allow_inf_nan=False)     # Python's JSON parser reads NaN, Infinity and 1e400 (inf)
 Flag = strict(bool)
+Temperature, TopP = number(ge=0, le=2), number(gt=0, le=1)      # OpenAI's range; top_p 0 the router's refusal
 
 
 def _no_echo(echo: bool) -> bool:
@@ -116,7 +123,10 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
 class StreamOptions(Body):
+    """OpenAI's two keys (specpool never obfuscates: include_obfuscation changes nothing); another is a 400."""
+    model_config = ConfigDict(extra="forbid")
     include_usage: Flag = False
+    include_obfuscation: Flag = True
 
 
 class Speculation(Body):
@@ -131,8 +141,8 @@ class SamplingBody(Body):
     """Fields common to both endpoints."""
     model: Text
     max_tokens: MaxTokens = None
-    temperature: Annotated[Number, Field(ge=0)] = 1.0
-    top_p: Optional[Number] = None
+    temperature: Temperature = 1.0
+    top_p: Optional[TopP] = None
     top_k: TopK = 0
     seed: Optional[Seed] = None
     stop: Optional[Stop] = None
@@ -143,9 +153,17 @@ class SamplingBody(Body):
     speculation: Speculation | None = None
     user: Text | None = None
 
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, options: StreamOptions, info: ValidationInfo) -> StreamOptions:
+        """As OpenAI: stream_options without `stream: true` is a 400 (its null is absent, so allowed)."""
+        if info.data.get("stream") is False:        # not there: stream itself was invalid, its error comes first
+            raise PydanticCustomError("stream_only", "only allowed when `stream` is true")
+        return options
+
     @property
     def include_usage(self) -> bool:
-        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and self.stream_options.include_usage
 
     def params(self) -> dict[str, str]:
         """The HTTP parameter behind each GenerateRequest field a RequestError may name."""

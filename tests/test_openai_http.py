@@ -260,6 +260,68 @@ def test_boolean_parameters_take_json_booleans_only(served, path, body, param):
     assert_refused_naming(served, path, body, param)
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/completions", {"temperature": 2.5}, "temperature"), ("/chat/completions", {"temperature": 3}, "temperature"),
+    ("/completions", {"temperature": 1e300}, "temperature"),
+])
+def test_temperature_above_two_is_refused_naming_it(served, path, body, param):
+    """As OpenAI's API: temperature is 0 to 2 (2 itself is served), refused as the body is read (1e300 too,
+    which the float32 field would make infinity)."""
+    refused = requests_counted(served, "INVALID_ARGUMENT")
+    assert_refused_naming(served, path, body, param)
+    assert requests_counted(served, "INVALID_ARGUMENT") == refused
+    assert httpx.post(served.base_url + path, json={"model": served.model, "prompt": PROMPT, "max_tokens": 2,
+                                                    "messages": [{"role": "user", "content": "x"}],
+                                                    "temperature": 2}).status_code == 200
+
+
+@pytest.mark.parametrize("path, top_p", [("/completions", 1.0000001), ("/chat/completions", 1.0000001),
+                                         ("/completions", 0)])
+def test_top_p_outside_zero_to_one_is_refused_as_the_body_is_read(served, path, top_p):
+    """top_p is in (0, 1], checked on the JSON number: 1.0000001 would be 1.0 in the float32 field the router
+    checks, and was served."""
+    refused = requests_counted(served, "INVALID_ARGUMENT")
+    assert_refused_naming(served, path, {"top_p": top_p}, "top_p")
+    assert requests_counted(served, "INVALID_ARGUMENT") == refused
+
+
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+def test_stream_options_without_stream_is_refused(served, path):
+    """As OpenAI's API: stream_options is only allowed with `stream: true` (not false, absent or null); an
+    explicit `"stream_options": null` is absent, so allowed without it."""
+    for stream in ({}, {"stream": False}, {"stream": None}):
+        assert_refused_naming(served, path, {**stream, "stream_options": {"include_usage": True}}, "stream_options")
+    body = {"model": served.model, "prompt": PROMPT, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    assert httpx.post(served.base_url + path, json={**body, "stream_options": None}).status_code == 200
+    with httpx.stream("POST", served.base_url + path, json={**body, "stream": True, "stream_options": {
+            "include_usage": True, "include_obfuscation": False}}) as response:
+        assert response.status_code == 200
+        assert 0 < json.loads(sse_events(response)[-2])["usage"]["completion_tokens"] <= 2
+
+
+@pytest.mark.parametrize("path, options, param", [
+    ("/completions", {"bogus": 1}, "stream_options.bogus"),
+    ("/chat/completions", {"include_usage": True, "includeUsage": True}, "stream_options.includeUsage"),
+    ("/completions", {"bogus": None}, "stream_options.bogus"),
+])
+def test_an_unknown_stream_options_key_is_refused_naming_it(served, path, options, param):
+    """stream_options takes OpenAI's include_usage and include_obfuscation only: a misspelt key (its null too)
+    is a 400 naming it, not silently ignored."""
+    assert_refused_naming(served, path, {"stream": True, "stream_options": options}, param)
+
+
+def test_unknown_keys_of_messages_and_content_parts_are_accepted(served):
+    """As OpenAI's API: a message's `name` (and any other key specpool does not use) is accepted, as is an
+    unknown key of a content part; the reply is the same as without them."""
+    plain = {"model": served.model, "max_tokens": 4, "temperature": 0,
+             "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}
+    extra = {**plain, "messages": [{"role": "user", "name": "ada", "refusal": None,
+                                    "content": [{"type": "text", "text": "x", "cache_control": {}}]}]}
+    answers = [httpx.post(served.base_url + "/chat/completions", json=body) for body in (plain, extra)]
+    assert [a.status_code for a in answers] == [200, 200], answers[1].text
+    assert answers[0].json()["choices"][0]["message"] == answers[1].json()["choices"][0]["message"]
+
+
 def test_an_unknown_speculation_key_is_refused_even_when_null(served):
     """A null does not hide a misspelt key inside `speculation`; a known key's null is still absent."""
     assert_refused_naming(served, "/completions", {"speculation": {"kk": None}}, "speculation.kk")
@@ -592,4 +654,4 @@ def test_cli_generate_from_stdin_and_status_from_config(served, target, tmp_path
     path = tmp_path / "served.yaml"
     path.write_text(yaml.safe_dump({"router": {"port": served.service.port, "admin_port": served.service.admin_port}}))
     assert cli.main(["status", "--config", str(path)]) == 0
-    assert "active_requests" in capsys.readouterr().out
+    assert "request(s) generating" in capsys.readouterr().out      # the summary (--full: every statistic)
