@@ -26,8 +26,10 @@ import yaml  # noqa: E402
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc  # noqa: E402
 from router.oplog import say  # noqa: E402
+from router.reload import with_overrides  # noqa: E402
 from router.service import Service, reload_from_file  # noqa: E402
 from router import status_summary  # noqa: E402
+from router.addresses import dial  # noqa: E402
 from settings.schema import (ConfigError, RouterConfig, SpecpoolConfig, config_from_dict, load_config,  # noqa: E402
                              read_yaml)
 
@@ -124,13 +126,16 @@ def summary(response: generation_pb2.GenerateResponse, tokens: int, seconds: flo
 
 
 def open_channel(args) -> grpc.Channel:
-    """Plaintext, or TLS when --tls-ca is given (mutual TLS with --tls-cert/--tls-key)."""
+    """Plaintext, or TLS when --tls-ca is given (mutual TLS with --tls-cert/--tls-key; --tls-server-name: the
+    name the server's certificate must carry, where it does not name the address dialled, as 127.0.0.1 for the
+    admin port on loopback)."""
     if not getattr(args, "tls_ca", None):
         return grpc.insecure_channel(args.address)
     def read(path):
         return open(path, "rb").read() if path else None
     credentials = grpc.ssl_channel_credentials(read(args.tls_ca), read(args.tls_key), read(args.tls_cert))
-    return grpc.secure_channel(args.address, credentials)
+    options = [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
+    return grpc.secure_channel(args.address, credentials, options=options)
 
 
 class CancelOnInterrupt:
@@ -225,7 +230,7 @@ def run_admin(args) -> int:
             else:
                 print(status_text(stub.GetStatus(admin_pb2.GetStatusRequest()), args.full, args.json))
         except grpc.RpcError as exc:
-            print(f"error: {exc.code().name}: {exc.details()}{admin_hint(exc, args.address)}", file=sys.stderr)
+            print(f"error: {exc.code().name}: {exc.details()}{admin_hint(exc, args)}", file=sys.stderr)
             return 1
     return 0
 
@@ -241,15 +246,26 @@ def status_text(response: admin_pb2.GetStatusResponse, full: bool, as_json: bool
     return status_summary.summary(yaml.safe_load(response.config_yaml) or {}, stats)
 
 
-def admin_hint(exc: grpc.RpcError, address: str) -> str:
-    """What an admin command's failure to reach Admin at `address` likely means: Admin is not on that port (the
-    public one, say), or nothing listens there. An error the server itself sent needs none."""
+TLS_FAILURES = ("socket closed", "handshake", "ssl", "certificate", "hostname verification")
+
+
+def admin_hint(exc: grpc.RpcError, args) -> str:
+    """What an admin command's failure to reach Admin at args.address likely means: Admin is not on that port (the
+    public one, say), nothing listens there, or the TLS handshake failed. An error the server itself sent needs
+    none."""
+    details, address = (exc.details() or "").lower(), args.address
     if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
         return (f" (no Admin service at {address}: it listens on router.admin_host:admin_port, 127.0.0.1:50052 by "
                 f"default, not on the public port)")
-    if exc.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (exc.details() or "").lower():
-        return (f" (nothing listens at {address}: is specpool serve running? The address is --config's "
-                f"router.admin_host:admin_port, 127.0.0.1:50052 by default; --address gives another)")
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    if "connection refused" in details:
+        source = "--address" if args.address_given else "--config's router.admin_host:admin_port" \
+            if getattr(args, "config", None) else "the default"
+        return f" (nothing listens at {address}, from {source}: is specpool serve running, with Admin there?)"
+    if any(failure in details for failure in TLS_FAILURES):
+        return (f" (the TLS handshake with {address} failed: with tls.enabled give --tls-ca, under tls.client_auth "
+                f"--tls-cert and --tls-key too, and --tls-server-name if the certificate does not name {address})")
     return ""
 
 
@@ -316,7 +332,7 @@ def admin_address(args) -> str:
     if port == 0:
         key = "router.port" if on_public else "router.admin_port"
         raise ConfigError(f"{key} is 0 (any free port): give --address (serve's log says which port it took)")
-    return f"{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+    return dial(host, port)
 
 
 def router_section(path: str) -> RouterConfig:
@@ -355,10 +371,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     demo.add_argument("--config", default="deploy/local.yaml")
     _add_generate_args(demo)
     reload = sub.add_parser("reload", help="hot-reload the speculation section of a running server")
-    reload.add_argument("--config", required=True,
-                        help="the new config (its router.admin_host and admin_port are the address)")
+    reload.add_argument("--config", required=True, help="the new config (its router section says where Admin is)")
     status = sub.add_parser("status", help="print the active config and live statistics")
-    status.add_argument("--config", help="the server's config (its router.admin_host and admin_port are the address)")
+    status.add_argument("--config", help="the server's config (its router section says where Admin is)")
     shown = status.add_mutually_exclusive_group()
     shown.add_argument("--full", action="store_true", help="the running config, then every statistic (long)")
     shown.add_argument("--json", action="store_true", help="the statistics alone, as JSON")
@@ -369,17 +384,26 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
         client.add_argument("--tls-ca", help="CA bundle: connect with TLS")
         client.add_argument("--tls-cert", help="client certificate (mutual TLS)")
         client.add_argument("--tls-key", help="client private key (mutual TLS)")
+        client.add_argument("--tls-server-name", help="the name the server's certificate carries, if not the "
+                                                      "address's host (as tls.server_name)")
     return parser, sub.choices
 
 
-def run_server(args, config: SpecpoolConfig) -> int:
-    """`serve` (its --port / --http-port over the config) or `demo` (gRPC only, on any free port: it is its own
-    client, and a `specpool serve` already on the config's port must not stop it)."""
+def server_overrides(args) -> dict:
+    """`serve`: its --port / --http-port / --admin-port over the config; `demo`: gRPC (Admin on it) on any free
+    port and no HTTP: it is its own client, and a `specpool serve` already on the config's ports must not stop it."""
+    if args.command == "serve":
+        return port_overrides(args.port, args.http_port, args.admin_port)
+    return port_overrides(0, -1, -1)
+
+
+def run_server(args, config: SpecpoolConfig, overrides: dict) -> int:
+    """`serve` or `demo`, with `overrides` (server_overrides) over the config."""
     try:
         if args.command == "serve":
-            asyncio.run(_serve(config, args.config, port_overrides(args.port, args.http_port, args.admin_port)))
+            asyncio.run(_serve(config, args.config, overrides))
             return 0
-        return asyncio.run(_demo(config, args, port_overrides(0, -1, -1)))
+        return asyncio.run(_demo(config, args, overrides))
     except StartFailed as exc:
         print(f"specpool: could not start: {exc}", file=sys.stderr)
         return 1
@@ -411,13 +435,14 @@ def main(argv: list[str] | None = None) -> int:
         return quietly_on_closed_pipe(run_generate, args)
     try:
         if args.command in ("reload", "status"):
-            args.address = admin_address(args)
+            args.address_given, args.address = bool(args.address), admin_address(args)
             return quietly_on_closed_pipe(run_admin, args)
-        config = load_config(args.config)
+        config, overrides = load_config(args.config), server_overrides(args)
+        with_overrides(config, overrides)       # checked before anything starts: `--port 50052` is a config error
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    return run_server(args, config)
+    return run_server(args, config, overrides)
 
 
 if __name__ == "__main__":

@@ -79,9 +79,11 @@ DRAFT_RELOADABLE = ("method", "ngram_min", "ngram_max", "ngram_max_tokens")   # 
 
 def with_overrides(config: SpecpoolConfig, overrides: dict) -> SpecpoolConfig:
     """`config` with the command line's values over the file's: `overrides` maps a section to its keys' values,
-    e.g. {"router": {"port": 50071}} for `serve --port 50071`."""
+    e.g. {"router": {"port": 50071}} for `serve --port 50071`. Each overridden section is checked again (`serve
+    --port 50052` beside the default router.admin_port is refused naming both, not failed as a busy port)."""
     for section, values in overrides.items():
         config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **values)})
+        getattr(config, section).validate(section)
     return config
 
 

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
 from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
+from router.addresses import host_port
 from router.failures import worker_failure
 from router.k_selection import KSelector
 from router.metrics import Metrics
@@ -437,11 +438,12 @@ def grpc_server() -> grpc.aio.Server:
 
 def bind(server: grpc.aio.Server, key: str, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
     """Listen on host:port (TLS with `credentials`); the port bound, or a PortBusy naming the config key."""
-    address = f"{host}:{port}"
+    address = host_port(host, port)
     try:
         return server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError:
-        raise PortBusy(f"{key} = {port}: cannot listen on {address} (in use, or not allowed)") from None
+        raise PortBusy(f"{key} = {port}: cannot listen on {address} (in use, not allowed, or not an address of "
+                       f"this host)") from None
 
 
 async def start_public_server(host: str, port: int, credentials: grpc.ServerCredentials | None = None,

@@ -251,8 +251,8 @@ class RouterConfig:
             if not -1 <= getattr(self, key) <= 65535 or (key == "port" and self.port < 0):
                 raise ConfigError(f"{section}.{key}: must be a port number (got {getattr(self, key)!r})")
         if self.admin_port == self.port > 0 and self.admin_host == self.host:
-            raise ConfigError(f"{section}.admin_port: {self.admin_port} is router.port too (-1 serves Admin on "
-                              f"the public port)")
+            raise ConfigError(f"{section}.admin_port: {self.admin_port} is router.port too (serve --admin-port "
+                              f"picks another; -1 serves Admin on the public port)")
         for key in ("worker_timeout_s", "ready_timeout_s", "max_active_requests", "shutdown_grace_s",
                     "target_recovery_s"):
             if getattr(self, key) <= 0:

@@ -75,8 +75,9 @@ def test_admin_address_comes_from_config(tmp_path):
     assert cli.admin_address(parser.parse_args(["status"])) == cli.DEFAULT_ADMIN_ADDRESS == "127.0.0.1:50052"
 
 
-def served_ports(monkeypatch, args) -> tuple[int, int]:
-    """The (gRPC, HTTP) ports of the Service that `run_server` would start, for a config naming 50051 and 8000."""
+def served_ports(monkeypatch, args) -> tuple[int, int, int]:
+    """The (gRPC, HTTP, admin) ports of the Service that `run_server` would start, for a config naming 50051 and
+    8000 (and the default admin port, 50052)."""
     from router.service import Service
     seen = {}
 
@@ -84,7 +85,8 @@ def served_ports(monkeypatch, args) -> tuple[int, int]:
         seen["config"] = Service(config, overrides=overrides).config
         return 0
     monkeypatch.setattr(cli, "_serve" if args.command == "serve" else "_demo", start)
-    assert cli.run_server(args, config_from_dict({"router": {"port": 50051}, "http": {"port": 8000}})) == 0
+    assert cli.run_server(args, config_from_dict({"router": {"port": 50051}, "http": {"port": 8000}}),
+                          cli.server_overrides(args)) == 0
     return seen["config"].router.port, seen["config"].http.port, seen["config"].router.admin_port
 
 
@@ -96,6 +98,14 @@ def test_serve_ports_override_the_config(monkeypatch):
                                   admin_port=admin_port)
     assert served_ports(monkeypatch, serve(50999, 8123, 50998)) == (50999, 8123, 50998)
     assert served_ports(monkeypatch, serve(None, None)) == (50051, 8000, 50052)
+
+
+def test_a_port_override_that_clashes_is_a_config_error_naming_both(capsys):
+    """`serve --port 50052` beside the default router.admin_port: refused before anything starts, as the file's own
+    clash is (it failed after binding, as 'PortBusy: router.admin_port = 50052 ... (in use ...)', serve's own port)."""
+    assert cli.main(["serve", "--config", str(ROOT / "deploy" / "local.yaml"), "--port", "50052"]) == 2
+    assert capsys.readouterr().err == ("config error: router.admin_port: 50052 is router.port too (serve --admin-port "
+                                       "picks another; -1 serves Admin on the public port)\n")
 
 
 def test_demo_serves_on_any_free_port_so_a_running_serve_does_not_stop_it(monkeypatch):
@@ -234,5 +244,7 @@ def test_an_admin_command_with_nothing_at_its_address_says_what_to_check(tmp_pat
     assert cli.main(["status", "--config", str(path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: UNAVAILABLE: ") and err.endswith(
-        f" (nothing listens at 127.0.0.1:{port}: is specpool serve running? The address is --config's "
-        f"router.admin_host:admin_port, 127.0.0.1:50052 by default; --address gives another)\n"), err
+        f" (nothing listens at 127.0.0.1:{port}, from --config's router.admin_host:admin_port: is specpool serve "
+        f"running, with Admin there?)\n"), err
+    assert cli.main(["status", "--address", f"127.0.0.1:{port}"]) == 1
+    assert f"(nothing listens at 127.0.0.1:{port}, from --address: " in capsys.readouterr().err

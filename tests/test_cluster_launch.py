@@ -323,7 +323,7 @@ class LocalCluster:
         serve = yaml.safe_load((REPO / "deploy" / "local.yaml").read_text())
         for pool in ("draft", "target"):          # the pair the head builds offline (the demo pair is not synced)
             serve[pool]["model"] = f"builtin:random-pair/{pool}"
-        serve["router"].update(host="127.0.0.1", port=self.router_port, ready_timeout_s=150.0)
+        serve["router"].update(host="127.0.0.1", port=self.router_port, admin_port=-1, ready_timeout_s=150.0)
         serve["ray"] = {"address": f"127.0.0.1:{self.gcs_port}", "namespace": "specpool-cluster-test"}
         (self.dir / "serve.yaml").write_text(yaml.safe_dump(serve, sort_keys=False))
 

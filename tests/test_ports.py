@@ -43,7 +43,7 @@ def test_a_busy_grpc_port_fails_at_once_naming_the_key_and_the_port(key, tmp_pat
     error message', naming no key)."""
     port, err = serve_with_a_busy_port(key, tmp_path, monkeypatch, capsys)
     assert err == (f"specpool: could not start: PortBusy: router.{key} = {port}: cannot listen on "
-                   f"127.0.0.1:{port} (in use, or not allowed)")
+                   f"127.0.0.1:{port} (in use, not allowed, or not an address of this host)")
 
 
 @pytest.mark.parametrize("with_admin", [True, False])
@@ -73,3 +73,14 @@ def test_admin_is_on_the_public_port_only_at_admin_port_minus_one(with_admin):
         return codes
     loading = grpc.StatusCode.UNAVAILABLE              # Admin is there: no router attached yet ("still loading")
     assert asyncio.run(status_codes()) == [loading if with_admin else grpc.StatusCode.UNIMPLEMENTED, loading]
+
+
+@pytest.mark.parametrize("host, bound, dialled", [
+    ("127.0.0.1", "127.0.0.1:5", "127.0.0.1:5"), ("router.internal", "router.internal:5", "router.internal:5"),
+    ("::1", "[::1]:5", "[::1]:5"), ("[::1]", "[::1]:5", "[::1]:5"),
+    ("0.0.0.0", "0.0.0.0:5", "127.0.0.1:5"), ("::", "[::]:5", "127.0.0.1:5"), ("[::]", "[::]:5", "127.0.0.1:5")])
+def test_addresses_bracket_ipv6_and_a_client_dials_a_wildcard_on_loopback(host, bound, dialled):
+    """router.host / admin_host as gRPC reads them: `::1:50052` did not parse, so an IPv6 admin host could neither
+    bind nor be dialled; `[::]`, which binds every interface, was dialled as itself."""
+    from router.addresses import dial, host_port
+    assert (host_port(host, 5), dial(host, 5)) == (bound, dialled)

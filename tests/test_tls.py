@@ -95,6 +95,23 @@ def test_the_admin_port_speaks_what_the_public_port_speaks(service, certs, clien
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
+def test_admin_commands_over_tls_and_what_a_failed_handshake_says(service, certs, capsys):
+    """`specpool status` reaches the TLS admin port with the client flags, --tls-server-name included; a plaintext
+    client, or a server name the certificate lacks, fails with a hint about TLS (it blamed the server for not
+    running: gRPC says 'failed to connect' for both)."""
+    from router.cli import main
+    tls = ["--tls-ca", certs["ca"], "--tls-cert", certs["cert"], "--tls-key", certs["key"]]
+    address = ["--address", service.admin_address]
+    assert main(["status", *address, *tls]) == 0
+    assert main(["status", *address, *tls, "--tls-server-name", "localhost"]) == 0
+    capsys.readouterr()
+    for client in ([], [*tls, "--tls-server-name", "elsewhere.example"]):   # plaintext; a name not in the cert
+        assert main(["status", *address, *client]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: UNAVAILABLE: ") and f"(the TLS handshake with {service.admin_address} " \
+            "failed: with tls.enabled give --tls-ca" in err, err
+
+
 def test_tls_config_errors_name_the_key(certs):
     with pytest.raises(ConfigError, match=r"tls\.key:"):
         config_from_dict({"tls": {"cert": certs["cert"]}})
