@@ -1,16 +1,19 @@
 """Request bodies of the OpenAI API (the fields specpool honours, plus vLLM-style `top_k` and
-`speculation`), their translation into a specpool.v1.GenerateRequest, and OpenAI's error shape.
+`speculation`; the OpenAI parameters that would change the output and that specpool lacks are refused unless
+neutral), their translation into a specpool.v1.GenerateRequest, and OpenAI's error shape.
 
 Every value a body can hold fits the GenerateRequest field it goes into (integers within the field's range,
 text that is valid Unicode), so building the request cannot fail: what does not fit is a 400 naming it."""
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
 from google.protobuf.descriptor import FieldDescriptor
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo,
-                      field_validator, model_validator)
+                      create_model, field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from protos.specpool.v1 import generation_pb2
@@ -137,8 +140,56 @@ class Speculation(Body):
     disable: Flag = False
 
 
-class SamplingBody(Body):
-    """Fields common to both endpoints."""
+@dataclass(frozen=True)
+class SameAs:
+    """A neutral value that is another parameter's value (best_of: n, whose default 1 counts when it is not sent)."""
+    param: str
+
+    def __str__(self) -> str:
+        return f"equal to `{self.param}`"
+
+
+# The OpenAI Completions and Chat Completions parameters (openai's completion_create_params.py and
+# chat/completion_create_params.py) that would change the output and that specpool does not implement -> the
+# value that changes nothing, the only one accepted (None: no such value; a null is absent, so always accepted).
+# Both endpoints refuse each (vLLM's completions take response_format and the penalties too). Parameters that
+# do not change the output (user, metadata, store, service_tier, parallel_tool_calls, prediction: a latency
+# hint whose output is the model's own, prompt_cache_key, safety_identifier) are ignored, as any unknown key.
+REFUSED: dict[str, Any] = {
+    "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}, "best_of": SameAs("n"), "suffix": "",
+    "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "functions": [], "function_call": "none",
+    "modalities": ["text"], "audio": None, "reasoning_effort": None, "verbosity": "medium",
+    "web_search_options": None, "moderation": None,
+}
+
+
+def same_json(value: Any, other: Any) -> bool:
+    """JSON's equality, at any depth: 0 is 0.0, but false is not 0 (as Python's == has it)."""
+    if isinstance(value, dict) and isinstance(other, dict):
+        return value.keys() == other.keys() and all(same_json(value[key], other[key]) for key in value)
+    if isinstance(value, list) and isinstance(other, list):
+        return len(value) == len(other) and all(map(same_json, value, other))
+    return isinstance(value, bool) == isinstance(other, bool) and value == other
+
+
+def is_neutral(value: Any, neutral: Any, validated: dict) -> bool:
+    if isinstance(neutral, SameAs):     # of the other's JSON type too: best_of 1.0 is not n 1
+        expected = validated.get(neutral.param, value)      # the other one invalid: its own error refuses the body
+        return type(value) is type(expected) and value == expected
+    return same_json(value, neutral)
+
+
+def _neutral_only(value: Any, info: ValidationInfo) -> Any:
+    """A REFUSED parameter is accepted at its neutral value only."""
+    neutral = REFUSED[info.field_name]
+    if not is_neutral(value, neutral, info.data):
+        raise PydanticCustomError("unsupported", "not supported by specpool (only {neutral})",
+                                  {"neutral": str(neutral) if isinstance(neutral, SameAs) else json.dumps(neutral)})
+    return value
+
+
+class SamplingFields(Body):
+    """Fields common to both endpoints (SamplingBody adds the refused parameters)."""
     model: Text
     max_tokens: MaxTokens = None
     temperature: Temperature = 1.0
@@ -168,6 +219,11 @@ class SamplingBody(Body):
     def params(self) -> dict[str, str]:
         """The HTTP parameter behind each GenerateRequest field a RequestError may name."""
         return PARAMS
+
+
+# The refused parameters after SamplingFields' own, so that a SameAs finds the parameter it names validated
+SamplingBody = create_model("SamplingBody", __base__=SamplingFields, __module__=__name__,
+                            **{name: (Annotated[Any, AfterValidator(_neutral_only)], None) for name in REFUSED})
 
 
 class CompletionRequest(SamplingBody):

@@ -196,9 +196,9 @@ def test_out_of_range_values_are_400_naming_the_parameter(served, path, body, pa
     assert_refused_naming(served, path, body, param)
 
 
-def assert_refused_naming(served, path: str, body: dict, param: str) -> None:
+def assert_refused_naming(served, path: str, body: dict, param: str) -> dict:
     """`body` (over a valid one) is a 400 naming `param`, in `param` and at the start of the message; the
-    valid one is served afterwards."""
+    valid one is served afterwards. The error."""
     base = {"model": served.model, "prompt": PROMPT, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
     json_type = {"Content-Type": "application/json"}
     content = json.dumps({**base, **body})     # ASCII: a surrogate as its \u escape, inf as Infinity (not json=)
@@ -207,6 +207,7 @@ def assert_refused_naming(served, path: str, body: dict, param: str) -> None:
     error = response.json()["error"]
     assert error["param"] == param and error["message"].startswith(param) and error["type"] == "invalid_request_error"
     assert httpx.post(served.base_url + path, content=json.dumps(base), headers=json_type).status_code == 200
+    return error
 
 
 @pytest.mark.parametrize("path, body, param", [
@@ -331,19 +332,95 @@ def test_an_unknown_speculation_key_is_refused_even_when_null(served):
 
 
 def test_unknown_keys_are_refused_inside_speculation_only(served):
-    """Unknown OpenAI parameters are ignored (a client may send ones specpool does not honour), but a key of
-    specpool's own `speculation` object that it does not know is a misspelling, named in the 400."""
-    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 2, "frequency_penalty": 0.5, "logit_bias": {}}
+    """Unknown top-level keys are ignored (OpenAI parameters that do not change the output, vendor
+    extensions), but a key of specpool's own `speculation` object that it does not know is a misspelling,
+    named in the 400."""
+    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 2, "metadata": {"team": "x"}, "vendor_key": 1}
     assert httpx.post(served.base_url + "/completions", json=body).status_code == 200
     response = httpx.post(served.base_url + "/completions", json={**body, "speculation": {"k": 1, "kk": 3}})
     error = openai_error(response, 400)
     assert (error["param"], error["message"]) == ("speculation.kk", "speculation.kk: unknown key")
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
+    ("/completions", {"frequency_penalty": False}, "frequency_penalty"),
+    ("/completions", {"presence_penalty": -1}, "presence_penalty"),
+    ("/completions", {"logit_bias": {"50256": -100}}, "logit_bias"), ("/completions", {"best_of": 2}, "best_of"),
+    ("/completions", {"best_of": 3, "n": 2}, "best_of"), ("/completions", {"best_of": 1.0}, "best_of"),
+    ("/completions", {"suffix": "\n}"}, "suffix"),
+    ("/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/chat/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
+    ("/chat/completions", {"presence_penalty": 2}, "presence_penalty"),
+    ("/chat/completions", {"logit_bias": {"1": 100}}, "logit_bias"),
+    ("/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/chat/completions", {"response_format": SCHEMA}, "response_format"),
+    ("/chat/completions", {"tools": [TOOL]}, "tools"),
+    ("/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/chat/completions", {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ("/chat/completions", {"functions": [TOOL["function"]]}, "functions"),
+    ("/chat/completions", {"function_call": "auto"}, "function_call"),
+    ("/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
+    ("/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ("/chat/completions", {"reasoning_effort": "low"}, "reasoning_effort"),
+    ("/chat/completions", {"verbosity": "high"}, "verbosity"),
+    ("/chat/completions", {"web_search_options": {}}, "web_search_options"),
+    ("/chat/completions", {"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
+])
+def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(served, path, body, param):
+    """An OpenAI parameter that would change the output and that specpool does not implement (penalties,
+    logit_bias, best_of, suffix, structured output, tools, audio, reasoning, ...) is a 400 naming it and the
+    value it takes, not silently ignored (a boolean is not 0, a float not n); the server keeps serving."""
+    error = assert_refused_naming(served, path, body, param)
+    assert error["message"].startswith(f"{param}: not supported by specpool (only ")
+
+
+def served_choices(served, path: str, extra: dict) -> tuple[list, dict]:
+    """The choices (text or message, finish reason) and usage of a seeded sampled request with `extra`."""
+    body = {"model": served.model, "prompt": PROMPT, "messages": [{"role": "user", "content": "x"}], "max_tokens": 8,
+            "temperature": 0.8, "seed": 5, "speculation": {"k": 3}, **extra}
+    response = httpx.post(served.base_url + path, json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    return [(c.get("text"), c.get("message"), c["finish_reason"]) for c in answer["choices"]], answer["usage"]
+
+
+@pytest.mark.parametrize("path, neutral", [
+    ("/completions", {"frequency_penalty": 0, "presence_penalty": 0.0}), ("/completions", {"logit_bias": {}}),
+    ("/completions", {"best_of": 1}), ("/completions", {"best_of": 2, "n": 2}), ("/completions", {"suffix": ""}),
+    ("/chat/completions", {"frequency_penalty": 0.0, "presence_penalty": 0}), ("/chat/completions", {"logit_bias": {}}),
+    ("/chat/completions", {"response_format": {"type": "text"}}),
+    ("/chat/completions", {"tools": [], "tool_choice": "none"}),
+    ("/chat/completions", {"functions": [], "function_call": "none"}),
+    ("/chat/completions", {"modalities": ["text"]}), ("/chat/completions", {"verbosity": "medium"}),
+    ("/chat/completions", {"audio": None, "reasoning_effort": None, "web_search_options": None, "moderation": None}),
+])
+def test_their_neutral_values_are_accepted(served, path, neutral):
+    """Each of them at the value that changes nothing (0, {}, best_of equal to n, "text", no tools, ...; null
+    is absent) is served with the same output as a request without it."""
+    same_n = {"n": neutral["n"]} if "n" in neutral else {}
+    assert served_choices(served, path, neutral) == served_choices(served, path, same_n)
+
+
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+def test_parameters_that_do_not_change_the_output_are_accepted_and_ignored(served, path):
+    """OpenAI's parameters about storing, billing, caching and latency, and a vendor extension specpool does
+    not know, are served with the same output as without them."""
+    ignored = {"user": "ada", "metadata": {"team": "x"}, "store": False, "service_tier": "auto",
+               "parallel_tool_calls": True, "prompt_cache_key": "k", "safety_identifier": "s",
+               "prediction": {"type": "content", "content": "x"}, "vendor_extension": {"any": 1}}
+    assert served_choices(served, path, ignored) == served_choices(served, path, {})
+
+
 def test_null_is_the_same_as_an_absent_parameter(served):
     """As in OpenAI's API: `"max_tokens": null` is the default (16 for completions), not max_tokens 0."""
     nulls = dict.fromkeys(["max_tokens", "top_p", "n", "stop", "seed", "top_k", "speculation", "stream", "user",
-                           "stream_options", "logprobs"])
+                           "stream_options", "logprobs", "frequency_penalty", "logit_bias", "best_of", "suffix",
+                           "response_format", "tools", "tool_choice"])
     completion = httpx.post(served.base_url + "/completions", json={
         "model": served.model, "prompt": PROMPT, **nulls, "temperature": 0})
     assert completion.status_code == 200, completion.text
