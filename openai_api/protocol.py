@@ -160,6 +160,12 @@ REFUSED: dict[str, Any] = {
     "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "functions": [], "function_call": "none",
     "modalities": ["text"], "audio": None, "reasoning_effort": None, "verbosity": "medium",
     "web_search_options": None, "moderation": None,
+    # vLLM's and SGLang's own sampling extensions, which clients moving from them send (vLLM's serving benchmark
+    # sends ignore_eos): the same rule, so that no such request silently gets other output than it asked for
+    "repetition_penalty": 1, "min_p": 0, "min_tokens": 0, "ignore_eos": False, "use_beam_search": False,
+    "length_penalty": 1, "include_stop_str_in_output": False, "bad_words": [], "allowed_token_ids": None,
+    "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
+    "structured_outputs": None, "logits_processors": None, "regex": None, "json_schema": None, "ebnf": None,
 }
 
 

@@ -370,6 +370,9 @@ SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"t
     ("/chat/completions", {"verbosity": "high"}, "verbosity"),
     ("/chat/completions", {"web_search_options": {}}, "web_search_options"),
     ("/chat/completions", {"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
+    ("/completions", {"ignore_eos": True}, "ignore_eos"), ("/completions", {"min_tokens": 4}, "min_tokens"),
+    ("/chat/completions", {"repetition_penalty": 1.2}, "repetition_penalty"),
+    ("/chat/completions", {"guided_json": {"type": "object"}}, "guided_json"),
 ])
 def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(served, path, body, param):
     """An OpenAI parameter that would change the output and that specpool does not implement (penalties,
@@ -398,6 +401,7 @@ def served_choices(served, path: str, extra: dict) -> tuple[list, dict]:
     ("/chat/completions", {"functions": [], "function_call": "none"}),
     ("/chat/completions", {"modalities": ["text"]}), ("/chat/completions", {"verbosity": "medium"}),
     ("/chat/completions", {"audio": None, "reasoning_effort": None, "web_search_options": None, "moderation": None}),
+    ("/completions", {"ignore_eos": False, "min_tokens": 0, "repetition_penalty": 1.0, "min_p": 0}),
 ])
 def test_their_neutral_values_are_accepted(served, path, neutral):
     """Each of them at the value that changes nothing (0, {}, best_of equal to n, "text", no tools, ...; null
