@@ -11,7 +11,7 @@ FOOTER = "all of the config and statistics: specpool status --full (the statisti
 
 def summary(config: dict, stats: dict) -> str:
     """The summary of a running server's `config` (Admin.GetStatus config_yaml, parsed) and `stats` (stats_json)."""
-    return "\n".join([serving_line(stats), k_line(config, stats), acceptance_line(stats["pool"]), "workers:",
+    return "\n".join([serving_line(stats), k_line(config, stats), *acceptance_lines(stats["pools"]), "workers:",
                       *worker_lines(stats), FOOTER])
 
 
@@ -32,13 +32,20 @@ def k_line(config: dict, stats: dict) -> str:
             f"{method}, draft_sampling {speculation.get('draft_sampling')}, overlap {overlap}")
 
 
-def acceptance_line(pool: dict) -> str:
-    """The pool controller's acceptance at each draft position it has seen verified (model drafts, greedy), with
-    the drafts verified there."""
-    seen = [f"{rate:.2f} ({samples})" for rate, samples in zip(pool["acceptance"], pool["samples"]) if samples]
-    if not seen:
-        return "acceptance: no draft-model drafts verified yet"
-    return f"acceptance by draft position (drafts verified), model drafts, greedy: {' '.join(seen)}"
+SOURCES = ("model/greedy", "model/sampled", "ngram/greedy", "ngram/sampled")   # the pool controllers, by source
+
+
+def acceptance_lines(pools: dict) -> list[str]:
+    """Per proposal source and sampling regime with drafts verified, the pool controller's acceptance at each draft
+    position it has seen, with the drafts verified there."""
+    lines = []
+    for name in SOURCES:
+        pool = pools.get(name) or {}
+        seen = [f"{rate:.2f} ({n})" for rate, n in zip(pool.get("acceptance", ()), pool.get("samples", ())) if n]
+        if seen:
+            source, regime = name.split("/")
+            lines.append(f"acceptance by draft position (drafts verified), {source} drafts, {regime}: {' '.join(seen)}")
+    return lines or ["acceptance: no drafts verified yet"]
 
 
 def worker_lines(stats: dict) -> list[str]:

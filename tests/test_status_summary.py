@@ -8,7 +8,9 @@ CONFIG = {"draft": {"method": "model+ngram"},
 
 def stats(targets: list[dict], drafts: list[dict], samples=(12, 7, 0, 0)) -> dict:
     return {"k": 2, "k_from": "request 7", "active_requests": 3, "queued_requests": 1,
-            "pool": {"acceptance": [0.75, 0.5, 0.5, 0.5], "samples": list(samples), "rounds": 40},
+            "pools": {"model/greedy": {"acceptance": [0.75, 0.5, 0.5, 0.5], "samples": list(samples)},
+                      "ngram/greedy": {"acceptance": [0.9, 0.5], "samples": [4, 0]},
+                      "ngram/greedy/match 2": {"acceptance": [0.2], "samples": [9]}},
             "outstanding_sessions": {"target": [3] * len(targets), "draft": [2] * len(drafts)},
             "workers": {"target": targets, "draft": drafts}}
 
@@ -22,6 +24,7 @@ def test_a_serving_router_in_a_dozen_lines():
         "SERVING: 1 of 1 target replica(s) ready; 3 request(s) generating, 1 queued",
         "K now 2 (from request 7); policy goodput, draft.method model+ngram, draft_sampling greedy, overlap on",
         "acceptance by draft position (drafts verified), model drafts, greedy: 0.75 (12) 0.50 (7)",
+        "acceptance by draft position (drafts verified), ngram drafts, greedy: 0.90 (4)",
         "workers:",
         "  target 0: ready at 10.0.0.5:40001, 3 session(s)",
         "  draft 0: loading",
@@ -32,9 +35,11 @@ def test_no_ready_target_reads_not_serving_and_says_why_each_worker_is_out():
     down = {"name": "target 0", "state": "down", "address": "10.0.0.5:40001", "down_since": "2026-11-25 16:00:00",
             "down_for_s": 12.5, "last_error": "UNAVAILABLE: Socket closed"}
     failed = {"name": "draft 0", "state": "failed", "address": "", "error": "OSError: no model folder"}
-    lines = summary(CONFIG, stats([down], [failed], samples=(0, 0, 0, 0))).splitlines()
+    verified_nothing = stats([down], [failed], samples=(0, 0, 0, 0))
+    verified_nothing["pools"]["ngram/greedy"]["samples"] = [0, 0]
+    lines = summary(CONFIG, verified_nothing).splitlines()
     assert lines[0] == "NOT_SERVING (no target replica is ready): 0 of 1 target replica(s) ready; 3 request(s) " \
                        "generating, 1 queued"
-    assert lines[2] == "acceptance: no draft-model drafts verified yet"
+    assert lines[2] == "acceptance: no drafts verified yet"
     assert lines[4] == "  target 0: down for 12.5 s (since 2026-11-25 16:00:00): UNAVAILABLE: Socket closed"
     assert lines[5] == "  draft 0: failed to load, out of the pool until a restart: OSError: no model folder"
