@@ -27,8 +27,9 @@ class HttpServer:
         self._task = asyncio.get_running_loop().create_task(self._serve())
         while not self._server.started:
             if self._task.done():
-                raise OSError(f"HTTP server did not start on {self._server.config.host}:{self._server.config.port}"
-                              " (port in use?)")
+                config = self._server.config
+                raise OSError(f"http.port = {config.port}: cannot listen on {config.host}:{config.port} (in use, "
+                              f"not allowed, or not an address of this host)")
             await asyncio.sleep(0.01)
         return self._server.servers[0].sockets[0].getsockname()[1]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-WILDCARDS = ("0.0.0.0", "::", "[::]", "")      # bind every interface: a client on the same host dials loopback
+from settings.schema import WILDCARD_HOSTS
 
 
 def host_port(host: str, port: int) -> str:
@@ -20,4 +20,4 @@ def host_port(host: str, port: int) -> str:
 
 def dial(host: str, port: int) -> str:
     """Where a client on this host reaches a server bound to host:port."""
-    return host_port("127.0.0.1" if host in WILDCARDS else host, port)
+    return host_port("127.0.0.1" if host in WILDCARD_HOSTS else host, port)

@@ -262,7 +262,8 @@ def admin_hint(exc: grpc.RpcError, args) -> str:
     if "connection refused" in details:
         source = "--address" if args.address_given else "--config's router.admin_host:admin_port" \
             if getattr(args, "config", None) else "the default"
-        return f" (nothing listens at {address}, from {source}: is specpool serve running, with Admin there?)"
+        return (f" (nothing listens at {address}, from {source}: is specpool serve running, with Admin there? serve "
+                f"--admin-port moves it)")
     if any(failure in details for failure in TLS_FAILURES):
         return (f" (the TLS handshake with {address} failed: with tls.enabled give --tls-ca, under tls.client_auth "
                 f"--tls-cert and --tls-key too, and --tls-server-name if the certificate does not name {address})")
@@ -280,6 +281,24 @@ def int_in(low: int, high: int):
             raise argparse.ArgumentTypeError(f"must be in [{low}, {high}] (got {value})")
         return value
     return parse
+
+
+GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")   # targets gRPC resolves itself
+
+
+def grpc_address(text: str) -> str:
+    """An argparse type: host:port, a port in [1, 65535] and an IPv6 host in brackets ([::1]:50052), or a gRPC
+    target with a scheme (unix:/path) as it is. gRPC dialled 127.0.0.1:99999 as port 34463, ::1:50052 not at all,
+    and a missing port as 443."""
+    if text.startswith(GRPC_SCHEMES):
+        return text
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be host:port, the port in [1, 65535] (got {text!r})")
+    if ":" in host and not host.startswith("["):
+        raise argparse.ArgumentTypeError(f"must be host:port, an IPv6 host in brackets: [{host}]:{port} (got "
+                                         f"{text!r})")
+    return text
 
 
 UINT32, UINT64 = 2 ** 32 - 1, 2 ** 64 - 1
@@ -365,21 +384,23 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     serve.add_argument("--admin-port", type=int_in(-1, 65535),
                        help="Admin (reload, status) port (overrides router.admin_port; -1: on the public port)")
     gen = sub.add_parser("generate", help="send one request to a running server")
-    gen.add_argument("--address", default=DEFAULT_ADDRESS)
+    gen.add_argument("--address", type=grpc_address, default=DEFAULT_ADDRESS)
     _add_generate_args(gen)
     demo = sub.add_parser("demo", help="serve the config, answer one request, stop")
     demo.add_argument("--config", default="deploy/local.yaml")
     _add_generate_args(demo)
-    reload = sub.add_parser("reload", help="hot-reload the speculation section of a running server")
+    reload = sub.add_parser("reload", help="hot-reload a running server's config (speculation, draft.method and "
+                                           "ngram keys, more replicas)")
     reload.add_argument("--config", required=True, help="the new config (its router section says where Admin is)")
-    status = sub.add_parser("status", help="print the active config and live statistics")
+    status = sub.add_parser("status", help="a running server's state in a few lines (--full: the config and every "
+                                           "statistic)")
     status.add_argument("--config", help="the server's config (its router section says where Admin is)")
     shown = status.add_mutually_exclusive_group()
     shown.add_argument("--full", action="store_true", help="the running config, then every statistic (long)")
     shown.add_argument("--json", action="store_true", help="the statistics alone, as JSON")
     for admin in (reload, status):
-        admin.add_argument("--address", help="the server's Admin address (default: from --config, else "
-                                             f"{DEFAULT_ADMIN_ADDRESS})")
+        admin.add_argument("--address", type=grpc_address,
+                           help=f"the server's Admin address (default: from --config, else {DEFAULT_ADMIN_ADDRESS})")
     for client in (gen, reload, status):
         client.add_argument("--tls-ca", help="CA bundle: connect with TLS")
         client.add_argument("--tls-cert", help="client certificate (mutual TLS)")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 import yaml
 
 from router.oplog import say
-from settings.schema import ConfigError, SpecpoolConfig, shown
+from settings.schema import ConfigError, SpecpoolConfig, check_ports, shown
 from settings.yaml_doc import parse_yaml
 
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ def with_overrides(config: SpecpoolConfig, overrides: dict) -> SpecpoolConfig:
     for section, values in overrides.items():
         config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **values)})
         getattr(config, section).validate(section)
+    check_ports(config)
     return config
 
 

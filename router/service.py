@@ -14,6 +14,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from router.addresses import host_port
 from router.oplog import say
 from settings.schema import SpecpoolConfig, read_yaml
 
@@ -72,7 +73,7 @@ class Service:
         credentials, router = server_credentials(self.config.tls, self.config.tls.client_auth), self.config.router
         self.server, self.port, servicer, self.health = await start_public_server(
             router.host, router.port, credentials, with_admin=router.admin_port < 0)
-        say(f"gRPC on {router.host}:{self.port} (NOT_SERVING until the target pool is ready)")
+        say(f"gRPC on {host_port(router.host, self.port)} (NOT_SERVING until the target pool is ready)")
         connecting = True
         try:
             await self._start_admin(servicer, credentials)
@@ -99,7 +100,7 @@ class Service:
         self.metrics = Metrics()
         if self.config.router.metrics_port >= 0:
             self.metrics_port = self.metrics.serve(self.config.router.host, self.config.router.metrics_port)
-            say(f"metrics on http://{self.config.router.host}:{self.metrics_port}/metrics")
+            say(f"metrics on http://{host_port(self.config.router.host, self.metrics_port)}/metrics")
 
     async def _start_admin(self, servicer, credentials) -> None:
         """Admin (specpool reload / status) on router.admin_host:admin_port, or on the public port at -1."""
@@ -111,7 +112,7 @@ class Service:
             return
         self.admin_server, self.admin_port = await start_admin_server(servicer, router.admin_host, router.admin_port,
                                                                       credentials)
-        say(f"admin (specpool reload / status) on {router.admin_host}:{self.admin_port}")
+        say(f"admin (specpool reload / status) on {host_port(router.admin_host, self.admin_port)}")
 
     async def drafts_loaded(self) -> None:
         """Wait until no draft replica is still loading (each has joined the pool, or failed to load)."""
@@ -126,7 +127,7 @@ class Service:
         self.http = HttpServer(create_app(self.config.http, lambda: servicer.router), self.config.router.host,
                                self.config.http.port)
         self.http_port = await self.http.start()
-        say(f"OpenAI-compatible HTTP on http://{self.config.router.host}:{self.http_port}/v1")
+        say(f"OpenAI-compatible HTTP on http://{host_port(self.config.router.host, self.http_port)}/v1")
 
     async def stop(self, grace: float = 5.0) -> None:
         """Health NOT_SERVING, refuse new requests, give in-flight ones `grace` seconds, stop the pools. The public

@@ -25,11 +25,13 @@ def serving_line(stats: dict) -> str:
 
 
 def k_line(config: dict, stats: dict) -> str:
-    """The K greedy draft-model rounds get now, who chose it, and the speculation settings that shape it."""
+    """The K the policy last chose for greedy rounds (the `k` gauge), who chose it, and the speculation settings
+    that shape it. A request that sets its own K keeps it, whatever this says."""
     speculation, method = config.get("speculation", {}), config.get("draft", {}).get("method", "model")
-    overlap = "on" if speculation.get("overlap") else "off"
-    return (f"K now {stats['k']} (from {stats['k_from']}); policy {speculation.get('policy')}, draft.method "
-            f"{method}, draft_sampling {speculation.get('draft_sampling')}, overlap {overlap}")
+    overlap = "n/a (n-gram drafts)" if method == "ngram" else "on" if speculation.get("overlap") else "off"
+    return (f"adaptive K {stats['k']}, last chosen by {stats['k_from']} (a request's own K stays its own); policy "
+            f"{speculation.get('policy')}, draft.method {method}, draft_sampling {speculation.get('draft_sampling')}, "
+            f"overlap {overlap}")
 
 
 SOURCES = ("model/greedy", "model/sampled", "ngram/greedy", "ngram/sampled")   # the pool controllers, by source
@@ -37,14 +39,14 @@ SOURCES = ("model/greedy", "model/sampled", "ngram/greedy", "ngram/sampled")   #
 
 def acceptance_lines(pools: dict) -> list[str]:
     """Per proposal source and sampling regime with drafts verified, the pool controller's acceptance at each draft
-    position it has seen, with the drafts verified there."""
+    position, with the drafts verified there in its window (speculation.window: recent rounds, not a total)."""
     lines = []
     for name in SOURCES:
         pool = pools.get(name) or {}
         seen = [f"{rate:.2f} ({n})" for rate, n in zip(pool.get("acceptance", ()), pool.get("samples", ())) if n]
         if seen:
             source, regime = name.split("/")
-            lines.append(f"acceptance by draft position (drafts verified), {source} drafts, {regime}: {' '.join(seen)}")
+            lines.append(f"acceptance by draft position (recent drafts), {source} drafts, {regime}: {' '.join(seen)}")
     return lines or ["acceptance: no drafts verified yet"]
 
 

@@ -250,9 +250,6 @@ class RouterConfig:
         for key in ("port", "metrics_port", "admin_port"):
             if not -1 <= getattr(self, key) <= 65535 or (key == "port" and self.port < 0):
                 raise ConfigError(f"{section}.{key}: must be a port number (got {getattr(self, key)!r})")
-        if self.admin_port == self.port > 0 and self.admin_host == self.host:
-            raise ConfigError(f"{section}.admin_port: {self.admin_port} is router.port too (serve --admin-port "
-                              f"picks another; -1 serves Admin on the public port)")
         for key in ("worker_timeout_s", "ready_timeout_s", "max_active_requests", "shutdown_grace_s",
                     "target_recovery_s"):
             if getattr(self, key) <= 0:
@@ -383,10 +380,31 @@ def config_from_dict(data: dict, base_dir: str | os.PathLike | None = None) -> S
     for section in dataclasses.fields(SpecpoolConfig):
         getattr(config, section.name).validate(section.name)
     check_answer_delays(config)
+    check_ports(config)
     for section in ("draft", "target"):
         pool = getattr(config, section)
         pool.model = resolve_model(pool.model, f"{section}.model", base_dir)
     return config
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")     # a listener on one of these takes the port on every interface
+PORT_HINTS = {"router.admin_port": " (serve --admin-port picks another; -1 serves Admin on the public port)",
+              "http.port": " (serve --http-port picks another; -1 turns HTTP off)",
+              "router.metrics_port": " (-1 turns the metrics endpoint off)"}
+
+
+def check_ports(config: SpecpoolConfig) -> None:
+    """No two of the router's listeners on one port of one host (0, any free port, and -1, off, excepted): the
+    second would fail to bind only once the first had, on serve's own port, and be reported as a busy port."""
+    router, seen = config.router, {}
+    for key, host, port in (("router.port", router.host, router.port),
+                            ("router.admin_port", router.admin_host, router.admin_port),
+                            ("router.metrics_port", router.host, router.metrics_port),
+                            ("http.port", router.host, config.http.port)):
+        for other, other_host in seen.get(port, []) if port > 0 else []:
+            if host == other_host or host in WILDCARD_HOSTS or other_host in WILDCARD_HOSTS:
+                raise ConfigError(f"{key}: {port} is {other} too{PORT_HINTS.get(key, '')}")
+        seen.setdefault(port, []).append((key, host))
 
 
 def check_answer_delays(config: SpecpoolConfig) -> None:

@@ -6,6 +6,7 @@ import argparse
 import io
 import os
 import queue
+import re
 import select
 import signal
 import subprocess
@@ -30,6 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
     (["generate", "--max-new-tokens", "-5", "x"], "--max-new-tokens"), (["generate", "--top-k", "x", "y"], "--top-k"),
     (["generate", "--seed", str(2 ** 64), "x"], "--seed"), (["serve", "--config", "c", "--port", "-3"], "--port"),
     (["demo", "--max-new-tokens", "0", "x"], "--max-new-tokens"),
+    (["status", "--address", "127.0.0.1:99999"], "--address"), (["status", "--address", "127.0.0.1"], "--address"),
+    (["reload", "--config", "c", "--address", "::1:50052"], "--address"), (["generate", "--address", "h:x", "y"],
+                                                                           "--address"),
 ])
 def test_argument_errors_are_one_line_naming_the_option(argv, option, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -245,6 +249,18 @@ def test_an_admin_command_with_nothing_at_its_address_says_what_to_check(tmp_pat
     err = capsys.readouterr().err
     assert err.startswith("error: UNAVAILABLE: ") and err.endswith(
         f" (nothing listens at 127.0.0.1:{port}, from --config's router.admin_host:admin_port: is specpool serve "
-        f"running, with Admin there?)\n"), err
+        f"running, with Admin there? serve --admin-port moves it)\n"), err
     assert cli.main(["status", "--address", f"127.0.0.1:{port}"]) == 1
     assert f"(nothing listens at 127.0.0.1:{port}, from --address: " in capsys.readouterr().err
+
+
+def test_addresses_the_client_commands_take():
+    """host:port, a bracketed IPv6 host, and gRPC's own targets; a port out of range, none, or a bare IPv6 host is an
+    argument error (gRPC dialled 127.0.0.1:99999 as port 34463 and 127.0.0.1 as port 443)."""
+    for address in ("127.0.0.1:50052", "router.internal:1", "[::1]:50052", "unix:/tmp/specpool.sock",
+                    "dns:///router.internal:50052"):
+        assert cli.grpc_address(address) == address
+    for address, says in (("127.0.0.1:99999", "the port in [1, 65535]"), ("127.0.0.1", "must be host:port"),
+                          ("::1:50052", "an IPv6 host in brackets: [::1]:50052")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(says)):
+            cli.grpc_address(address)

@@ -11,17 +11,20 @@ from router import cli, launch
 
 
 def serve_with_a_busy_port(key: str, tmp_path, monkeypatch, capsys) -> tuple[int, str]:
-    """`specpool serve` of a config whose router.`key` is a port held by a listening socket: (the port, stderr),
-    after checking that serve exited 1 without reaching Ray."""
+    """`specpool serve` of a config whose `key` ("router.port", "http.port") is a port held by a listening socket:
+    (the port, stderr), after checking that serve exited 1 without reaching Ray."""
     def no_ray(config, quiet=False):
-        raise AssertionError(f"Ray was started before router.{key} was bound")
+        raise AssertionError(f"Ray was started before {key} was bound")
     monkeypatch.setattr(launch, "connect", no_ray)
+    section, name = key.split(".")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        data = {"router": {"host": "127.0.0.1", "port": 0, "admin_port": 0}, "http": {"port": -1}}
+        data[section][name] = port
         path = tmp_path / "specpool.yaml"
-        path.write_text(yaml.safe_dump({"router": {"host": "127.0.0.1", "port": 0, "admin_port": 0, key: port}}))
+        path.write_text(yaml.safe_dump(data))
         assert cli.main(["serve", "--config", str(path)]) == 1
     gc.collect()                                    # a server left running would complain here, its loop closed
     return port, capsys.readouterr().err.strip()
@@ -31,19 +34,21 @@ def test_a_busy_metrics_port_fails_at_once_naming_the_key_and_the_port(tmp_path,
     """router.metrics_port is bound with the public ports, before Ray starts: a busy one fails the start at once
     (it failed after Ray had started and the pools had loaded, with 'OSError: [Errno 98] Address already in use',
     and left Ray's agents running)."""
-    port, err = serve_with_a_busy_port("metrics_port", tmp_path, monkeypatch, capsys)
+    port, err = serve_with_a_busy_port("router.metrics_port", tmp_path, monkeypatch, capsys)
     assert err == (f"specpool: could not start: MetricsPortBusy: router.metrics_port = {port}: cannot listen "
                    f"on 127.0.0.1:{port}: Address already in use")
 
 
-@pytest.mark.parametrize("key", ["admin_port", "port"])
-def test_a_busy_grpc_port_fails_at_once_naming_the_key_and_the_port(key, tmp_path, monkeypatch, capsys):
-    """router.admin_port and router.port: a busy one is named in one line, before Ray starts (router.port's said
-    'RuntimeError: Failed to bind to address ...; set GRPC_VERBOSITY=debug environment variable to see detailed
-    error message', naming no key)."""
+@pytest.mark.parametrize("key, error", [("router.admin_port", "PortBusy"), ("router.port", "PortBusy"),
+                                        ("http.port", "OSError")])
+def test_a_busy_grpc_or_http_port_fails_at_once_naming_the_key_and_the_port(key, error, tmp_path, monkeypatch,
+                                                                            capsys):
+    """router.admin_port, router.port and http.port: a busy one is named in one line, before Ray starts (router.port's
+    said 'RuntimeError: Failed to bind to address ...; set GRPC_VERBOSITY=debug environment variable to see
+    detailed error message', http.port's 'HTTP server did not start on ... (port in use?)', naming no key)."""
     port, err = serve_with_a_busy_port(key, tmp_path, monkeypatch, capsys)
-    assert err == (f"specpool: could not start: PortBusy: router.{key} = {port}: cannot listen on "
-                   f"127.0.0.1:{port} (in use, not allowed, or not an address of this host)")
+    assert err.splitlines()[-1] == (f"specpool: could not start: {error}: {key} = {port}: cannot listen on "
+                                    f"127.0.0.1:{port} (in use, not allowed, or not an address of this host)")
 
 
 @pytest.mark.parametrize("with_admin", [True, False])
@@ -84,3 +89,25 @@ def test_addresses_bracket_ipv6_and_a_client_dials_a_wildcard_on_loopback(host, 
     bind nor be dialled; `[::]`, which binds every interface, was dialled as itself."""
     from router.addresses import dial, host_port
     assert (host_port(host, 5), dial(host, 5)) == (bound, dialled)
+
+
+@pytest.mark.parametrize("data, refused", [
+    ({"router": {"port": 8000}, "http": {"port": 8000}}, "http.port: 8000 is router.port too (serve --http-port"),
+    ({"router": {"admin_port": 8000}, "http": {"port": 8000}}, "http.port: 8000 is router.admin_port too"),
+    ({"router": {"metrics_port": 50051}}, "router.metrics_port: 50051 is router.port too (-1 turns"),
+    ({"router": {"host": "0.0.0.0", "admin_host": "127.0.0.1", "admin_port": 50051}},
+     "router.admin_port: 50051 is router.port too"),
+    ({"router": {"admin_host": "127.0.0.2", "admin_port": 50051}}, None),     # another interface: no clash
+    ({"router": {"port": 0, "admin_port": 0, "metrics_port": 0}, "http": {"port": 0}}, None),   # any free ones
+])
+def test_two_listeners_on_one_port_are_a_config_error_naming_both(data, refused):
+    """router.port, router.admin_port, router.metrics_port and http.port: a clash on one host is refused at load
+    (the second listener failed only after the first had bound, as 'HTTP server did not start ... (port in
+    use?)', on serve's own port)."""
+    from settings.schema import ConfigError, config_from_dict
+    if refused is None:
+        config_from_dict(data)
+        return
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    assert str(info.value).startswith(refused), info.value

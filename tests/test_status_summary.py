@@ -22,9 +22,10 @@ def test_a_serving_router_in_a_dozen_lines():
     text = summary(CONFIG, stats([READY], [{"name": "draft 0", "state": "loading", "address": ""}]))
     assert text.splitlines() == [
         "SERVING: 1 of 1 target replica(s) ready; 3 request(s) generating, 1 queued",
-        "K now 2 (from request 7); policy goodput, draft.method model+ngram, draft_sampling greedy, overlap on",
-        "acceptance by draft position (drafts verified), model drafts, greedy: 0.75 (12) 0.50 (7)",
-        "acceptance by draft position (drafts verified), ngram drafts, greedy: 0.90 (4)",
+        "adaptive K 2, last chosen by request 7 (a request's own K stays its own); policy goodput, draft.method "
+        "model+ngram, draft_sampling greedy, overlap on",
+        "acceptance by draft position (recent drafts), model drafts, greedy: 0.75 (12) 0.50 (7)",
+        "acceptance by draft position (recent drafts), ngram drafts, greedy: 0.90 (4)",
         "workers:",
         "  target 0: ready at 10.0.0.5:40001, 3 session(s)",
         "  draft 0: loading",
