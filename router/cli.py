@@ -260,8 +260,8 @@ def admin_hint(exc: grpc.RpcError, args) -> str:
     if exc.code() != grpc.StatusCode.UNAVAILABLE:
         return ""
     if "connection refused" in details:
-        source = "--address" if args.address_given else "--config's router.admin_host:admin_port" \
-            if getattr(args, "config", None) else "the default"
+        source = ("--address" if args.address_given else
+                  "--config's router.admin_host:admin_port" if getattr(args, "config", None) else "the default")
         return (f" (nothing listens at {address}, from {source}: is specpool serve running, with Admin there? serve "
                 f"--admin-port moves it)")
     if any(failure in details for failure in TLS_FAILURES):
