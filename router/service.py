@@ -89,9 +89,10 @@ class Service:
             self.owns_ray = self.owns_ray or (connecting and launch.local(self.config))   # half up: it goes too
             await self.stop(grace=0)       # the public server goes down with the failed start, on this loop
             raise
+        drafts = len(self.pools.draft_starts)
         say(f"SERVING: {len(self.pools.target_addresses)} target replica(s) (TP="
-              f"{self.config.target.tensor_parallel_size}); {len(self.pools.draft_starts)} draft replica(s) join as "
-              f"they load")
+            f"{self.config.target.tensor_parallel_size}); "
+            + (f"{drafts} draft replica(s) join as they load" if drafts else "no draft pool (draft.method ngram)"))
         return self
 
     def _start_metrics(self) -> None:
