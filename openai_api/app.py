@@ -38,17 +38,21 @@ class ClientDisconnected(Exception):
     """The client went away before its (whole) answer: its request was cancelled, and nobody reads a reply."""
 
 
+LOADING = "specpool is still loading its worker pools"    # before the pools have loaded, unless told for how long
+
+
 class Api:
     """The routes' shared state: the config, the Router once the pools are ready, the chat template."""
 
-    def __init__(self, http: HttpConfig, get_router: Callable[[], Router | None]):
-        self.http, self._get_router = http, get_router
+    def __init__(self, http: HttpConfig, get_router: Callable[[], Router | None],
+                 loading: Callable[[], str] = lambda: LOADING):
+        self.http, self._get_router, self._loading = http, get_router, loading
         self._templates: dict = {}
 
     def router(self) -> Router:
         current = self._get_router()
         if current is None:
-            raise ApiError(503, "specpool is still loading its worker pools", kind="service_unavailable")
+            raise ApiError(503, self._loading(), kind="service_unavailable")
         if current.draining:
             raise ApiError(503, "specpool is shutting down", kind="service_unavailable")
         return current
@@ -147,9 +151,11 @@ async def client_disconnected(request: Request, exc: ClientDisconnected) -> Resp
     return Response(status_code=499)        # nginx's "client closed request": nobody is there to read it
 
 
-def create_app(http: HttpConfig, get_router: Callable[[], Router | None]) -> FastAPI:
-    """The app, answering 503 until `get_router()` returns the Router (the pools have loaded)."""
-    api = Api(http, get_router)
+def create_app(http: HttpConfig, get_router: Callable[[], Router | None],
+               loading: Callable[[], str] = lambda: LOADING) -> FastAPI:
+    """The app, answering 503 (with `loading()`'s message) until `get_router()` returns the Router (the pools have
+    loaded)."""
+    api = Api(http, get_router, loading)
     app = FastAPI(title="specpool", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, invalid_body)

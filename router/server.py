@@ -312,8 +312,17 @@ class GenerationServicer:
     call is answered and counted under its final status: one cancelled before its message was read, one whose
     message does not parse (INVALID_ARGUMENT), one past its deadline (DEADLINE_EXCEEDED)."""
 
-    def __init__(self):
+    def __init__(self, clock=time.monotonic):
         self.router: Router | None = None
+        self._clock, self._since = clock, clock()
+        self.ready_timeout_s: float | None = None   # router.ready_timeout_s, for loading_message (the Service's)
+
+    def loading_message(self) -> str:
+        """What a call gets before the pools have loaded (a big model's first load can take most of an hour): for
+        how long they have been loading, and the bound."""
+        bound = f" of router.ready_timeout_s = {self.ready_timeout_s:g} s" if self.ready_timeout_s else ""
+        return (f"specpool is still loading its worker pools ({self._clock() - self._since:.0f} s so far{bound}; "
+                f"serve's log shows each worker's progress)")
 
     async def _read(self, context) -> generation_pb2.GenerateRequest:
         raw = await context.read()
@@ -337,7 +346,7 @@ class GenerationServicer:
         request = await self._read(context)
         router = self.router
         if router is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "specpool is still loading its worker pools")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self.loading_message())
         if router.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "specpool is shutting down")
         try:
@@ -406,7 +415,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     async def _router(self, context) -> Router:
         if self._generation.router is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "specpool is still loading its worker pools")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self._generation.loading_message())
         return self._generation.router
 
     async def Reload(self, request, context):

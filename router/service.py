@@ -73,6 +73,7 @@ class Service:
         credentials, router = server_credentials(self.config.tls, self.config.tls.client_auth), self.config.router
         self.server, self.port, servicer, self.health = await start_public_server(
             router.host, router.port, credentials, with_admin=router.admin_port < 0)
+        servicer.ready_timeout_s = router.ready_timeout_s
         say(f"gRPC on {host_port(router.host, self.port)} (NOT_SERVING until the target pool is ready)")
         connecting = True
         try:
@@ -125,8 +126,8 @@ class Service:
             return
         from openai_api.app import create_app
         from openai_api.server import HttpServer
-        self.http = HttpServer(create_app(self.config.http, lambda: servicer.router), self.config.router.host,
-                               self.config.http.port)
+        self.http = HttpServer(create_app(self.config.http, lambda: servicer.router, servicer.loading_message),
+                               self.config.router.host, self.config.http.port)
         self.http_port = await self.http.start()
         say(f"OpenAI-compatible HTTP on http://{host_port(self.config.router.host, self.http_port)}/v1")
 

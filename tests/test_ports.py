@@ -111,3 +111,42 @@ def test_two_listeners_on_one_port_are_a_config_error_naming_both(data, refused)
     with pytest.raises(ConfigError) as info:
         config_from_dict(data)
     assert str(info.value).startswith(refused), info.value
+
+
+def test_a_call_before_the_pools_have_loaded_says_for_how_long_and_the_bound():
+    """Generate, Admin and the HTTP API answer UNAVAILABLE / 503 while the pools load, saying for how long they have
+    been loading and router.ready_timeout_s (a big model's first load can take most of an hour; the message said
+    only 'still loading')."""
+    import asyncio
+
+    import grpc
+    import httpx
+
+    from openai_api.app import create_app
+    from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc
+    from router.server import start_public_server
+    from settings.schema import HttpConfig
+    said = ("specpool is still loading its worker pools (42 s so far of router.ready_timeout_s = 600 s; serve's log "
+            "shows each worker's progress)")
+
+    async def answers() -> list:
+        server, port, servicer, _ = await start_public_server("127.0.0.1", 0, with_admin=True)
+        servicer._since, servicer._clock, servicer.ready_timeout_s = 0.0, lambda: 42.2, 600.0
+        details = []
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                for call in (generation_pb2_grpc.GenerationStub(channel).Generate(
+                        generation_pb2.GenerateRequest(prompt="x", max_new_tokens=1), timeout=10),
+                             admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.GetStatusRequest(), timeout=10)):
+                    try:
+                        await call
+                    except grpc.aio.AioRpcError as exc:
+                        details.append((exc.code(), exc.details()))
+            app = create_app(HttpConfig(), lambda: servicer.router, servicer.loading_message)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as client:
+                response = await client.get("/v1/models")
+                details.append((response.status_code, response.json()["error"]["message"]))
+        finally:
+            await server.stop(0)
+        return details
+    assert asyncio.run(answers()) == [(grpc.StatusCode.UNAVAILABLE, said)] * 2 + [(503, said)]
