@@ -8,6 +8,8 @@ import contextlib
 
 import uvicorn
 
+from router.addresses import cannot_listen
+
 
 class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
@@ -27,9 +29,7 @@ class HttpServer:
         self._task = asyncio.get_running_loop().create_task(self._serve())
         while not self._server.started:
             if self._task.done():
-                config = self._server.config
-                raise OSError(f"http.port = {config.port}: cannot listen on {config.host}:{config.port} (in use, "
-                              f"not allowed, or not an address of this host)")
+                raise OSError(cannot_listen("http.port", self._server.config.host, self._server.config.port))
             await asyncio.sleep(0.01)
         return self._server.servers[0].sockets[0].getsockname()[1]
 

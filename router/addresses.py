@@ -18,6 +18,12 @@ def host_port(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def cannot_listen(key: str, host: str, port: int) -> str:
+    """The one line a listener that could not bind its port says, naming the config key that set it."""
+    return (f"{key} = {port}: cannot listen on {host_port(host, port)} (in use, not allowed, or not an address of "
+            f"this host)")
+
+
 def dial(host: str, port: int) -> str:
     """Where a client on this host reaches a server bound to host:port."""
     return host_port("127.0.0.1" if host in WILDCARD_HOSTS else host, port)

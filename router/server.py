@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
 from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
-from router.addresses import host_port
+from router.addresses import cannot_listen, host_port
 from router.failures import worker_failure
 from router.k_selection import KSelector
 from router.metrics import Metrics
@@ -451,8 +451,7 @@ def bind(server: grpc.aio.Server, key: str, host: str, port: int, credentials: g
     try:
         return server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError:
-        raise PortBusy(f"{key} = {port}: cannot listen on {address} (in use, not allowed, or not an address of "
-                       f"this host)") from None
+        raise PortBusy(cannot_listen(key, host, port)) from None
 
 
 async def start_public_server(host: str, port: int, credentials: grpc.ServerCredentials | None = None,
