@@ -16,11 +16,13 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
+from protos.specpool.v1.generation_pb2 import PrefixCacheStats
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
 from engine.modeling import RaggedBatch, batchable, fork_session, load_model
+from engine.prefix_cache import PrefixCache
 from engine.sampling import STREAM_DRAFT, generator, logits_to_probs, sample
 from engine.sessions import Session, SessionStore, open_sessions
 
@@ -75,11 +77,13 @@ def answer_rows(rows: list[DraftRow], drafted: list[Drafted], results: list) -> 
 class DraftEngine:
     """Model + sessions of one draft worker. Not thread-safe: the server calls it from one thread."""
 
-    def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu", max_sessions: int = 256):
+    def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu", max_sessions: int = 256,
+                 prefix_cache_tokens: int = 0):
         self.model = load_model(model_path, dtype, device)
         self.head = self.model.get_output_embeddings()
         self.sessions = SessionStore(max_sessions)
         self.batched = batchable(self.model)
+        self.prefixes = PrefixCache(prefix_cache_tokens if self.batched else 0)   # only caches that crop and concat
         self.stats = BatchStats()
 
     def propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
@@ -94,26 +98,30 @@ class DraftEngine:
         next step."""
         results: list = [None] * len(requests)
         opened = [(i, s) for i, s in open_sessions(self.sessions, requests, results) if requests[i].k > 0]
-        rows = [row for i, session in opened for row in self._rows_or_error(i, session, requests[i], results)]
+        found = [self.prefixes.attach(self.model, session, requests[i].new_token_ids) for i, session in opened]
+        rows = [row for (i, session), skip in zip(opened, found)
+                for row in self._rows_or_error(i, session, requests[i], results, skip)]
         run_isolated(forward_groups(rows, requests, self.batched),
                      lambda group: self._propose_rows(group, results, gone or (lambda i: False)),
                      results, lambda i: self.sessions.release(requests[i].session_id))
+        self._remember(opened, found, requests, results)
         for i, request in enumerate(requests):
             if results[i] is None:                 # k = 0: nothing to propose
                 results[i] = worker_pb2.ProposeResponse()
         return results
 
-    def _rows_or_error(self, index: int, session: Session, request, results: list) -> list[DraftRow]:
+    def _rows_or_error(self, index: int, session: Session, request, results: list, skip: int) -> list[DraftRow]:
         try:
-            return self._rows(index, session, request)
+            return self._rows(index, session, request, skip)
         except ValueError as exc:                  # a bad branch point: that request's error only
             results[index] = exc
             return []
 
-    def _rows(self, index: int, session: Session, request) -> list[DraftRow]:
+    def _rows(self, index: int, session: Session, request, skip: int = 0) -> list[DraftRow]:
         """The request's own row, then one per pre-draft branch (a fork of the session's cache at the branch
-        point; none for a model whose cache cannot be forked, which answers each branch with no drafts)."""
-        new = list(request.new_token_ids)
+        point; none for a model whose cache cannot be forked, which answers each branch with no drafts). The
+        session holds the first `skip` new tokens already (from the prefix cache)."""
+        new = list(request.new_token_ids)[skip:]
         rows = [DraftRow(index, session, request, new, request.k, session.length + len(new))]
         for b in request.branches if self.batched else ():
             if not 0 < b.at <= session.length + len(new):
@@ -122,6 +130,15 @@ class DraftEngine:
             rows.append(DraftRow(index, fork_session(self.model, session, held), request,
                                  new[:b.at - held] + [b.token_id], request.k - 1, b.at + 1, branch=True))
         return rows
+
+    def _remember(self, opened: list, found: list[int], requests: list, results: list) -> None:
+        """Put the contexts of the sessions that started and drafted into the prefix cache, and tell each how
+        much of its context it found there."""
+        for (i, session), skip in zip(opened, found):
+            if requests[i].position == 0 and isinstance(results[i], worker_pb2.ProposeResponse):
+                self.prefixes.remember(session, requests[i].new_token_ids)
+                results[i].prefix_cache.CopyFrom(PrefixCacheStats(looked_up=len(requests[i].new_token_ids),
+                                                                  found=skip))
 
     def _propose_rows(self, rows: list, results: list, gone) -> None:
         """Each row's K steps: step j is one forward over the rows with K > j (a row whose caller went away stops

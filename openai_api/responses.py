@@ -18,8 +18,12 @@ def finite(logprob: float) -> float:
 
 
 def usage(states: list) -> dict:
+    """OpenAI's usage: the prompt counted once, the completions of every choice; of the prompt, the most tokens any
+    choice found in the target's prefix cache (`prompt_tokens_details.cached_tokens`)."""
     prompt, completion = states[0].prompt_len, sum(state.generated for state in states)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = max(state.stats.cached_prompt_tokens for state in states)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def spec_stats(states: list) -> dict:

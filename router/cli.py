@@ -122,7 +122,7 @@ def summary(response: generation_pb2.GenerateResponse, tokens: int, seconds: flo
     return (f"[{tokens} tokens, finish={FINISH_NAMES.get(response.finish_reason, '?')}, "
             f"target passes={stats.target_passes}, acceptance={acceptance}, "
             f"mean accepted length={per_pass:.2f} tokens/pass, {tokens / seconds:.1f} tokens/s, "
-            f"wire={stats.wire_bytes} B]")
+            f"prompt tokens cached={stats.cached_prompt_tokens}, wire={stats.wire_bytes} B]")
 
 
 def open_channel(args) -> grpc.Channel:

@@ -68,6 +68,11 @@ class Metrics:
         self.source_accepted_per_pos = Counter("specpool_spec_decode_source_num_accepted_tokens_per_pos",
                                                "Draft tokens accepted, by proposal source and draft position",
                                                ["source", "position"], registry=r)
+        # Prefix caching (*.prefix_cache_tokens): hit rate = rate(..._hits_total) / rate(..._queries_total), by pool.
+        self.prefix_queries = Counter("specpool_prefix_cache_queries", "Context tokens looked up in a worker's prefix "
+                                      "cache at session starts (re-prefills included), by pool", ["pool"], registry=r)
+        self.prefix_hits = Counter("specpool_prefix_cache_hits", "Of those, tokens found there (not computed again)",
+                                   ["pool"], registry=r)
 
     def count_replicas(self, pools: dict) -> None:
         """specpool_worker_replicas{pool, state}: each pool's replicas (lists of worker clients, read at each scrape)
@@ -106,6 +111,12 @@ class Metrics:
             self.source_draft_tokens_per_pos.labels(source, str(position)).inc()
             if position < accepted:
                 self.source_accepted_per_pos.labels(source, str(position)).inc()
+
+    def observe_prefix_caches(self, stats) -> None:
+        """A finished request's prefix-cache lookups (generation_pb2.GenerationStats), per pool."""
+        for pool, lookups in (("target", stats.target_prefix_cache), ("draft", stats.draft_prefix_cache)):
+            self.prefix_queries.labels(pool).inc(lookups.looked_up)
+            self.prefix_hits.labels(pool).inc(lookups.found)
 
     def observe_tokens(self, gap_seconds: float, tokens: int, first: bool) -> None:
         """A chunk of `tokens` arrived `gap_seconds` after the previous one (or after admission)."""

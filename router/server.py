@@ -180,6 +180,7 @@ class Router:
                             yield tokens
                 finally:
                     self.k_selector.detach(state)
+                    self.metrics.observe_prefix_caches(state.stats)
                     self._count_sessions(workers, -1)
         finally:
             self.in_flight -= 1

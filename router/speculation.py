@@ -219,6 +219,7 @@ async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int],
         state.draft_synced = 0            # whatever comes back up has no cache for us
         return None
     state.stats.wire_bytes += wire
+    record_prefix(state, response, "draft")
     timing = split_time(started, response)
     return Proposal(list(response.draft_token_ids), response.draft_hidden_states, *timing,
                     runner_ups=list(response.runner_up_token_ids), thirds=list(response.third_choice_token_ids),
@@ -274,6 +275,7 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
                                      **logprobs_asked(state))
     verdict, wire = answer
     state.stats.wire_bytes += wire
+    record_prefix(state, verdict, "target")
     state.stats.target_calls += 1
     state.stats.target_answers += 1
     verify_s, rtt_s, worker_s = split_time(started, verdict, staged=proposal.staged is not None)
@@ -323,6 +325,7 @@ async def decode_run(state: RequestState, target: TargetClient, steps: int, sour
     async with contextlib.aclosing(answers):
         async for verdict, wire in answers:
             state.stats.wire_bytes += wire
+            record_prefix(state, verdict, "target")
             state.stats.target_answers += 1
             answered = [step for step in (*verdict.earlier, verdict) if not step.missed]
             share, held = (time.perf_counter() - started) / max(len(answered), 1), len(state.tokens)
@@ -500,6 +503,19 @@ def sync_draft(state: RequestState, draft: DraftClient | None, round_: Round, pr
     if next_ready is not None:
         state.stats.predraft_hits += 1
         state.stats.predraft_branch_hits += not next_ready.cached
+
+
+def record_prefix(state: RequestState, response, pool: str) -> None:
+    """A session start's prefix-cache lookup, if the `pool` worker's answer has one, added to the request's stats.
+    The target's first one says how much of the prompt it found cached."""
+    if not response.HasField("prefix_cache"):
+        return
+    field = f"{pool}_prefix_cache"
+    if pool == "target" and not state.stats.HasField(field):
+        state.stats.cached_prompt_tokens = min(response.prefix_cache.found, state.prompt_len)
+    lookups = getattr(state.stats, field)
+    lookups.looked_up += response.prefix_cache.looked_up
+    lookups.found += response.prefix_cache.found
 
 
 def record(stats: generation_pb2.GenerationStats, round_: Round) -> None:

@@ -58,6 +58,9 @@ class PoolConfig:
     inline_ms: float = 5.0          # a call (no session start) finding the engine idle runs on the worker's
                                     # event-loop thread, with no thread hop, while such calls take at most this
                                     # long (the loop waits for it; 0: always on the engine thread)
+    prefix_cache_tokens: int = 8192  # KV of contexts' first blocks (16 tokens each) kept per worker (per rank of a
+                                    # target), so a session starting with a cached prefix computes only the rest
+                                    # (LRU; 0: off). Memory: 2 x layers x kv_heads x head_dim x dtype bytes a token
 
     def validate(self, section: str) -> None:
         checks = [
@@ -72,6 +75,7 @@ class PoolConfig:
             (self.max_batch_size >= 1, "max_batch_size", "must be >= 1"),
             (0 <= self.batch_wait_ms <= 1000, "batch_wait_ms", "must be in [0, 1000]"),
             (0 <= self.inline_ms <= 1000, "inline_ms", "must be in [0, 1000]"),
+            (self.prefix_cache_tokens >= 0, "prefix_cache_tokens", "must be >= 0 (0: off)"),
             (all(isinstance(v, (int, float)) for v in self.resources.values()), "resources",
              "must map resource names to numbers"),
         ]

@@ -9,9 +9,11 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
+from protos.specpool.v1.generation_pb2 import PrefixCacheStats
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
 from engine.ngram import LookupMissed, NgramIndex
 from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
+from engine.prefix_cache import PrefixCache
 from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample, token_logprobs
 from engine.sessions import SessionStore, open_sessions
 
@@ -58,11 +60,13 @@ class TargetEngine:
     calls in the same order, so their caches stay identical; only rank 0 answers the router."""
 
     def __init__(self, model_path: str, draft_model_path: str, dtype: str = "float32", device: str = "cpu",
-                 draft_dtype: str = "float32", tp_plan: str | None = None, max_sessions: int = 256):
+                 draft_dtype: str = "float32", tp_plan: str | None = None, max_sessions: int = 256,
+                 prefix_cache_tokens: int = 0):
         self.model = load_model(model_path, dtype, device, tp_plan)
         self.draft_head = load_lm_head(draft_model_path, draft_dtype, device if not tp_plan else self.model.device)
         self.sessions = SessionStore(max_sessions)
         self.batched = batchable(self.model)
+        self.prefixes = PrefixCache(prefix_cache_tokens if self.batched else 0)   # only caches that crop and concat
         self.isolate = not tp_plan        # a TP group's ranks must stay in step: a failed forward is the group's
         self.stats = BatchStats()
         self._batch = None                # the last forward's RaggedBatch: the next one may run on it (holds())
@@ -92,17 +96,10 @@ class TargetEngine:
         rows, drafts = self._drafts(rows, requests, results)
         if not rows:
             return
-        tokens = [list(requests[i].new_token_ids) + row_drafts for (i, _), row_drafts in zip(rows, drafts)]
-        keeps = [len(row_drafts) + 1 for row_drafts in drafts]
         starts = [session.length + len(requests[i].new_token_ids) for i, session in rows]
-        for (_, session), row_drafts in zip(rows, drafts):
-            session.tokens.extend(row_drafts)
-        last, self._batch = self._batch, None       # a forward that raises leaves no batch to run on again
-        logits, batch = extend_batch(self.model, [session for _, session in rows], tokens, keeps, last)
-        self._batch = batch if len(rows) > 1 else last   # a row alone (a prefill) leaves the batch of many intact
-        batch_tokens = sum(len(t) for t in tokens)
+        logits, found, batch_tokens = self._forward(rows, requests, drafts)
         self.stats.record(len(rows))
-        for (i, session), row_drafts, row_logits, start in zip(rows, drafts, logits, starts):
+        for (i, session), row_drafts, row_logits, start, skip in zip(rows, drafts, logits, starts, found):
             try:
                 results[i] = self._sample_row(requests[i], row_drafts, session, row_logits, start)
                 add_logprobs(results[i], requests[i], row_drafts, row_logits, session.sampling)
@@ -110,8 +107,29 @@ class TargetEngine:
                 results[i] = exc
                 continue
             results[i].batch_size, results[i].batch_tokens = len(rows), batch_tokens
+            if requests[i].position == 0:
+                results[i].prefix_cache.CopyFrom(PrefixCacheStats(looked_up=len(requests[i].new_token_ids),
+                                                                  found=skip))
             if requests[i].HasField("lookup"):
                 results[i].draft_token_ids.extend(row_drafts)
+
+    def _forward(self, rows: list, requests: list, drafts: list) -> tuple[list, list[int], int]:
+        """One forward over each row's new tokens and drafts, a session start taking the beginning of its context
+        from the prefix cache where it is there (and putting its full blocks there after): (logits per row
+        [K + 1, vocab], the tokens each row found cached, the tokens the forward computed)."""
+        found = [self.prefixes.attach(self.model, session, requests[i].new_token_ids) for i, session in rows]
+        tokens = [list(requests[i].new_token_ids)[skip:] + row_drafts
+                  for (i, _), row_drafts, skip in zip(rows, drafts, found)]
+        for (_, session), row_drafts in zip(rows, drafts):
+            session.tokens.extend(row_drafts)
+        last, self._batch = self._batch, None       # a forward that raises leaves no batch to run on again
+        logits, batch = extend_batch(self.model, [session for _, session in rows], tokens,
+                                     [len(row_drafts) + 1 for row_drafts in drafts], last)
+        self._batch = batch if len(rows) > 1 else last   # a row alone (a prefill) leaves the batch of many intact
+        for i, session in rows:
+            if requests[i].position == 0:
+                self.prefixes.remember(session, requests[i].new_token_ids)
+        return logits, found, sum(len(t) for t in tokens)
 
     @staticmethod
     def _drafts(rows: list, requests: list, results: list) -> tuple[list, list]:

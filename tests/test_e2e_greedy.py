@@ -1,6 +1,7 @@
 """End to end through gRPC, Ray actors and the router: greedy output is token-for-token identical
 to transformers generate() of the target alone, for K in {1, 3, 6}, TP=1 and TP=2, streaming and
-unary, and under concurrency with sessions evicted (re-prefill)."""
+unary, and under concurrency with sessions evicted (re-prefill), also where prompts share a prefix that both
+pools' prefix caches hold (the ranks of a TP group finding the same blocks)."""
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -149,3 +150,28 @@ def test_overlapped_rounds_that_hit_stay_identical_to_target_generate(self_draft
         assert tokens == reference_generate(prompt, MAX_NEW)
         check_round_accounting(tokens, stats, chunks[-1].finish_reason, chunks)
         assert stats.predrafts >= stats.predraft_hits >= stats.target_passes - 3 > 0, stats
+
+
+SHARED = [(7 * i + 3) % 250 for i in range(40)]         # 2 blocks of 16 tokens and 8 more
+
+
+def test_prompts_sharing_a_prefix_reuse_it_and_stay_identical_to_target_generate(service, reference_generate):
+    """After one request with the shared prefix, requests whose prompts begin with it find its first blocks in both
+    pools' prefix caches (concurrently, with sessions evicted and re-prefilled under max_sessions = 2), and their
+    tokens are still the target's own."""
+    prompts = [SHARED + [1, 2, 3], SHARED + [9], SHARED[:20] + [5] * 10]
+    metric = service.service.router.metrics.registry.get_sample_value
+    hits_before = metric("specpool_prefix_cache_hits_total", {"pool": "target"}) or 0
+    first = service.stub.Generate(greedy_request(prompts[0], 3))
+    assert list(first.token_ids) == reference_generate(prompts[0], MAX_NEW)
+    with ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda p: service.stub.Generate(greedy_request(p, 3)), prompts * 2))
+    for prompt, response in zip(prompts * 2, responses):
+        assert list(response.token_ids) == reference_generate(prompt, MAX_NEW), prompt
+        cached = 16 if prompt is prompts[2] else 32
+        assert response.stats.cached_prompt_tokens == cached
+        assert response.stats.target_prefix_cache.found >= cached
+        assert response.stats.target_prefix_cache.looked_up >= len(prompt)
+        assert response.stats.draft_prefix_cache.found >= cached
+    found = sum(r.stats.target_prefix_cache.found for r in [first, *responses])
+    assert metric("specpool_prefix_cache_hits_total", {"pool": "target"}) - hits_before == found

@@ -79,6 +79,23 @@ def test_sdk_completion_greedy_matches_grpc_and_target_alone(served, target):
     assert answer.choices[0].finish_reason == "length"
 
 
+def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(served):
+    """A prompt whose first blocks an earlier request left in the target's prefix cache: usage counts them in
+    prompt_tokens_details.cached_tokens (whole blocks of 16, short of the prompt's last token), whole or streamed,
+    and the text is what the first request got."""
+    prompt = ("import os\nimport sys\n\n\nclass PrefixConfig:\n    def __init__(self, path, mode):\n"
+              "        self.path = path\n        self.mode = mode\n\n    def read(self):\n"
+              "        with open(self.path) as f:\n            return f.read()\n")
+    body = dict(model=served.model, prompt=prompt, max_tokens=8, temperature=0, extra_body={"speculation": {"k": 3}})
+    first, second = served.client.completions.create(**body), served.client.completions.create(**body)
+    streamed = list(served.client.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+    assert second.choices[0].text == first.choices[0].text == "".join(c.choices[0].text for c in streamed[:-1])
+    blocks = (second.usage.prompt_tokens - 1) // 16 * 16
+    assert blocks >= 32 and first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == blocks
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens == blocks
+
+
 def test_a_completion_without_stream_is_read_whole_and_one_with_stream_is_streamed(served, target):
     """Without `stream` the client reads the output whole, so a K = 0 decode run holds its answers
     (unstreamed_answer_delay_ms, here longer than the run: its first token, then the rest); with `stream` each

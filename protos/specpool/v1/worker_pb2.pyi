@@ -60,7 +60,7 @@ class BranchDrafts(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., hidden_states: _Optional[bytes] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., third_choice_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("draft_token_ids", "draft_hidden_states", "compute_us", "batch_size", "handler_us", "call_id", "status", "runner_up_token_ids", "branch_drafts", "third_choice_token_ids")
+    __slots__ = ("draft_token_ids", "draft_hidden_states", "compute_us", "batch_size", "handler_us", "call_id", "status", "runner_up_token_ids", "branch_drafts", "third_choice_token_ids", "prefix_cache")
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class ProposeResponse(_message.Message):
     RUNNER_UP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     BRANCH_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     THIRD_CHOICE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_hidden_states: bytes
     compute_us: int
@@ -81,7 +82,8 @@ class ProposeResponse(_message.Message):
     runner_up_token_ids: _containers.RepeatedScalarFieldContainer[int]
     branch_drafts: _containers.RepeatedCompositeFieldContainer[BranchDrafts]
     third_choice_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., branch_drafts: _Optional[_Iterable[_Union[BranchDrafts, _Mapping]]] = ..., third_choice_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    prefix_cache: _generation_pb2.PrefixCacheStats
+    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., branch_drafts: _Optional[_Iterable[_Union[BranchDrafts, _Mapping]]] = ..., third_choice_token_ids: _Optional[_Iterable[int]] = ..., prefix_cache: _Optional[_Union[_generation_pb2.PrefixCacheStats, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs", "decode_steps", "stop_token_ids", "lookup", "answer_delay_us", "staged")
@@ -150,7 +152,7 @@ class PromptLookup(_message.Message):
     def __init__(self, min_n: _Optional[int] = ..., max_n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., end_on_miss: _Optional[bool] = ..., min_match: _Optional[int] = ..., max_tokens_by_match: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status", "logprobs", "more", "draft_token_ids", "missed", "earlier")
+    __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status", "logprobs", "more", "draft_token_ids", "missed", "earlier", "prefix_cache")
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +167,7 @@ class VerifyResponse(_message.Message):
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MISSED_FIELD_NUMBER: _ClassVar[int]
     EARLIER_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     num_accepted: int
     next_token_id: int
     compute_us: int
@@ -179,7 +182,8 @@ class VerifyResponse(_message.Message):
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     missed: bool
     earlier: _containers.RepeatedCompositeFieldContainer[VerifyResponse]
-    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprob, _Mapping]]] = ..., more: _Optional[bool] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., missed: _Optional[bool] = ..., earlier: _Optional[_Iterable[_Union[VerifyResponse, _Mapping]]] = ...) -> None: ...
+    prefix_cache: _generation_pb2.PrefixCacheStats
+    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprob, _Mapping]]] = ..., more: _Optional[bool] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., missed: _Optional[bool] = ..., earlier: _Optional[_Iterable[_Union[VerifyResponse, _Mapping]]] = ..., prefix_cache: _Optional[_Union[_generation_pb2.PrefixCacheStats, _Mapping]] = ...) -> None: ...
 
 class CallStatus(_message.Message):
     __slots__ = ("code", "message")

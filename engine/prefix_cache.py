@@ -1,0 +1,108 @@
+"""Automatic prefix caching: the KV of recent contexts' leading blocks, so that a session starting with tokens
+seen before (a shared system prompt, a few-shot preamble, the earlier turns of a chat, the n choices of one
+request, a session re-prefilled after a worker lost it) computes only the tokens after them.
+
+A context is cut into blocks of `block` tokens. Block i is named by a digest of block i - 1's name and its own
+tokens, so a name stands for the whole prefix up to it; a cached block holds its keys and values on every layer
+([1, kv_heads, block, head_dim] each, on the model's device). A session that starts (holds nothing yet) on a
+context whose first n blocks are cached gets their concatenation as its KV cache, and its first forward computes
+only the rest: always at least the context's last token, whose logits the call needs. After that forward, the
+context's full blocks that were not cached yet are copied in.
+
+The cache is bounded in tokens (so that every rank of a tensor-parallel group, each holding its own shard's
+bytes, counts the same) and evicts the least recently used block first. Every lookup and insertion touches
+a context's blocks from its deepest to its first, so a chain loses its tail before its head, and the first blocks
+that many contexts share stay longest. Sharing changes no output beyond floating-point summation order: a row
+attends to the same keys and values it would have computed itself. Only attention-only models (whose caches
+crop and concatenate: engine.modeling.attention_only) take part; the ranks of a tensor-parallel group hold their
+own shards and, running the same calls in the same order, make the same choices.
+
+    cache = PrefixCache(max_tokens=8192)
+    found = cache.attach(model, session, context)   # before the session's first forward
+    ...                                              # the forward over context[found:]
+    cache.remember(session, context)                 # after it
+"""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+import torch
+
+from engine.modeling import new_cache
+from engine.sessions import Session
+
+BLOCK = 16          # tokens per cached block
+
+
+class PrefixCache:
+    """Blocks of contexts' KV, by the name of the prefix they end, least recently used first."""
+
+    def __init__(self, max_tokens: int, block: int = BLOCK):
+        if max_tokens < 0 or block < 1:
+            raise ValueError(f"need max_tokens >= 0 and block >= 1 (got {max_tokens}, {block})")
+        self.block, self.max_blocks = block, max_tokens // block
+        self.bytes = 0                 # held on this rank (its shard of each layer)
+        self._blocks: OrderedDict[bytes, list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+
+    @property
+    def tokens(self) -> int:
+        """Tokens held (whole blocks)."""
+        return len(self._blocks) * self.block
+
+    def names(self, tokens, count: int) -> list[bytes]:
+        """The names of the first `count` full blocks of `tokens`."""
+        names, name = [], b""
+        for start in range(0, count * self.block, self.block):
+            digest = hashlib.blake2b(name, digest_size=16)
+            digest.update(array("q", tokens[start:start + self.block]).tobytes())
+            name = digest.digest()
+            names.append(name)
+        return names
+
+    def attach(self, model, session: Session, context) -> int:
+        """Give `session`, if it holds nothing yet, the cached KV of the longest run of `context`'s first blocks,
+        short of its last token; returns the tokens it holds now (0: none were cached, or the session holds some)."""
+        if session.length or not self.max_blocks:
+            return 0
+        found = []
+        for name in self.names(context, (len(context) - 1) // self.block):
+            if name not in self._blocks:
+                break
+            found.append(name)
+        if not found:
+            return 0
+        self._touch(found)
+        cache = new_cache(model)
+        for index, pieces in enumerate(zip(*(self._blocks[name] for name in found))):   # one layer's blocks
+            cache.update(torch.cat([keys for keys, _ in pieces], dim=2),
+                         torch.cat([values for _, values in pieces], dim=2), index)
+        session.cache, session.length = cache, len(found) * self.block
+        return session.length
+
+    def remember(self, session: Session, context) -> None:
+        """Copy in the full blocks of `context` (the first tokens `session` holds) that are not cached yet."""
+        if not self.max_blocks:
+            return
+        names = self.names(context, min(len(context), session.length) // self.block)
+        layers = session.cache.layers if names else ()
+        for number, name in enumerate(names):
+            if name not in self._blocks:
+                cut = slice(number * self.block, (number + 1) * self.block)
+                self._blocks[name] = [(layer.keys[:, :, cut].clone(), layer.values[:, :, cut].clone())
+                                      for layer in layers]
+                self.bytes += block_bytes(self._blocks[name])
+        self._touch(names)
+        while len(self._blocks) > self.max_blocks:
+            _, evicted = self._blocks.popitem(last=False)
+            self.bytes -= block_bytes(evicted)
+
+    def _touch(self, names: list[bytes]) -> None:
+        """Mark a chain's blocks used, deepest first, so that its first block is the most recently used."""
+        for name in reversed(names):
+            self._blocks.move_to_end(name)
+
+
+def block_bytes(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    return sum(keys.nbytes + values.nbytes for keys, values in layers)

@@ -1,0 +1,136 @@
+"""Prefix caching (engine/prefix_cache.py): a session that starts with a context whose first blocks are cached
+computes only the rest, and nothing it answers changes.
+
+Unit: the lookup finds the longest cached run of a context's first blocks, short of its last token, and a block
+only after the same prefix; eviction is least recently used, a chain's tail before its head, bounded in tokens.
+Engine level (no Ray): a target and a draft with the cache answer exactly what the same engines without it answer,
+greedy and seeded sampling, over several rounds, and say how much of each session start they found.
+"""
+import pytest
+import torch
+
+from engine.modeling import extend_batch, load_model
+from engine.prefix_cache import PrefixCache
+from engine.sampling import Sampling
+from engine.sessions import Session
+from protos.specpool.v1 import generation_pb2, worker_pb2
+
+BLOCK = 16
+SHARED = [(7 * i + 3) % 250 for i in range(40)]      # 2 full blocks and 8 tokens
+
+
+@pytest.fixture(scope="module")
+def target_model(byte_pair):
+    return load_model(byte_pair[1])
+
+
+def prefilled(model, context: list[int]) -> Session:
+    """A session that computed `context` itself."""
+    session = Session(sampling=Sampling())
+    extend_batch(model, [session], [context], [1])
+    return session
+
+
+def started(cache: PrefixCache, model, context: list[int]) -> tuple[Session, int]:
+    """A session started on `context` with the cache: (the session, tokens found), its forward run and remembered."""
+    session = Session(sampling=Sampling())
+    found = cache.attach(model, session, context)
+    extend_batch(model, [session], [context[found:]], [1])
+    cache.remember(session, context)
+    return session, found
+
+
+def test_lookup_finds_the_longest_cached_run_of_first_blocks_short_of_the_last_token(target_model):
+    cache = PrefixCache(max_tokens=1024, block=BLOCK)
+    assert started(cache, target_model, SHARED)[1] == 0
+    assert len(cache._blocks) == 2 and cache.tokens == 32 and cache.bytes > 0
+    assert started(cache, target_model, SHARED + [1, 2])[1] == 32
+    assert started(cache, target_model, SHARED[:33])[1] == 32
+    assert started(cache, target_model, SHARED[:32])[1] == 16       # its last token is always computed
+    assert started(cache, target_model, SHARED[:20] + [9] * 30)[1] == 16
+    assert started(cache, target_model, [1] + SHARED[1:])[1] == 0
+
+
+def test_a_block_is_found_only_after_the_same_prefix(target_model):
+    cache = PrefixCache(max_tokens=1024, block=BLOCK)
+    started(cache, target_model, SHARED)
+    moved = [5] * BLOCK + SHARED[BLOCK:]          # block 2 as before, after another first block
+    assert started(cache, target_model, moved)[1] == 0
+
+
+def test_attached_keys_and_values_are_what_the_session_would_compute(target_model):
+    cache = PrefixCache(max_tokens=1024, block=BLOCK)
+    started(cache, target_model, SHARED)
+    session = Session(sampling=Sampling())
+    assert cache.attach(target_model, session, SHARED + [4]) == 32
+    alone = prefilled(target_model, SHARED + [4])
+    for mine, computed in zip(session.cache.layers, alone.cache.layers):
+        torch.testing.assert_close(mine.keys, computed.keys[:, :, :32], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(mine.values, computed.values[:, :, :32], rtol=1e-5, atol=1e-6)
+    logits, _ = extend_batch(target_model, [session], [SHARED[32:] + [4]], [9])
+    expected, _ = extend_batch(target_model, [Session(sampling=Sampling())], [SHARED + [4]], [9])
+    torch.testing.assert_close(logits[0], expected[0], rtol=1e-4, atol=1e-5)
+
+
+def test_eviction_takes_the_least_recently_used_tail_first_within_the_token_bound(target_model):
+    cache = PrefixCache(max_tokens=3 * BLOCK, block=BLOCK)
+    first = SHARED + list(range(100, 110))           # 3 full blocks
+    other = [9] * 2 * BLOCK + [1]                    # 2 full blocks
+    started(cache, target_model, first)
+    started(cache, target_model, other)
+    assert cache.tokens == 3 * BLOCK
+    assert started(cache, target_model, first)[1] == BLOCK            # its tail went first; its head stayed
+    assert cache.tokens == 3 * BLOCK                                   # ... and now `other` went, all of it
+    assert cache.attach(target_model, Session(sampling=Sampling()), first) == 3 * BLOCK
+    assert cache.attach(target_model, Session(sampling=Sampling()), other) == 0
+    assert cache.bytes == sum(k.nbytes + v.nbytes for layers in cache._blocks.values() for k, v in layers)
+
+
+def test_off_or_a_session_holding_tokens_finds_nothing(target_model):
+    off = PrefixCache(max_tokens=BLOCK - 1, block=BLOCK)
+    assert started(off, target_model, SHARED)[1] == 0 and started(off, target_model, SHARED)[1] == 0
+    assert len(off._blocks) == 0
+    cache = PrefixCache(max_tokens=1024, block=BLOCK)
+    started(cache, target_model, SHARED)
+    holding = prefilled(target_model, [1, 2, 3])
+    assert cache.attach(target_model, holding, SHARED) == 0 and holding.length == 3
+
+
+# ---- engine level ----------------------------------------------------------------------------------------
+
+PROMPTS = [SHARED + [11, 12, 13], SHARED + [11, 12, 13], SHARED[:33] + [200, 201], SHARED, [3, 4, 5]]
+
+
+def play(draft, target, temperature: float, rounds: int = 4) -> list:
+    """Each prompt's session in turn, `rounds` draft-and-verify rounds each; every answer, in order."""
+    answers = []
+    for session_id, prompt in enumerate(PROMPTS):
+        tokens, held, params = list(prompt), 0, generation_pb2.SamplingParams(temperature=temperature, top_p=1.0,
+                                                                                seed=session_id % 2)
+        for _ in range(rounds):
+            start = params if held == 0 else None
+            drafted = draft.propose(worker_pb2.ProposeRequest(session_id=session_id, position=held,
+                                                              new_token_ids=tokens[held:], k=3, sampling=start))
+            verdict = target.verify(worker_pb2.VerifyRequest(session_id=session_id, position=held,
+                                                             new_token_ids=tokens[held:], sampling=start,
+                                                             draft_token_ids=drafted.draft_token_ids))
+            answers.append((list(drafted.draft_token_ids), verdict.num_accepted, verdict.next_token_id,
+                            drafted.prefix_cache.found, verdict.prefix_cache.found, verdict.prefix_cache.looked_up))
+            committed = list(drafted.draft_token_ids[:verdict.num_accepted]) + [verdict.next_token_id]
+            held = len(tokens) + verdict.num_accepted
+            tokens += committed
+    return answers
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded-sampling"])
+def test_engines_answer_the_same_with_and_without_the_cache(byte_pair, temperature):
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+    draft_path, target_path = byte_pair
+    plain = play(DraftEngine(draft_path), TargetEngine(target_path, draft_path), temperature)
+    cached = play(DraftEngine(draft_path, prefix_cache_tokens=1024),
+                  TargetEngine(target_path, draft_path, prefix_cache_tokens=1024), temperature)
+    assert [a[:3] for a in cached] == [a[:3] for a in plain]
+    starts = [a[3:] for a in cached[::4]]                        # each session's first round
+    assert starts == [(0, 0, 43), (32, 32, 43), (32, 32, 35), (32, 32, 40), (0, 0, 3)]
+    assert [a[3:] for a in plain[::4]] == [(0, 0, 43), (0, 0, 43), (0, 0, 35), (0, 0, 40), (0, 0, 3)]   # off
