@@ -51,7 +51,7 @@ def stats_fields(stats: generation_pb2.GenerationStats) -> dict:
     return {"draft": stats.draft_tokens, "accepted": stats.accepted_tokens, "rounds": stats.target_passes,
             "wire": stats.wire_bytes, "predraft_hits": stats.predraft_hits, "staged": stats.staged_rounds,
             "sources": list(stats.source_per_round),
-            "k_per_round": list(stats.k_per_round)}
+            "k_per_round": list(stats.k_per_round), "cached_prompt_tokens": stats.cached_prompt_tokens}
 
 
 def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: float = 0.0) -> dict:

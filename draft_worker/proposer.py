@@ -98,17 +98,24 @@ class DraftEngine:
         next step."""
         results: list = [None] * len(requests)
         opened = [(i, s) for i, s in open_sessions(self.sessions, requests, results) if requests[i].k > 0]
-        found = [self.prefixes.attach(self.model, session, requests[i].new_token_ids) for i, session in opened]
-        rows = [row for (i, session), skip in zip(opened, found)
-                for row in self._rows_or_error(i, session, requests[i], results, skip)]
-        run_isolated(forward_groups(rows, requests, self.batched),
-                     lambda group: self._propose_rows(group, results, gone or (lambda i: False)),
+        run_isolated(forward_groups(opened, requests, self.batched),
+                     lambda group: self._propose_group(group, requests, results, gone or (lambda i: False)),
                      results, lambda i: self.sessions.release(requests[i].session_id))
-        self._remember(opened, found, requests, results)
         for i, request in enumerate(requests):
             if results[i] is None:                 # k = 0: nothing to propose
                 results[i] = worker_pb2.ProposeResponse()
         return results
+
+    def _propose_group(self, group: list, requests: list, results: list, gone) -> None:
+        """One forward group of opened sessions [(index, session)] (forward_groups: a session start alone), its
+        pre-draft branches included. A session start takes what the prefix cache holds of its context first (so
+        it finds what a start just before it in the same batch put there) and puts its full blocks there after."""
+        found = [self.prefixes.attach(self.model, session, requests[i].new_token_ids) for i, session in group]
+        rows = [row for (i, session), skip in zip(group, found)
+                for row in self._rows_or_error(i, session, requests[i], results, skip)]
+        if rows:
+            self._propose_rows(rows, results, gone)
+        self._remember(group, found, requests, results)
 
     def _rows_or_error(self, index: int, session: Session, request, results: list, skip: int) -> list[DraftRow]:
         try:
@@ -131,10 +138,10 @@ class DraftEngine:
                                  new[:b.at - held] + [b.token_id], request.k - 1, b.at + 1, branch=True))
         return rows
 
-    def _remember(self, opened: list, found: list[int], requests: list, results: list) -> None:
+    def _remember(self, group: list, found: list[int], requests: list, results: list) -> None:
         """Put the contexts of the sessions that started and drafted into the prefix cache, and tell each how
         much of its context it found there."""
-        for (i, session), skip in zip(opened, found):
+        for (i, session), skip in zip(group, found):
             if requests[i].position == 0 and isinstance(results[i], worker_pb2.ProposeResponse):
                 self.prefixes.remember(session, requests[i].new_token_ids)
                 results[i].prefix_cache.CopyFrom(PrefixCacheStats(looked_up=len(requests[i].new_token_ids),

@@ -325,8 +325,9 @@ async def decode_run(state: RequestState, target: TargetClient, steps: int, sour
     async with contextlib.aclosing(answers):
         async for verdict, wire in answers:
             state.stats.wire_bytes += wire
-            record_prefix(state, verdict, "target")
             state.stats.target_answers += 1
+            for step in (*verdict.earlier, verdict):
+                record_prefix(state, step, "target")
             answered = [step for step in (*verdict.earlier, verdict) if not step.missed]
             share, held = (time.perf_counter() - started) / max(len(answered), 1), len(state.tokens)
             rounds = [run_step(state, step, share, source) for step in answered]

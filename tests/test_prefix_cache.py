@@ -134,3 +134,22 @@ def test_engines_answer_the_same_with_and_without_the_cache(byte_pair, temperatu
     starts = [a[3:] for a in cached[::4]]                        # each session's first round
     assert starts == [(0, 0, 43), (32, 32, 43), (32, 32, 35), (32, 32, 40), (0, 0, 3)]
     assert [a[3:] for a in plain[::4]] == [(0, 0, 43), (0, 0, 43), (0, 0, 35), (0, 0, 40), (0, 0, 3)]   # off
+
+
+def test_a_session_start_finds_what_one_before_it_in_the_same_batch_put_there(byte_pair):
+    """The n choices of one request arrive together: each start in a batch runs as its own forward, after the one
+    before it has put its blocks in, on the draft and on the target alike."""
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+    draft_path, target_path = byte_pair
+    draft, target = DraftEngine(draft_path, prefix_cache_tokens=1024), TargetEngine(target_path, draft_path,
+                                                                                    prefix_cache_tokens=1024)
+    params = generation_pb2.SamplingParams(top_p=1.0)
+    drafted = draft.propose_batch([worker_pb2.ProposeRequest(session_id=i, new_token_ids=SHARED, k=2, sampling=params)
+                                   for i in range(3)])
+    verdicts = target.verify_batch([worker_pb2.VerifyRequest(session_id=i, new_token_ids=SHARED, sampling=params,
+                                                             draft_token_ids=d.draft_token_ids)
+                                    for i, d in enumerate(drafted)])
+    assert [d.prefix_cache.found for d in drafted] == [v.prefix_cache.found for v in verdicts] == [0, 32, 32]
+    assert len({tuple(d.draft_token_ids) for d in drafted}) == 1
+    assert len({(v.num_accepted, v.next_token_id) for v in verdicts}) == 1
