@@ -34,6 +34,7 @@ PREAMBLE_LINE = ("import {0}\nfrom {0}.core import {1}, {1}Error\n\n\nclass {1}H
                  "    def __init__(self, name, value=None):\n        self.name = name\n        self.value = value\n\n")
 MODULES = ("os", "json", "logging", "socket", "threading", "collections", "pathlib", "functools", "itertools", "re")
 CACHED, NOT_CACHED, HF_ROW = "cached", "not cached", "transformers generate()"
+PREFIX_TOKENS = 192     # the preamble's length, at least
 NUMBERS = itertools.count(1)
 
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=BenchConfig.out)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--prefix-tokens", type=int, default=192, help="the shared preamble's length, at least")
+    parser.add_argument("--prefix-tokens", type=int, default=PREFIX_TOKENS, help="the preamble's length, at least")
     parser.add_argument("--heavy-layers", type=int, default=0, help="also on the heavy pair with this many "
                         "zero-output layers (tools/heavy_pair.py)")
     args = parser.parse_args(argv)

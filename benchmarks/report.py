@@ -11,6 +11,7 @@ from pathlib import Path
 
 from benchmarks.concurrency import HF_BATCHED, OFF_ADAPTIVE, ON_ADAPTIVE, ON_K0
 from benchmarks.lookup import markdown as lookup_markdown
+from benchmarks.prefix import markdown as prefix_markdown
 from router.speculation import PARTS
 
 SINGLE_HEADER = ("| row | tokens/s | TTFT ms | ITL p50 / p99 ms | α | tokens/round | analytic | efficiency "
@@ -79,7 +80,9 @@ def markdown(results: dict) -> str:
                       (("overlap", "Overlap and hop: demo pair"), ("heavy", "Overlap and hop: heavy pair"))
                       if key in results)
     lookup = f"\n## Prompt lookup (draft.method)\n\n{lookup_markdown(results['lookup'])}\n" if "lookup" in results else ""
-    return (single_markdown(results["single"]) if "single" in results else "") + overlap + lookup \
+    prefix = "".join(f"\n## Prefix caching: {pair}\n\n{prefix_markdown(section)}\n"
+                     for pair, section in results.get("prefix", {}).items())
+    return (single_markdown(results["single"]) if "single" in results else "") + overlap + lookup + prefix \
         + sweep_markdown(results)
 
 

@@ -28,6 +28,10 @@ transformers rows measured again among them, interleaved repeat by repeat: the g
 Then prompt lookup (benchmarks/lookup.py; `python -m benchmarks.lookup` runs it alone): draft.method model, ngram
 and model+ngram against transformers prompt lookup and generate(), on an input-grounded workload and this set.
 
+Then prefix caching (benchmarks/prefix.py; `python -m benchmarks.prefix` runs it alone): prompts sharing a preamble
+the prefix caches hold, against the same behind a first line new for every request, and transformers generate(),
+on both pairs.
+
 Writes results.json, results.md, concurrency.png (and, without --sweep-only, speedup.png and adaptive.png)
 under --out (benchmarks/report.py).
 """
@@ -45,10 +49,11 @@ import torch
 from benchmarks.concurrency import (HF_BATCHED, OFF_ADAPTIVE, ON_ADAPTIVE, ON_K0, batching_config, goal_lines,
                                     hf_batched_sweep, specpool_sweep, sweep_ratios)
 from benchmarks.lookup import lookup_section
+from benchmarks.prefix import PREFIX_TOKENS, prefix_section
 from benchmarks.plan import QUICK, BenchConfig
 from benchmarks.report import write_outputs
-from benchmarks.overlap import heavy_section, overlap_section
-from benchmarks.service import load_service_config, running
+from benchmarks.overlap import heavy_config, heavy_section, overlap_section
+from benchmarks.service import load_service_config, running, running_data
 from benchmarks.single_stream import single_stream
 
 
@@ -80,6 +85,7 @@ def run(cfg: BenchConfig) -> tuple[dict, dict | None]:
             results["single"], trace = single_stream(service, cfg)
             results["overlap"] = overlap_section(service, cfg)
             results["lookup"] = lookup_section(service, cfg)
+            results["prefix"] = {"demo pair": prefix_section(service, cfg, PREFIX_TOKENS)}
         sweep.update(specpool_sweep(service, cfg, {ON_ADAPTIVE: None, ON_K0: 0}))
         results["batching"]["on"] = batching_config(service)
         model_path = service.service.pools.target_info["model_path"]
@@ -88,6 +94,9 @@ def run(cfg: BenchConfig) -> tuple[dict, dict | None]:
         results["batching"]["off"] = batching_config(service)
     if cfg.heavy_layers and not cfg.sweep_only:
         results["heavy"] = heavy_section(load_service_config(cfg.config), cfg, cfg.heavy_layers)
+        with running_data(heavy_config(load_service_config(cfg.config), cfg.heavy_layers), label="the heavy pair") \
+                as service:
+            results["prefix"]["heavy pair"] = prefix_section(service, cfg, PREFIX_TOKENS)
     sweep[HF_BATCHED] = hf_batched_sweep(cfg, model_path)
     results.update(sweep=sweep, ratios=sweep_ratios(sweep))
     results["goals"] = goal_lines(results["ratios"])

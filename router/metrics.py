@@ -118,6 +118,13 @@ class Metrics:
             self.prefix_queries.labels(pool).inc(lookups.looked_up)
             self.prefix_hits.labels(pool).inc(lookups.found)
 
+    def prefix_caches(self) -> dict:
+        """Per pool, the context tokens looked up in its prefix caches and found there, since the router started."""
+        value = self.registry.get_sample_value
+        return {pool: {"looked_up": int(value("specpool_prefix_cache_queries_total", {"pool": pool}) or 0),
+                       "found": int(value("specpool_prefix_cache_hits_total", {"pool": pool}) or 0)}
+                for pool in ("target", "draft")}
+
     def observe_tokens(self, gap_seconds: float, tokens: int, first: bool) -> None:
         """A chunk of `tokens` arrived `gap_seconds` after the previous one (or after admission)."""
         if first:

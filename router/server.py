@@ -248,7 +248,8 @@ class Router:
                 "outstanding_sessions": {"draft": [c.outstanding for c in self.drafts],
                                          "target": [c.outstanding for c in self.targets]},
                 "workers": {"draft": [c.describe() for c in self.drafts],
-                            "target": [c.describe() for c in self.targets]}}
+                            "target": [c.describe() for c in self.targets]},
+                "prefix_cache": self.metrics.prefix_caches()}
 
 
 class Overloaded(Exception):

@@ -11,8 +11,8 @@ FOOTER = "all of the config and statistics: specpool status --full (the statisti
 
 def summary(config: dict, stats: dict) -> str:
     """The summary of a running server's `config` (Admin.GetStatus config_yaml, parsed) and `stats` (stats_json)."""
-    return "\n".join([serving_line(stats), k_line(config, stats), *acceptance_lines(stats["pools"]), "workers:",
-                      *worker_lines(stats), FOOTER])
+    return "\n".join([serving_line(stats), k_line(config, stats), *acceptance_lines(stats["pools"]),
+                      prefix_line(config, stats), "workers:", *worker_lines(stats), FOOTER])
 
 
 def serving_line(stats: dict) -> str:
@@ -48,6 +48,22 @@ def acceptance_lines(pools: dict) -> list[str]:
             source, regime = name.split("/")
             lines.append(f"acceptance by draft position (recent drafts), {source} drafts, {regime}: {' '.join(seen)}")
     return lines or ["acceptance: no drafts verified yet"]
+
+
+def prefix_line(config: dict, stats: dict) -> str:
+    """How much of the contexts that sessions started on each pool found in its prefix caches, since the start."""
+    pools = [pool for pool in ("target", "draft") if config.get(pool, {}).get("prefix_cache_tokens")]
+    if config.get("draft", {}).get("method") == "ngram" and "draft" in pools:
+        pools.remove("draft")                          # no draft pool runs
+    if not pools:
+        return "prefix cache: off"
+    counts = stats.get("prefix_cache", {})
+    parts = []
+    for pool in pools:
+        found, looked_up = counts.get(pool, {}).get("found", 0), counts.get(pool, {}).get("looked_up", 0)
+        share = f" ({100 * found / looked_up:.0f} %)" if looked_up else ""
+        parts.append(f"{pool} {found:,} of {looked_up:,}{share}")
+    return "prefix cache, context tokens found of those looked up at session starts: " + ", ".join(parts)
 
 
 def worker_lines(stats: dict) -> list[str]:

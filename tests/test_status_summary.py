@@ -2,7 +2,7 @@
 not, K and who chose it, acceptance per position, and one line per replica saying why one is out."""
 from router.status_summary import FOOTER, summary
 
-CONFIG = {"draft": {"method": "model+ngram"},
+CONFIG = {"draft": {"method": "model+ngram", "prefix_cache_tokens": 8192}, "target": {"prefix_cache_tokens": 8192},
           "speculation": {"policy": "goodput", "draft_sampling": "greedy", "overlap": True}}
 
 
@@ -12,7 +12,8 @@ def stats(targets: list[dict], drafts: list[dict], samples=(12, 7, 0, 0)) -> dic
                       "ngram/greedy": {"acceptance": [0.9, 0.5], "samples": [4, 0]},
                       "ngram/greedy/match 2": {"acceptance": [0.2], "samples": [9]}},
             "outstanding_sessions": {"target": [3] * len(targets), "draft": [2] * len(drafts)},
-            "workers": {"target": targets, "draft": drafts}}
+            "workers": {"target": targets, "draft": drafts},
+            "prefix_cache": {"target": {"looked_up": 12345, "found": 4096}, "draft": {"looked_up": 0, "found": 0}}}
 
 
 READY = {"name": "target 0", "state": "ready", "address": "10.0.0.5:40001"}
@@ -26,6 +27,8 @@ def test_a_serving_router_in_a_dozen_lines():
         "model+ngram, draft_sampling greedy, overlap on",
         "acceptance by draft position (recent drafts), model drafts, greedy: 0.75 (12) 0.50 (7)",
         "acceptance by draft position (recent drafts), ngram drafts, greedy: 0.90 (4)",
+        "prefix cache, context tokens found of those looked up at session starts: target 4,096 of 12,345 (33 %), "
+        "draft 0 of 0",
         "workers:",
         "  target 0: ready at 10.0.0.5:40001, 3 session(s)",
         "  draft 0: loading",
@@ -42,5 +45,13 @@ def test_no_ready_target_reads_not_serving_and_says_why_each_worker_is_out():
     assert lines[0] == "NOT_SERVING (no target replica is ready): 0 of 1 target replica(s) ready; 3 request(s) " \
                        "generating, 1 queued"
     assert lines[2] == "acceptance: no drafts verified yet"
-    assert lines[4] == "  target 0: down for 12.5 s (since 2026-11-25 16:00:00): UNAVAILABLE: Socket closed"
-    assert lines[5] == "  draft 0: failed to load, out of the pool until a restart: OSError: no model folder"
+    assert lines[5] == "  target 0: down for 12.5 s (since 2026-11-25 16:00:00): UNAVAILABLE: Socket closed"
+    assert lines[6] == "  draft 0: failed to load, out of the pool until a restart: OSError: no model folder"
+
+
+def test_the_prefix_cache_line_names_only_the_pools_that_keep_one():
+    only_target = {**CONFIG, "draft": {"method": "ngram", "prefix_cache_tokens": 8192}}
+    assert "prefix cache, context tokens found of those looked up at session starts: target 4,096 of 12,345 (33 %)" \
+        in summary(only_target, stats([READY], [])).splitlines()
+    off = {**CONFIG, "draft": {"method": "model", "prefix_cache_tokens": 0}, "target": {"prefix_cache_tokens": 0}}
+    assert "prefix cache: off" in summary(off, stats([READY], [])).splitlines()
