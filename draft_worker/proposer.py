@@ -110,6 +110,9 @@ class DraftEngine:
         """One forward group of opened sessions [(index, session)] (forward_groups: a session start alone), its
         pre-draft branches included. A session start takes what the prefix cache holds of its context first (so
         it finds what a start just before it in the same batch put there) and puts its full blocks there after."""
+        for i, session in group:
+            session.tokens.extend(requests[i].new_token_ids)
+            session.settled = len(session.tokens)          # the draft keeps no drafts in `tokens`
         found = [self.prefixes.attach(self.model, session, requests[i].new_token_ids) for i, session in group]
         rows = [row for (i, session), skip in zip(group, found)
                 for row in self._rows_or_error(i, session, requests[i], results, skip)]
@@ -181,4 +184,8 @@ class DraftEngine:
         return sample(probs, generator(session.sampling.seed, position, STREAM_DRAFT, probs.device))
 
     def release(self, session_id: int) -> bool:
-        return self.sessions.release(session_id)
+        """Drop a session that ended, leaving the context it was last given in the prefix cache."""
+        session = self.sessions.take(session_id)
+        if session is not None:
+            self.prefixes.keep(session)
+        return session is not None

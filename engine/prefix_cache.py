@@ -7,7 +7,8 @@ tokens, so a name stands for the whole prefix up to it; a cached block holds its
 ([1, kv_heads, block, head_dim] each, on the model's device). A session that starts (holds nothing yet) on a
 context whose first n blocks are cached gets their concatenation as its KV cache, and its first forward computes
 only the rest: always at least the context's last token, whose logits the call needs. After that forward, the
-context's full blocks that were not cached yet are copied in.
+context's full blocks that were not cached yet are copied in, and so are, as a session ends (its release), the
+blocks of everything it committed: the next turn of a chat begins with the last one's prompt and answer.
 
 The cache is bounded in tokens (so that every rank of a tensor-parallel group, each holding its own shard's
 bytes, counts the same) and evicts the least recently used block first. Every lookup and insertion touches
@@ -21,6 +22,7 @@ own shards and, running the same calls in the same order, make the same choices.
     found = cache.attach(model, session, context)   # before the session's first forward
     ...                                              # the forward over context[found:]
     cache.remember(session, context)                 # after it
+    cache.keep(session)                              # as it ends: all it committed
 """
 from __future__ import annotations
 
@@ -97,6 +99,12 @@ class PrefixCache:
         while len(self._blocks) > self.max_blocks:
             _, evicted = self._blocks.popitem(last=False)
             self.bytes -= block_bytes(evicted)
+
+    def keep(self, session: Session) -> None:
+        """Copy in the blocks of what a session that ends had committed (Session.settled): the next turn of a chat
+        begins with its prompt and its answer."""
+        if session.length:
+            self.remember(session, session.tokens[:session.settled])
 
     def _touch(self, names: list[bytes]) -> None:
         """Mark a chain's blocks used, deepest first, so that its first block is the most recently used."""

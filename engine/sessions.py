@@ -24,7 +24,9 @@ class Session:
     sampling: Sampling
     length: int = 0                # tokens held in the cache
     last_used: float = field(default=0.0)
-    tokens: list = field(default_factory=list)   # their IDs, where the engine keeps them (the target's)
+    tokens: list = field(default_factory=list)   # their IDs (on the target, its drafts after them)
+    settled: int = 0               # of those, the ones the router has committed, as far as this worker knows: what
+                                   # its release leaves in the prefix cache (engine.prefix_cache.PrefixCache.keep)
     ngram: object = None           # the target's prompt-lookup index of the committed tokens (engine.ngram)
     _own: object = field(default=None, repr=False)     # its own DynamicCache, as last handed back
     _batch: object = field(default=None, repr=False)   # the RaggedBatch it was left in, not handed back yet
@@ -97,7 +99,11 @@ class SessionStore:
         return session
 
     def release(self, session_id: int) -> bool:
-        return self._sessions.pop(session_id, None) is not None
+        return self.take(session_id) is not None
+
+    def take(self, session_id: int) -> Session | None:
+        """Remove the session and return it (None: not held)."""
+        return self._sessions.pop(session_id, None)
 
 
 def sampling_from_proto(params) -> Sampling:

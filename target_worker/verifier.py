@@ -107,6 +107,7 @@ class TargetEngine:
                 results[i] = exc
                 continue
             results[i].batch_size, results[i].batch_tokens = len(rows), batch_tokens
+            session.settled = start + results[i].num_accepted
             if requests[i].position == 0:
                 results[i].prefix_cache.CopyFrom(PrefixCacheStats(looked_up=len(requests[i].new_token_ids),
                                                                   found=skip))
@@ -164,4 +165,8 @@ class TargetEngine:
         return worker_pb2.VerifyResponse(num_accepted=num_accepted, next_token_id=next_token)
 
     def release(self, session_id: int) -> bool:
-        return self.sessions.release(session_id)
+        """Drop a session that ended, leaving what it committed in the prefix cache."""
+        session = self.sessions.take(session_id)
+        if session is not None:
+            self.prefixes.keep(session)
+        return session is not None

@@ -96,6 +96,18 @@ def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(served):
     assert streamed[-1].usage.prompt_tokens_details.cached_tokens == blocks
 
 
+def test_a_follow_up_that_repeats_the_last_answer_finds_it_cached(served):
+    """As a chat's next turn does: a prompt that is the last prompt, its completion and more finds the blocks of the
+    completion too (the target left all it committed in its prefix cache when the last request ended)."""
+    prompt = "class FollowUp:\n    def __init__(self, first, second):\n        self.first = first\n"
+    first = served.client.completions.create(model=served.model, prompt=prompt, max_tokens=48, temperature=0)
+    assert wait_for_no_sessions(served) == [0, 0]             # released in the background as a request ends
+    follow_up = prompt + first.choices[0].text + "\n\n# and then\n"
+    second = served.client.completions.create(model=served.model, prompt=follow_up, max_tokens=4, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens + 32, (
+        first.usage, second.usage)
+
+
 def test_a_completion_without_stream_is_read_whole_and_one_with_stream_is_streamed(served, target):
     """Without `stream` the client reads the output whole, so a K = 0 decode run holds its answers
     (unstreamed_answer_delay_ms, here longer than the run: its first token, then the rest); with `stream` each

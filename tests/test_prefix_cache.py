@@ -153,3 +153,49 @@ def test_a_session_start_finds_what_one_before_it_in_the_same_batch_put_there(by
     assert [d.prefix_cache.found for d in drafted] == [v.prefix_cache.found for v in verdicts] == [0, 32, 32]
     assert len({tuple(d.draft_token_ids) for d in drafted}) == 1
     assert len({(v.num_accepted, v.next_token_id) for v in verdicts}) == 1
+
+
+def chat(draft, target, turns: list[list[int]], rounds: int = 3) -> list:
+    """A conversation: each turn's session starts on everything before it (prompts and answers) plus the turn's
+    own tokens, drafts and verifies `rounds` rounds, and is released. Every turn's answers and first lookups."""
+    history, answers = [], []
+    for number, turn in enumerate(turns):
+        tokens, held, params = history + turn, 0, generation_pb2.SamplingParams(top_p=1.0)
+        for _ in range(rounds):
+            start = params if held == 0 else None
+            drafted = draft.propose(worker_pb2.ProposeRequest(session_id=number, position=held,
+                                                              new_token_ids=tokens[held:], k=3, sampling=start))
+            verdict = target.verify(worker_pb2.VerifyRequest(session_id=number, position=held,
+                                                             new_token_ids=tokens[held:], sampling=start,
+                                                             draft_token_ids=drafted.draft_token_ids))
+            answers.append((list(drafted.draft_token_ids), verdict.num_accepted, verdict.next_token_id,
+                            drafted.prefix_cache.found, verdict.prefix_cache.found))
+            held = len(tokens) + verdict.num_accepted
+            tokens += list(drafted.draft_token_ids[:verdict.num_accepted]) + [verdict.next_token_id]
+        draft.release(number)
+        target.release(number)
+        history = tokens
+    return answers
+
+
+def test_the_next_turn_of_a_chat_finds_the_last_turns_prompt_and_answer(byte_pair):
+    """A session's release leaves all it committed in the prefix cache (the target knows which of its drafts the
+    router committed; the draft, the context it was last given), so a chat's next turn computes only its new
+    tokens, and answers as without the cache."""
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+    draft_path, target_path = byte_pair
+    turns = [SHARED[:30], [100, 101, 102, 103, 104], [7] * 20]
+    plain = chat(DraftEngine(draft_path), TargetEngine(target_path, draft_path), turns)
+    cached = chat(DraftEngine(draft_path, prefix_cache_tokens=1024),
+                  TargetEngine(target_path, draft_path, prefix_cache_tokens=1024), turns)
+    assert [a[:3] for a in cached] == [a[:3] for a in plain]
+    history = len(turns[0])
+    for number, turn in enumerate(turns[1:], start=1):
+        first = cached[3 * number]
+        answered = sum(a[1] + 1 for a in cached[3 * (number - 1):3 * number])   # the last turn's committed tokens
+        history += answered
+        # the target holds all but the last token each turn committed; the draft, the context of its last call
+        assert first[4] == (history - 1) // BLOCK * BLOCK, (number, first, history)
+        assert first[3] >= (history - answered) // BLOCK * BLOCK
+        history += len(turn)
