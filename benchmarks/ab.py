@@ -33,6 +33,7 @@ def plan(k: int, configured: dict, against: dict) -> list[tuple[str, int | None,
 def summary(name: str, rows: list[dict]) -> str:
     parts = {part: statistics.mean(row["parts_ms"][part] for row in rows) for part in rows[0]["parts_ms"]}
     return (f"{name}: {statistics.median(row['tokens_per_s'] for row in rows):.1f} tokens/s, "
+            f"TTFT {statistics.median(row['ttft_ms'] for row in rows):.1f} ms, "
             f"{statistics.mean(row['mean_accepted_len'] for row in rows):.2f} tokens/round, "
             f"{statistics.mean(row['hits'] for row in rows):.2f} hits/round, "
             f"{statistics.mean(row['staged'] for row in rows):.2f} staged/round, "
@@ -70,8 +71,10 @@ def main(argv: list[str] | None = None) -> None:
         print(summary(name, measured))
     for (name, *_), (variant, *_) in zip(rows[::2], rows[1::2]):
         ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs[name], runs[variant])]
-        print(f"{name} against{variant[len(name) + 1:]}: {statistics.median(ratios):.3f} (per repeat: "
-              + ", ".join(f"{r:.2f}" for r in ratios) + ")")
+        ttfts = [b["ttft_ms"] / a["ttft_ms"] for a, b in zip(runs[name], runs[variant])]
+        print(f"{name} against{variant[len(name) + 1:]}: tokens/s {statistics.median(ratios):.3f} (per repeat: "
+              + ", ".join(f"{r:.2f}" for r in ratios) + f"); TTFT, theirs / this: {statistics.median(ttfts):.3f} "
+              "(per repeat: " + ", ".join(f"{r:.2f}" for r in ttfts) + ")")
 
 
 if __name__ == "__main__":
