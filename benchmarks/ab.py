@@ -1,5 +1,7 @@
 """Overlapped rounds as configured against the same rounds with some speculation settings changed, side by side in
-one service (the heavy pair by default), repeats interleaved row by row: tokens/s (median, and the median of the
+one service (the heavy pair by default), repeats interleaved row by row (every other repeat each pair of rows the
+other way round: a fixed-K row leaves the pool's statistics to the adaptive row after it, so each adaptive row
+follows a fixed-K row every other repeat): tokens/s (median, and the median of the
 per-repeat ratios), the pre-draft hits and staged rounds per round, and a round's time beyond compute (ms), part by
 part. make bench's overlap section has such rows among its others ("..., not staged", "..., one guess per
 position"); this is one A/B alone, quicker.
@@ -28,6 +30,11 @@ def plan(k: int, configured: dict, against: dict) -> list[tuple[str, int | None,
     base = {key: getattr(config, key) for key in against}
     return [(f"overlap {name}{suffix}", kk, {"overlap": True, **(against if suffix else base)})
             for name, kk in ((f"K={k}", k), ("adaptive", None)) for suffix in ("", variant)]
+
+
+def swapped(rows: list) -> list:
+    """The rows with each pair (as configured, with the settings changed) the other way round."""
+    return [row for pair in zip(rows[1::2], rows[::2]) for row in pair]
 
 
 def summary(name: str, rows: list[dict]) -> str:
@@ -63,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     runs: dict[str, list[dict]] = {name: [] for name, *_ in rows}
     with running_data(data) as service:
         for repeat in range(args.repeats):
-            for name, k, speculation in rows:
+            for name, k, speculation in rows if repeat % 2 == 0 else swapped(rows):
                 runs[name].append(measured_row(service, cfg, k, speculation))
             log(f"repeat {repeat + 1}/{args.repeats}: "
                 + ", ".join(f"{name} {runs[name][-1]['tokens_per_s']:.1f}" for name in runs) + " tokens/s")

@@ -252,6 +252,12 @@ class KSelector:
         """Whether a pre-draft back before its verdict is staged on the target (speculation.stage_predrafts)."""
         return self.config.stage_predrafts
 
+    @property
+    def prefill_first(self) -> bool:
+        """Whether a request's first round is the target's prefill alone, the draft pre-drafting beside it
+        (speculation.prefill_first)."""
+        return self.config.prefill_first
+
     def predraft_branches(self, state: RequestState, k: int) -> list[tuple[int, int]]:
         """The rejection branches (j, rank) the request's next pre-draft, beside K drafts, carries besides its main
         guess (KController.branch_plan)."""

@@ -144,6 +144,7 @@ class KPolicy(Protocol):
     overlap: bool                    # pre-draft the next round while the target verifies
     predraft_k: int                  # ... with at most this many drafts after the guess
     stage_predrafts: bool            # ... staged on the target when back before the verdict (StagedCall)
+    prefill_first: bool              # a request's first round at K = 0, pre-drafting the next beside the prefill
     decode_steps: int                # a decode run commits up to this many tokens in one target call
     def plain_run_steps(self, state: "RequestState") -> int: ...   # ... a plain one (no lookup) this many
     def answer_delay_s(self, state: "RequestState") -> float: ...   # ... whose answers the target may hold
@@ -754,6 +755,13 @@ def conclude_all(state: RequestState, policy: KPolicy, rounds: list[Round], betw
     return committed
 
 
+def prefill_alone(state: RequestState, policy: KPolicy, ready: Proposal | None, k: int) -> bool:
+    """Whether this model round at K (> 0) is a request's first and runs at K = 0 instead, pre-drafting K beside
+    the target's prefill (speculation.prefill_first): the draft's prefill and drafts then cost the first token
+    nothing, and if the draft's guess of that token is right the next round's drafts are ready (or staged)."""
+    return policy.prefill_first and k > 0 and ready is None and state.generated == 0 and state.target_synced == 0
+
+
 def predraft_k(policy: KPolicy, planned: int | None) -> int:
     """K of the pre-draft for the next round, planned at K `planned` (None: no overlap): 0, no pre-draft, where
     that round drafts more than a pre-draft may carry (speculation.overlap_tokens): it runs in turn at its K."""
@@ -788,6 +796,8 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
                 k = ngram_round_k(state, policy, k)
             overlap = policy.overlap and source == MODEL
             planned = choose_k(state, policy) if overlap else None
+            if overlap and prefill_alone(state, policy, ready, k):
+                planned, k = k, 0
             next_k = predraft_k(policy, planned)
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source,
                                                   policy.predraft_branches(state, k) if next_k else (),

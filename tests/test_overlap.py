@@ -194,9 +194,11 @@ class FakeTarget(FakeWorker):
 class FixedK:
     """A KPolicy with one K, recording the rounds."""
 
-    def __init__(self, k: int, overlap: bool, branches: int = 0, stage: bool = False, thirds: bool = False):
+    def __init__(self, k: int, overlap: bool, branches: int = 0, stage: bool = False, thirds: bool = False,
+                 prefill_first: bool = False):
         self.k, self.overlap, self.predraft_k, self.rounds = k, overlap, 8, []
         self.branches, self.stage_predrafts, self.ranks = branches, stage, (0, 1) if thirds else (0,)
+        self.prefill_first = prefill_first
         self.decode_steps = 1               # the fake target answers one token per call
 
     def choose_k(self, state, source=None):
@@ -242,10 +244,11 @@ def run(draft, target, policy, state=None, stop_after: int | None = None) -> Req
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 6])
-@pytest.mark.parametrize("overlap,branches", [(False, 0), (True, 0), (True, 2), (True, 8)],
-                         ids=["in-turn", "overlap", "overlap-2-branches", "overlap-8-branches"])
-def test_output_identical_to_target_alone_and_no_worker_is_over_claimed(k, overlap, branches):
-    draft, target, policy = FakeDraft(), FakeTarget(), FixedK(k, overlap, branches)
+@pytest.mark.parametrize("overlap,branches,prefill_first",
+                         [(False, 0, False), (True, 0, False), (True, 2, False), (True, 8, False), (True, 2, True)],
+                         ids=["in-turn", "overlap", "overlap-2-branches", "overlap-8-branches", "prefill-first"])
+def test_output_identical_to_target_alone_and_no_worker_is_over_claimed(k, overlap, branches, prefill_first):
+    draft, target, policy = FakeDraft(), FakeTarget(), FixedK(k, overlap, branches, prefill_first=prefill_first)
     state = run(draft, target, policy)
     assert state.tokens[len(PROMPT):] == reference()
     assert draft.reprefills == 0 and target.reprefills == 0
@@ -258,6 +261,27 @@ def test_output_identical_to_target_alone_and_no_worker_is_over_claimed(k, overl
         assert target.calls == len(policy.rounds)
         drafted_now = sum(1 for r in policy.rounds if r.k and not r.predrafted)
         assert draft.calls == state.stats.predrafts + drafted_now          # a hit makes no draft call
+
+
+@pytest.mark.parametrize("stage", [False, True], ids=["not-staged", "staged"])
+def test_the_first_round_is_the_targets_prefill_alone_with_the_draft_pre_drafting_beside_it(stage):
+    """speculation.prefill_first: a request's first round verifies no drafts (K = 0) while its pre-draft (the
+    draft's prefill, its guess of the first token and K drafts after it) runs beside the target's prefill. The fake
+    draft guesses the first token right, so the second round's drafts are ready at once (on a target slower than
+    the pre-draft, staged: the target starts it by itself). Then rounds run at K, and the output is the target's."""
+    draft, target = FakeDraft(), FakeTarget(delay=0.006, stage_first=stage)
+    policy = FixedK(3, True, 0, stage=stage, prefill_first=True)
+    state = run(draft, target, policy)
+    assert state.tokens[len(PROMPT):] == reference()
+    assert draft.reprefills == 0 and target.reprefills == 0
+    first, second = policy.rounds[:2]
+    assert first.k == 0 and first.predraft_sent and first.committed == reference()[:1]
+    assert guess(PROMPT) == truth(PROMPT) and second.predrafted and second.staged == stage and second.k == 3
+    assert {r.k for r in policy.rounds[1:-1]} == {3} and list(state.stats.k_per_round[:2]) == [0, 3]
+    assert draft.calls == state.stats.predrafts + sum(1 for r in policy.rounds if r.k and not r.predrafted)
+    in_turn_first = FixedK(3, True, 0, stage=stage)
+    run(FakeDraft(), FakeTarget(delay=0.006, stage_first=stage), in_turn_first)
+    assert in_turn_first.rounds[0].k == 3 and not in_turn_first.rounds[0].predrafted
 
 
 def test_a_k_above_the_predraft_budget_runs_in_turn_at_its_k_not_cut_to_the_budget():
