@@ -89,9 +89,10 @@ def assert_k_in_force(service, admin, k: int) -> None:
 
 
 def first_round_k(service) -> int:
-    """The K the router's policy gives a new request's first round."""
+    """The K the router's policy gives a new request's first drafting round (its second: the first is the target's
+    prefill alone, speculation.prefill_first)."""
     response = service.stub.Generate(generation_pb2.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=8))
-    return response.stats.k_per_round[0]
+    return response.stats.k_per_round[1]
 
 
 def test_hot_reload_changes_k_of_an_in_flight_request(service, admin, config, config_file, reference_generate):
@@ -112,7 +113,7 @@ def test_hot_reload_changes_k_of_an_in_flight_request(service, admin, config, co
         tokens = [t for c in chunks for t in c.token_ids]
         assert tokens == reference_generate(PROMPT, 300)             # nothing dropped, nothing changed
         ks = list(chunks[-1].stats.k_per_round)
-        assert ks[0] == 1 and 4 in ks and ks.index(4) >= 20          # K moved mid-request
+        assert ks[:2] == [0, 1] and 4 in ks and ks.index(4) >= 20    # K moved mid-request (round 1: the prefill)
         assert_k_in_force(service, admin, 4)
     finally:
         reload(admin, config, config_file, k=1)

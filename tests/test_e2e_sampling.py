@@ -1,5 +1,6 @@
 """End to end with sampling at temperature 1 on a 9-token vocabulary: over many seeds the first
-generated tokens follow the target's exact distribution, in both draft modes."""
+generated tokens follow the target's exact distribution, in both draft modes, with the first round drafting or
+(speculation.prefill_first) the target's prefill alone."""
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,9 +18,14 @@ def exact_joint(tiny_pair):
     return first_two_joint(tiny_pair[1], PROMPT)
 
 
-@pytest.fixture(scope="module", params=["sampled", "greedy"])
+@pytest.fixture(scope="module", params=[("sampled", False), ("greedy", False), ("sampled", True)],
+                ids=["sampled", "greedy", "sampled-prefill-first"])
 def service(request, start_service, tiny_pair):
-    return start_service(service_config(tiny_pair, speculation={"k": 2, "draft_sampling": request.param}))
+    """Without prefill_first, the first round drafts both tokens, so the rejection sampler decides each of them;
+    with it (the default), the first token is the target's prefill's own and the second a round's."""
+    mode, prefill_first = request.param
+    return start_service(service_config(tiny_pair, speculation={"k": 2, "draft_sampling": mode,
+                                                                "prefill_first": prefill_first}))
 
 
 def first_two(stub, seed: int) -> tuple:
