@@ -29,13 +29,26 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:                  # the router names blocks too (router/affinity.py): no torch at import
+    import torch
 
-from engine.modeling import new_cache
-from engine.sessions import Session
+    from engine.sessions import Session
 
 BLOCK = 16          # tokens per cached block
+
+
+def block_names(tokens, count: int, block: int = BLOCK) -> list[bytes]:
+    """The names of the first `count` full blocks of `tokens`: block i's is a digest of block i - 1's name and its
+    own tokens, so that it stands for the whole prefix up to it."""
+    names, name = [], b""
+    for start in range(0, count * block, block):
+        digest = hashlib.blake2b(name, digest_size=16)
+        digest.update(array("q", tokens[start:start + block]).tobytes())
+        name = digest.digest()
+        names.append(name)
+    return names
 
 
 class PrefixCache:
@@ -54,20 +67,16 @@ class PrefixCache:
         return len(self._blocks) * self.block
 
     def names(self, tokens, count: int) -> list[bytes]:
-        """The names of the first `count` full blocks of `tokens`."""
-        names, name = [], b""
-        for start in range(0, count * self.block, self.block):
-            digest = hashlib.blake2b(name, digest_size=16)
-            digest.update(array("q", tokens[start:start + self.block]).tobytes())
-            name = digest.digest()
-            names.append(name)
-        return names
+        return block_names(tokens, count, self.block)
 
     def attach(self, model, session: Session, context) -> int:
         """Give `session`, if it holds nothing yet, the cached KV of the longest run of `context`'s first blocks,
         short of its last token; returns the tokens it holds now (0: none were cached, or the session holds some)."""
         if session.length or not self.max_blocks:
             return 0
+        import torch
+
+        from engine.modeling import new_cache
         found = []
         for name in self.names(context, (len(context) - 1) // self.block):
             if name not in self._blocks:

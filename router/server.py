@@ -35,7 +35,8 @@ from router.speculation import DRAFT_MODES, RequestState, generate, releases_don
 from router.stopping import output_chunks
 from router.text import encode, max_token_chars
 from router.validation import ModelLimits, RequestError, check_prompt_text, validate
-from router.worker_client import DraftClient, TargetClient, least_loaded
+from router.affinity import PrefixAffinity
+from router.worker_client import DraftClient, TargetClient
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024           # a request over this gets RESOURCE_EXHAUSTED (counted)
 TRANSPORT_MAX_BYTES = 2 * MAX_MESSAGE_BYTES   # ... and one over this is cut off by gRPC before it is read
@@ -54,6 +55,8 @@ class Router:
         self._scale_up = scale_up        # (pool name, count) -> factories of new clients; blocking (Ray)
         self.overrides = overrides or {}  # the command line's values over every reloaded file's (`with_overrides`)
         self.drafts, self.targets = drafts, targets
+        slack = config.router.prefix_affinity_slack
+        self.affinity = {"draft": PrefixAffinity(slack), "target": PrefixAffinity(slack)}   # router/affinity.py
         self.tokenizer = tokenizer
         self._max_token_chars = max_token_chars(tokenizer)
         self.eos_ids = frozenset(model_info["eos_token_ids"])
@@ -165,8 +168,8 @@ class Router:
         self.in_flight += 1
         try:
             async with self.admission():
-                draft = least_loaded(self.drafts) if self.drafts else None
-                target = least_loaded(self.targets)
+                draft = self.affinity["draft"].choose(self.drafts, state.tokens) if self.drafts else None
+                target = self.affinity["target"].choose(self.targets, state.tokens)
                 workers = [w for w in (draft, target) if w]
                 self._count_sessions(workers, +1)
                 self.k_selector.attach(state)

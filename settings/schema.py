@@ -252,6 +252,9 @@ class RouterConfig:
     max_new_tokens: int = 4096       # size cap on outputs (0: the model's context)
     shutdown_grace_s: float = 30.0   # on SIGTERM: how long in-flight requests may take to finish
     target_recovery_s: float = 60.0  # how long a request waits for a failed target to come back
+    prefix_affinity_slack: int = 4   # a request whose prompt begins as an earlier one's goes to the replica that
+                                     # served it (its prefix cache holds those blocks) while that one holds at most
+                                     # this many sessions more than the least loaded (-1: always the least loaded)
 
     def validate(self, section: str = "router") -> None:
         for key in ("port", "metrics_port", "admin_port"):
@@ -264,6 +267,9 @@ class RouterConfig:
         for key in ("max_queued_requests", "max_prompt_tokens", "max_new_tokens"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{section}.{key}: must be >= 0 (got {getattr(self, key)!r})")
+        if self.prefix_affinity_slack < -1:
+            raise ConfigError(f"{section}.prefix_affinity_slack: must be >= -1 (-1: off) "
+                              f"(got {self.prefix_affinity_slack!r})")
 
 
 @dataclass
