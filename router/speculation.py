@@ -16,7 +16,8 @@ verify goes out at once; any other verdict cancels the pre-draft and r+1 drafts 
 proposals, so this changes which tokens are proposed, never the distribution of what is committed. A pre-draft
 that is back before the verdict is staged on the target (`speculation.stage_predrafts`, StagedCall): the target
 holds its candidates and, the moment its verdict matches one, starts verifying round r+1 itself, so a hit costs
-no round trip through the router either. A request's first round (`speculation.prefill_first`) verifies no drafts:
+no round trip through the router either. A request's first round (`speculation.prefill_first`; greedy-draft mode)
+verifies no drafts:
 the target prefills and answers the first token while the pre-draft beside it prefills the draft, guesses that
 token and drafts round 2, so the first token waits for no draft work.
 
@@ -760,8 +761,12 @@ def conclude_all(state: RequestState, policy: KPolicy, rounds: list[Round], betw
 def prefill_alone(state: RequestState, policy: KPolicy, ready: Proposal | None, k: int) -> bool:
     """Whether this model round at K (> 0) is a request's first and runs at K = 0 instead, pre-drafting K beside
     the target's prefill (speculation.prefill_first): the draft's prefill and drafts then cost the first token
-    nothing, and if the draft's guess of that token is right the next round's drafts are ready (or staged)."""
-    return policy.prefill_first and k > 0 and ready is None and state.generated == 0 and state.target_synced == 0
+    nothing, and if the draft's guess of that token is right the next round's drafts are ready (or staged). Not in
+    sampled-draft mode: a sampled draft's draws depend on the rounds' K, so a seeded request's tokens would then
+    depend on whether overlap is on (in greedy-draft mode verification is coupled to plain decoding: any K gives
+    the same tokens)."""
+    return (policy.prefill_first and k > 0 and ready is None and state.generated == 0 and state.target_synced == 0
+            and state.draft_mode != worker_pb2.DRAFT_MODE_SAMPLED)
 
 
 def predraft_k(policy: KPolicy, planned: int | None) -> int:

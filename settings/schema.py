@@ -176,6 +176,7 @@ class ControllerConfig:
     prefill_first: bool = True       # a request's first round is the target's prefill alone (K = 0), the draft
                                      # prefilling and pre-drafting the next round beside it: the first token waits
                                      # for the target's prefill only, not for the draft's prefill and drafts too
+                                     # (with overlap, in greedy-draft mode)
     decode_steps: int = 32           # a round at K = 0 (chosen, or speculation.k: 0) is a decode run: the target
                                      # decodes up to this many tokens in one call, streaming each back, with no
                                      # round trip between them (1: one call per token)

@@ -18,11 +18,12 @@ def exact_joint(tiny_pair):
     return first_two_joint(tiny_pair[1], PROMPT)
 
 
-@pytest.fixture(scope="module", params=[("sampled", False), ("greedy", False), ("sampled", True)],
-                ids=["sampled", "greedy", "sampled-prefill-first"])
+@pytest.fixture(scope="module", params=[("sampled", False), ("greedy", False), ("greedy", True)],
+                ids=["sampled", "greedy", "greedy-prefill-first"])
 def service(request, start_service, tiny_pair):
     """Without prefill_first, the first round drafts both tokens, so the rejection sampler decides each of them;
-    with it (the default), the first token is the target's prefill's own and the second a round's."""
+    with it (the default; greedy-draft mode only), the first token is the target's prefill's own and the second a
+    round's."""
     mode, prefill_first = request.param
     return start_service(service_config(tiny_pair, speculation={"k": 2, "draft_sampling": mode,
                                                                 "prefill_first": prefill_first}))

@@ -284,6 +284,17 @@ def test_the_first_round_is_the_targets_prefill_alone_with_the_draft_pre_draftin
     assert in_turn_first.rounds[0].k == 3 and not in_turn_first.rounds[0].predrafted
 
 
+def test_in_sampled_draft_mode_the_first_round_drafts_so_that_seeded_tokens_do_not_depend_on_overlap():
+    """A sampled draft's draws depend on the rounds' K: with prefill_first only where overlap is on, a seeded
+    request's tokens would change with speculation.overlap. So in sampled-draft mode the first round drafts at K,
+    overlap or not."""
+    state = request()
+    state.draft_mode = worker_pb2.DRAFT_MODE_SAMPLED
+    policy = FixedK(3, True, 0, prefill_first=True)
+    run(FakeDraft(), FakeTarget(), policy, state)
+    assert policy.rounds[0].k == 3 and state.tokens[len(PROMPT):] == reference()
+
+
 def test_a_k_above_the_predraft_budget_runs_in_turn_at_its_k_not_cut_to_the_budget():
     """speculation.overlap_tokens bounds a pre-draft, not the K of the rounds: a round planned past it drafts
     its whole K after the verdict, with no pre-draft."""
