@@ -17,9 +17,8 @@ proposals, so this changes which tokens are proposed, never the distribution of 
 that is back before the verdict is staged on the target (`speculation.stage_predrafts`, StagedCall): the target
 holds its candidates and, the moment its verdict matches one, starts verifying round r+1 itself, so a hit costs
 no round trip through the router either. A request's first round (`speculation.prefill_first`; greedy-draft mode)
-verifies no drafts:
-the target prefills and answers the first token while the pre-draft beside it prefills the draft, guesses that
-token and drafts round 2, so the first token waits for no draft work.
+verifies no drafts: the target prefills and answers the first token while the pre-draft beside it prefills the
+draft, guesses that token and drafts round 2, so the first token waits for no draft work.
 
 Proposal sources (`draft.method`). A round's drafts come from the draft model (the draft worker) or from prompt
 lookup (engine/ngram.py: the continuation of an earlier occurrence of the context's last n tokens, computed here
