@@ -16,13 +16,12 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
-from protos.specpool.v1.generation_pb2 import PrefixCacheStats
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
 from engine.modeling import RaggedBatch, batchable, fork_session, load_model
-from engine.prefix_cache import PrefixCache
+from engine.prefix_cache import PrefixCache, lookup_stats
 from engine.sampling import STREAM_DRAFT, generator, logits_to_probs, sample
 from engine.sessions import Session, SessionStore, open_sessions
 
@@ -147,8 +146,7 @@ class DraftEngine:
         for (i, session), skip in zip(group, found):
             if requests[i].position == 0 and isinstance(results[i], worker_pb2.ProposeResponse):
                 self.prefixes.remember(session, requests[i].new_token_ids)
-                results[i].prefix_cache.CopyFrom(PrefixCacheStats(looked_up=len(requests[i].new_token_ids),
-                                                                  found=skip))
+                results[i].prefix_cache.CopyFrom(lookup_stats(requests[i].new_token_ids, skip))
 
     def _propose_rows(self, rows: list, results: list, gone) -> None:
         """Each row's K steps: step j is one forward over the rows with K > j (a row whose caller went away stops
@@ -185,7 +183,4 @@ class DraftEngine:
 
     def release(self, session_id: int) -> bool:
         """Drop a session that ended, leaving the context it was last given in the prefix cache."""
-        session = self.sessions.take(session_id)
-        if session is not None:
-            self.prefixes.keep(session)
-        return session is not None
+        return self.prefixes.release(self.sessions, session_id)

@@ -31,10 +31,12 @@ from array import array
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from protos.specpool.v1.generation_pb2 import PrefixCacheStats
+
 if TYPE_CHECKING:                  # the router names blocks too (router/affinity.py): no torch at import
     import torch
 
-    from engine.sessions import Session
+    from engine.sessions import Session, SessionStore
 
 BLOCK = 16          # tokens per cached block
 
@@ -115,6 +117,13 @@ class PrefixCache:
         if session.length:
             self.remember(session, session.tokens[:session.settled])
 
+    def release(self, sessions: SessionStore, session_id: int) -> bool:
+        """Drop a session that ended from `sessions`, leaving what it committed here (keep); False: not held."""
+        session = sessions.take(session_id)
+        if session is not None:
+            self.keep(session)
+        return session is not None
+
     def _touch(self, names: list[bytes]) -> None:
         """Mark a chain's blocks used, deepest first, so that its first block is the most recently used."""
         for name in reversed(names):
@@ -123,3 +132,8 @@ class PrefixCache:
 
 def block_bytes(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return sum(keys.nbytes + values.nbytes for keys, values in layers)
+
+
+def lookup_stats(context, found: int) -> PrefixCacheStats:
+    """A session start's answer about its prefix-cache lookup: the context's tokens, and the first ones found."""
+    return PrefixCacheStats(looked_up=len(context), found=found)

@@ -9,11 +9,10 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
-from protos.specpool.v1.generation_pb2 import PrefixCacheStats
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
 from engine.ngram import LookupMissed, NgramIndex
 from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
-from engine.prefix_cache import PrefixCache
+from engine.prefix_cache import PrefixCache, lookup_stats
 from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample, token_logprobs
 from engine.sessions import SessionStore, open_sessions
 
@@ -109,8 +108,7 @@ class TargetEngine:
             results[i].batch_size, results[i].batch_tokens = len(rows), batch_tokens
             session.settled = start + results[i].num_accepted
             if requests[i].position == 0:
-                results[i].prefix_cache.CopyFrom(PrefixCacheStats(looked_up=len(requests[i].new_token_ids),
-                                                                  found=skip))
+                results[i].prefix_cache.CopyFrom(lookup_stats(requests[i].new_token_ids, skip))
             if requests[i].HasField("lookup"):
                 results[i].draft_token_ids.extend(row_drafts)
 
@@ -166,7 +164,4 @@ class TargetEngine:
 
     def release(self, session_id: int) -> bool:
         """Drop a session that ended, leaving what it committed in the prefix cache."""
-        session = self.sessions.take(session_id)
-        if session is not None:
-            self.prefixes.keep(session)
-        return session is not None
+        return self.prefixes.release(self.sessions, session_id)

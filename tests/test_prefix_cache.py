@@ -101,25 +101,29 @@ def test_off_or_a_session_holding_tokens_finds_nothing(target_model):
 PROMPTS = [SHARED + [11, 12, 13], SHARED + [11, 12, 13], SHARED[:33] + [200, 201], SHARED, [3, 4, 5]]
 
 
+def session_rounds(draft, target, session_id: int, tokens: list[int], params, rounds: int) -> list:
+    """`rounds` draft-and-verify rounds of a session starting on `tokens` (extended with what each commits): per
+    round (drafts, accepted, next token, draft's cached tokens found, target's found, target's looked up)."""
+    answers, held = [], 0
+    for _ in range(rounds):
+        start = params if held == 0 else None
+        drafted = draft.propose(worker_pb2.ProposeRequest(session_id=session_id, position=held,
+                                                          new_token_ids=tokens[held:], k=3, sampling=start))
+        verdict = target.verify(worker_pb2.VerifyRequest(session_id=session_id, position=held,
+                                                         new_token_ids=tokens[held:], sampling=start,
+                                                         draft_token_ids=drafted.draft_token_ids))
+        answers.append((list(drafted.draft_token_ids), verdict.num_accepted, verdict.next_token_id,
+                        drafted.prefix_cache.found, verdict.prefix_cache.found, verdict.prefix_cache.looked_up))
+        held = len(tokens) + verdict.num_accepted
+        tokens += list(drafted.draft_token_ids[:verdict.num_accepted]) + [verdict.next_token_id]
+    return answers
+
+
 def play(draft, target, temperature: float, rounds: int = 4) -> list:
     """Each prompt's session in turn, `rounds` draft-and-verify rounds each; every answer, in order."""
-    answers = []
-    for session_id, prompt in enumerate(PROMPTS):
-        tokens, held, params = list(prompt), 0, generation_pb2.SamplingParams(temperature=temperature, top_p=1.0,
-                                                                                seed=session_id % 2)
-        for _ in range(rounds):
-            start = params if held == 0 else None
-            drafted = draft.propose(worker_pb2.ProposeRequest(session_id=session_id, position=held,
-                                                              new_token_ids=tokens[held:], k=3, sampling=start))
-            verdict = target.verify(worker_pb2.VerifyRequest(session_id=session_id, position=held,
-                                                             new_token_ids=tokens[held:], sampling=start,
-                                                             draft_token_ids=drafted.draft_token_ids))
-            answers.append((list(drafted.draft_token_ids), verdict.num_accepted, verdict.next_token_id,
-                            drafted.prefix_cache.found, verdict.prefix_cache.found, verdict.prefix_cache.looked_up))
-            committed = list(drafted.draft_token_ids[:verdict.num_accepted]) + [verdict.next_token_id]
-            held = len(tokens) + verdict.num_accepted
-            tokens += committed
-    return answers
+    return [answer for session_id, prompt in enumerate(PROMPTS) for answer in session_rounds(
+        draft, target, session_id, list(prompt),
+        generation_pb2.SamplingParams(temperature=temperature, top_p=1.0, seed=session_id % 2), rounds)]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded-sampling"])
@@ -160,18 +164,8 @@ def chat(draft, target, turns: list[list[int]], rounds: int = 3) -> list:
     own tokens, drafts and verifies `rounds` rounds, and is released. Every turn's answers and first lookups."""
     history, answers = [], []
     for number, turn in enumerate(turns):
-        tokens, held, params = history + turn, 0, generation_pb2.SamplingParams(top_p=1.0)
-        for _ in range(rounds):
-            start = params if held == 0 else None
-            drafted = draft.propose(worker_pb2.ProposeRequest(session_id=number, position=held,
-                                                              new_token_ids=tokens[held:], k=3, sampling=start))
-            verdict = target.verify(worker_pb2.VerifyRequest(session_id=number, position=held,
-                                                             new_token_ids=tokens[held:], sampling=start,
-                                                             draft_token_ids=drafted.draft_token_ids))
-            answers.append((list(drafted.draft_token_ids), verdict.num_accepted, verdict.next_token_id,
-                            drafted.prefix_cache.found, verdict.prefix_cache.found))
-            held = len(tokens) + verdict.num_accepted
-            tokens += list(drafted.draft_token_ids[:verdict.num_accepted]) + [verdict.next_token_id]
+        tokens = history + turn
+        answers += session_rounds(draft, target, number, tokens, generation_pb2.SamplingParams(top_p=1.0), rounds)
         draft.release(number)
         target.release(number)
         history = tokens
