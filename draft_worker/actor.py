@@ -16,9 +16,11 @@ def _build_engine(config: dict):
 
     from draft_worker.proposer import DraftEngine
     from engine.model_pair import resolve_model
+    from engine.pinning import pin_worker
 
-    if config["num_threads"]:
-        torch.set_num_threads(config["num_threads"])
+    threads = pin_worker(config, "draft")
+    if threads:
+        torch.set_num_threads(threads)
     model = resolve_model(config["model"])
     started = time.monotonic()
     print(f"[specpool] draft: loading {model} ({config['dtype']}, {config['device']}) ...", flush=True)

@@ -18,7 +18,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from draft_worker.actor import DraftWorker
+from engine.pinning import auto_cpus
 from router.oplog import say
+from settings.cpu_list import AUTO, parse_cpus
 from settings.schema import SpecpoolConfig
 from target_worker.actor import TargetRank
 from target_worker.tp_support import ModelRefused
@@ -171,11 +173,36 @@ def _worker_options(config: SpecpoolConfig, pool: PoolConfig) -> dict:
             "runtime_env": {"env_vars": {"RAY_worker_niceness": str(config.ray.worker_niceness)}}}
 
 
+def actor_cpus(config: SpecpoolConfig, pool: str, index: int) -> list | str:
+    """The `cpus` of actor `index` of `pool` ("draft", or "target": a replica, its ranks together): the pool's
+    own list, or for `auto` CPUs of its own on a local instance (engine.pinning.auto_cpus over the CPUs this
+    process may use), "" (not pinned) in a cluster or where there are too few."""
+    if getattr(config, pool).cpus != AUTO:
+        return getattr(config, pool).cpus
+    if config.ray.address or not hasattr(os, "sched_getaffinity"):
+        return ""
+    counts = {"target": (config.target.replicas, config.target.tensor_parallel_size),
+              "draft": (draft_replicas(config), 1)}
+    auto = [(name, counts[name][0], counts[name][1] * max(getattr(config, name).num_threads, 1))
+            for name in ("target", "draft") if getattr(config, name).cpus == AUTO]
+    taken = {cpu for name in ("target", "draft") for cpu in parse_cpus(getattr(config, name).cpus)}
+    plan = auto_cpus(sorted(os.sched_getaffinity(0)), taken, auto)
+    if plan is None or index >= len(plan[pool]):
+        say(f"{pool}.cpus auto: too few CPUs for each worker its own; {pool} {index} is not pinned")
+        return ""
+    return plan[pool][index]
+
+
+def _pool_dict(config: SpecpoolConfig, pool: str, index: int) -> dict:
+    """The pool section as its actor `index` gets it, with that actor's own `cpus`."""
+    return {**dataclasses.asdict(getattr(config, pool)), "cpus": actor_cpus(config, pool, index)}
+
+
 def start_draft(config: SpecpoolConfig, index: int, tag: str):
     pool = config.draft
     actor = ray.remote(DraftWorker).options(
         name=f"specpool-{tag}-draft-{index}", **_worker_options(config, pool),
-    ).remote(dataclasses.asdict(pool), dataclasses.asdict(config.tls))
+    ).remote(_pool_dict(config, "draft", index), dataclasses.asdict(config.tls))
     return actor, actor.start.remote(config.ray.node_ip or None)
 
 
@@ -185,7 +212,8 @@ def start_target(config: SpecpoolConfig, index: int, tag: str):
     ranks = [ray.remote(TargetRank).options(
         name=f"specpool-{tag}-target-{index}-rank-{rank}", **_worker_options(config, pool),
         scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
-    ).remote(dataclasses.asdict(pool), dataclasses.asdict(config.draft), rank, size, dataclasses.asdict(config.tls))
+    ).remote(_pool_dict(config, "target", index), dataclasses.asdict(config.draft), rank, size,
+             dataclasses.asdict(config.tls))
         for rank in range(size)]
     return group, ranks
 

@@ -12,12 +12,14 @@ import dataclasses
 import difflib
 import os
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from settings.cpu_list import parse_cpus
 from settings.errors import ConfigError
 from settings.yaml_doc import parse_yaml
 
@@ -50,7 +52,11 @@ class PoolConfig:
     num_gpus: float = 0.0           # GPUs per actor (per rank for the target)
     num_cpus: float = 1.0           # logical CPUs Ray reserves per actor
     resources: dict = field(default_factory=dict)   # Ray custom resources that pick this pool's nodes
-    num_threads: int = 0            # torch intra-op threads per actor (0: torch's default)
+    num_threads: int = 0            # torch intra-op threads per actor (0: one per pinned CPU, or torch's default)
+    cpus: list | str = ""           # CPUs of its node each actor is confined to, as taskset: [0, 1] or "0-3,8"
+                                    # (a target's ranks split them, one equal slice each); "auto": on a local
+                                    # instance, each actor CPUs of its own (num_threads, at least 1), targets
+                                    # first, if there are enough; "": not pinned
     max_sessions: int = 256         # KV caches held per worker (LRU beyond that)
     max_batch_size: int = 16        # calls run as one batched forward (1: no batching)
     batch_wait_ms: float = 0.0      # after a call arrives at an idle worker, wait this long for more to batch
@@ -76,6 +82,7 @@ class PoolConfig:
             (0 <= self.batch_wait_ms <= 1000, "batch_wait_ms", "must be in [0, 1000]"),
             (0 <= self.inline_ms <= 1000, "inline_ms", "must be in [0, 1000]"),
             (self.prefix_cache_tokens >= 0, "prefix_cache_tokens", "must be >= 0 (0: off)"),
+            (_cpu_list_error(self.cpus) is None, "cpus", _cpu_list_error(self.cpus)),
             (all(isinstance(v, (int, float)) for v in self.resources.values()), "resources",
              "must map resource names to numbers"),
         ]
@@ -93,6 +100,9 @@ class TargetConfig(PoolConfig):
         super().validate(section)
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"{section}.tensor_parallel_size: must be >= 1 (got {self.tensor_parallel_size!r})")
+        if 0 < len(parse_cpus(self.cpus)) < self.tensor_parallel_size:
+            raise ConfigError(f"{section}.cpus: {len(parse_cpus(self.cpus))} CPU(s) for {self.tensor_parallel_size} "
+                              f"ranks; give each rank at least one (got {self.cpus!r})")
 
 
 @dataclass
@@ -343,9 +353,23 @@ class SpecpoolConfig:
     http: HttpConfig = field(default_factory=HttpConfig)
 
 
+def _cpu_list_error(spec) -> str | None:
+    """Why `spec` is not a CPU list (settings.cpu_list.parse_cpus), or None."""
+    try:
+        parse_cpus(spec)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _coerce(value, kind, key: str):
     """Check one scalar against its dataclass field type; ints are accepted where floats are."""
     origin = typing.get_origin(kind) or kind
+    if origin is types.UnionType:
+        if not any(isinstance(value, option) for option in typing.get_args(kind)):
+            raise ConfigError(f"{key}: must be {' or '.join(t.__name__ for t in typing.get_args(kind))} "
+                              f"(got {value!r})")
+        return value
     if origin is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if origin is dict:

@@ -26,9 +26,11 @@ def _build_engine(config: dict, draft: dict, rank: int, world_size: int, master:
     from engine.model_pair import resolve_model
     from target_worker.tp_support import check_tensor_parallel
     from target_worker.verifier import TargetEngine
+    from engine.pinning import pin_worker
 
-    if config["num_threads"]:
-        torch.set_num_threads(config["num_threads"])
+    threads = pin_worker(config, "target", rank, world_size)
+    if threads:
+        torch.set_num_threads(threads)
     model, draft_model = resolve_model(config["model"]), resolve_model(draft["model"])
     check_tensor_parallel(model, world_size)          # every rank, before the group forms: no rank waits in it
     if world_size > 1:

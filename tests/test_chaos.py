@@ -50,10 +50,37 @@ def killer(actor):
     return lambda: os.kill(pid, signal.SIGKILL)
 
 
+CPUS = sorted(os.sched_getaffinity(0))[:2] if hasattr(os, "sched_getaffinity") else []
+PINNED = len(CPUS) == 2      # the ranks on a core each, the draft beside rank 0 (target.cpus, draft.cpus)
+
+
 @pytest.fixture(scope="module")
 def tp2(start_service, byte_pair):
-    return start_service(service_config(byte_pair, target={"tensor_parallel_size": 2},
+    cpus = {"cpus": CPUS} if PINNED else {}
+    return start_service(service_config(byte_pair, target={"tensor_parallel_size": 2, **cpus},
+                                        draft={"cpus": CPUS[:1]} if PINNED else {},
                                         router={"target_recovery_s": 120.0}))
+
+
+def pinned_cpus(tp2) -> list[list[set]]:
+    """The CPU set of every thread of the draft and of each target rank, in that order."""
+    pools = tp2.service.pools
+    actors = pools.draft_actors + [rank for ranks in pools.target_actors for rank in ranks]
+    return [[os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
+            for pid in ray.get([actor.pid.remote() for actor in actors])]
+
+
+def assert_pinned(tp2) -> None:
+    """The draft on the first CPU, each rank on a CPU of its own (the pools' CPUs split between the ranks)."""
+    threads = pinned_cpus(tp2)
+    assert len(threads) == 3
+    for cpu, sets in zip([CPUS[0], CPUS[0], CPUS[1]], threads):     # draft, rank 0, rank 1
+        assert sets and all(s == {cpu} for s in sets), (cpu, sets)
+
+
+@pytest.mark.skipif(not PINNED, reason="needs two CPUs and Linux's CPU affinity")
+def test_every_thread_of_each_worker_runs_on_its_pinned_cpus(tp2):
+    assert_pinned(tp2)
 
 
 def test_every_worker_runs_at_the_configured_cpu_priority_not_rays_default_15(tp2):
@@ -116,6 +143,11 @@ def test_target_rank_killed_while_a_run_read_whole_holds_answers_gives_identical
         tp2.reload(**before)
     assert list(response.token_ids) == reference_generate(PROMPT, LONG)
     assert response.stats.target_calls >= 2           # the kill cut the run short, and it was sent again
+
+
+@pytest.mark.skipif(not PINNED, reason="needs two CPUs and Linux's CPU affinity")
+def test_workers_restarted_after_the_kills_above_are_pinned_again(tp2):
+    assert_pinned(tp2)
 
 
 @pytest.fixture(scope="module")

@@ -59,6 +59,19 @@ def test_a_worker_that_cannot_load_is_reported_in_one_line(tmp_path, ray_tmp, by
     assert wait_gone(ray_tmp, 10) == []
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux's")
+def test_a_worker_pinned_to_a_cpu_its_node_lacks_is_reported_in_one_line_naming_the_key(tmp_path, ray_tmp, byte_pair):
+    missing = max(os.sched_getaffinity(0)) + 1
+    config = service_config(byte_pair, router={"ready_timeout_s": 600.0}, target={"cpus": [missing]},
+                            ray={"num_cpus": 4, "resources": {"draft_pool": 1, "target_pool": 1}})
+    done = serve(config, tmp_path, ray_tmp)
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"specpool: could not start: WorkerFailed: target: RuntimeError: target.cpus: CPU(s) "
+                           f"[{missing}] are not available on this node (available: "), line
+    assert wait_gone(ray_tmp, 10) == []
+
+
 def test_a_local_instance_has_the_cpus_its_pools_ask_for(monkeypatch, byte_pair):
     """The minimal TP=2 config of the issue on a 2-core machine: a draft (1 CPU) and two ranks (1 CPU each)."""
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
