@@ -19,6 +19,9 @@ def pin_worker(config: dict, section: str, rank: int = 0, world_size: int = 1) -
     it should run: `num_threads`, else one per pinned CPU (0: torch's default)."""
     cpus = rank_slice(parse_cpus(config.get("cpus")), rank, world_size)
     pin_process(cpus, f"{section}.cpus")
+    if cpus:
+        print(f"[specpool] {section}{f' rank {rank}' if world_size > 1 else ''}: pinned to CPU(s) "
+              f"{','.join(map(str, cpus))}", flush=True)
     return config.get("num_threads") or len(cpus)
 
 

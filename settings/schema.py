@@ -176,7 +176,7 @@ class ControllerConfig:
     overlap: bool = True             # while the target verifies, the draft pre-drafts the next round for the
                                      # verdict "all K accepted + its own guess of the next token"...
     overlap_tokens: int = 0          # most tokens one pre-draft may draft (guess + next K; 0: k_max + 1)
-    overlap_branches: int = 8        # ... and beside that, at most this many rejection branches, the likeliest:
+    overlap_branches: int = 16       # ... and beside that, at most this many rejection branches, the likeliest:
                                      # drafts after "j drafts accepted, then the draft's runner-up at j" (0: only
                                      # all accepted)
     overlap_branch_guesses: int = 2  # guesses of the correction per rejected position: 1 the runner-up, 2 also the
