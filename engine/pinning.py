@@ -18,7 +18,13 @@ def pin_worker(config: dict, section: str, rank: int = 0, world_size: int = 1) -
     """Pin this worker process (rank `rank` of `world_size`) to its share of its pool's `cpus`; the torch threads
     it should run: `num_threads`, else one per pinned CPU (0: torch's default)."""
     cpus = rank_slice(parse_cpus(config.get("cpus")), rank, world_size)
-    pin_process(cpus, f"{section}.cpus")
+    try:
+        pin_process(cpus, f"{section}.cpus")
+    except PermissionError as exc:             # a sandbox that forbids it: `auto` serves on unpinned
+        if not config.get("cpus_auto"):
+            raise RuntimeError(f"{section}.cpus: this process may not pin itself ({exc})") from None
+        print(f"[specpool] {section}.cpus auto: not pinned, this process may not pin itself ({exc})", flush=True)
+        cpus = []
     if cpus:
         print(f"[specpool] {section}{f' rank {rank}' if world_size > 1 else ''}: pinned to CPU(s) "
               f"{','.join(map(str, cpus))}", flush=True)

@@ -194,8 +194,10 @@ def actor_cpus(config: SpecpoolConfig, pool: str, index: int) -> list | str:
 
 
 def _pool_dict(config: SpecpoolConfig, pool: str, index: int) -> dict:
-    """The pool section as its actor `index` gets it, with that actor's own `cpus`."""
-    return {**dataclasses.asdict(getattr(config, pool)), "cpus": actor_cpus(config, pool, index)}
+    """The pool section as its actor `index` gets it, with that actor's own `cpus` (and whether they came from
+    `auto`, which serves on unpinned where the node forbids pinning)."""
+    return {**dataclasses.asdict(getattr(config, pool)), "cpus": actor_cpus(config, pool, index),
+            "cpus_auto": getattr(config, pool).cpus == AUTO}
 
 
 def start_draft(config: SpecpoolConfig, index: int, tag: str):

@@ -98,3 +98,14 @@ def test_a_cpu_the_node_lacks_is_an_error_naming_the_key():
     missing = max(os.sched_getaffinity(0)) + 1
     with pytest.raises(RuntimeError, match=rf"^target\.cpus: CPU\(s\) \[{missing}\] are not available on this node"):
         pin_process([missing], "target.cpus")
+
+
+def test_a_sandbox_that_forbids_pinning_fails_a_list_but_auto_serves_on_unpinned(monkeypatch, capsys):
+    def forbidden(tid, cpus):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "sched_setaffinity", forbidden, raising=False)
+    with pytest.raises(RuntimeError, match=r"^target\.cpus: this process may not pin itself"):
+        pin_worker({"cpus": [0], "num_threads": 1}, "target")
+    assert pin_worker({"cpus": [1], "cpus_auto": True, "num_threads": 0}, "draft") == 0   # torch's default
+    assert "draft.cpus auto: not pinned" in capsys.readouterr().out
