@@ -62,9 +62,9 @@ def tp2(start_service, byte_pair):
                                         router={"target_recovery_s": 120.0}))
 
 
-def pinned_cpus(tp2) -> list[list[set]]:
+def pinned_cpus(service) -> list[list[set]]:
     """The CPU set of every thread of the draft and of each target rank, in that order."""
-    pools = tp2.service.pools
+    pools = service.service.pools
     actors = pools.draft_actors + [rank for ranks in pools.target_actors for rank in ranks]
     return [[os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
             for pid in ray.get([actor.pid.remote() for actor in actors])]
@@ -152,7 +152,16 @@ def test_workers_restarted_after_the_kills_above_are_pinned_again(tp2):
 
 @pytest.fixture(scope="module")
 def small(start_service, byte_pair):
-    return start_service(service_config(byte_pair, router={"max_active_requests": 1, "max_queued_requests": 1}))
+    auto = {"cpus": "auto"}        # as deploy/local.yaml has it
+    return start_service(service_config(byte_pair, router={"max_active_requests": 1, "max_queued_requests": 1},
+                                        draft=auto, target=auto))
+
+
+@pytest.mark.skipif(not PINNED, reason="needs two CPUs and Linux's CPU affinity")
+def test_auto_gives_the_target_then_the_draft_a_cpu_of_its_own(small):
+    threads = pinned_cpus(small)                       # draft, then the target's one rank
+    assert threads[1] and all(s == {CPUS[0]} for s in threads[1])
+    assert threads[0] and all(s == {CPUS[1]} for s in threads[0])
 
 
 def active_sessions(service):
