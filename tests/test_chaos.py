@@ -70,9 +70,9 @@ def pinned_cpus(service) -> list[list[set]]:
             for pid in ray.get([actor.pid.remote() for actor in actors])]
 
 
-def assert_pinned(tp2) -> None:
+def assert_pinned(service) -> None:
     """The draft on the first CPU, each rank on a CPU of its own (the pools' CPUs split between the ranks)."""
-    threads = pinned_cpus(tp2)
+    threads = pinned_cpus(service)
     assert len(threads) == 3
     for cpu, sets in zip([CPUS[0], CPUS[0], CPUS[1]], threads):     # draft, rank 0, rank 1
         assert sets and all(s == {cpu} for s in sets), (cpu, sets)
