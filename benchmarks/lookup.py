@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
-from pathlib import Path
 
 import yaml
 
@@ -29,6 +27,7 @@ from benchmarks.hf_baseline import hf_run, load_hf
 from benchmarks.plan import PREDICTABLE, BenchConfig
 from benchmarks.repeats import best, paired
 from benchmarks.overlap import heavy_config
+from benchmarks.sections import write_sections
 from benchmarks.service import load_service_config, log, running, running_data, stream_one, whole_one
 from protos.specpool.v1 import admin_pb2, generation_pb2
 
@@ -190,12 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         import ray
         ray.shutdown()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = "".join(f"### {name}\n\n{markdown(section)}\n" for name, section in sections.items())
-    (out / "lookup.json").write_text(json.dumps({"bench": dataclasses.asdict(cfg), **sections}, indent=2))
-    (out / "lookup.md").write_text(text)
-    print(text)
+    write_sections(cfg, "lookup", sections, markdown)
 
 
 if __name__ == "__main__":

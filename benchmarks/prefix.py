@@ -18,16 +18,14 @@ token is the client's wait for the first streamed token (transformers: its strea
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
-import json
 import statistics
-from pathlib import Path
 
 from benchmarks.hf_baseline import hf_run, load_hf
 from benchmarks.overlap import heavy_config
 from benchmarks.plan import PREDICTABLE, BenchConfig
 from benchmarks.repeats import paired
+from benchmarks.sections import write_sections
 from benchmarks.service import load_service_config, log, running_data, stream_one
 
 PREAMBLE_LINE = ("import {0}\nfrom {0}.core import {1}, {1}Error\n\n\nclass {1}Handler({1}):\n"
@@ -139,12 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         import ray
         ray.shutdown()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = "".join(f"### {name}\n\n{markdown(section)}\n" for name, section in sections.items())
-    (out / "prefix.json").write_text(json.dumps({"bench": dataclasses.asdict(cfg), **sections}, indent=2))
-    (out / "prefix.md").write_text(text)
-    print(text)
+    write_sections(cfg, "prefix", sections, markdown)
 
 
 if __name__ == "__main__":
