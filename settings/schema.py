@@ -69,6 +69,7 @@ class PoolConfig:
                                     # (LRU; 0: off). Memory: 2 x layers x kv_heads x head_dim x dtype bytes a token
 
     def validate(self, section: str) -> None:
+        cpu_error = _cpu_list_error(self.cpus)
         checks = [
             (bool(self.model), "model", "must name a model folder or hub ID"),
             (self.replicas >= 1, "replicas", "must be >= 1"),
@@ -82,7 +83,7 @@ class PoolConfig:
             (0 <= self.batch_wait_ms <= 1000, "batch_wait_ms", "must be in [0, 1000]"),
             (0 <= self.inline_ms <= 1000, "inline_ms", "must be in [0, 1000]"),
             (self.prefix_cache_tokens >= 0, "prefix_cache_tokens", "must be >= 0 (0: off)"),
-            (_cpu_list_error(self.cpus) is None, "cpus", _cpu_list_error(self.cpus)),
+            (cpu_error is None, "cpus", cpu_error),
             (all(isinstance(v, (int, float)) for v in self.resources.values()), "resources",
              "must map resource names to numbers"),
         ]
@@ -100,9 +101,10 @@ class TargetConfig(PoolConfig):
         super().validate(section)
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"{section}.tensor_parallel_size: must be >= 1 (got {self.tensor_parallel_size!r})")
-        if 0 < len(parse_cpus(self.cpus)) < self.tensor_parallel_size:
-            raise ConfigError(f"{section}.cpus: {len(parse_cpus(self.cpus))} CPU(s) for {self.tensor_parallel_size} "
-                              f"ranks; give each rank at least one (got {self.cpus!r})")
+        cpus = len(parse_cpus(self.cpus))
+        if 0 < cpus < self.tensor_parallel_size:
+            raise ConfigError(f"{section}.cpus: {cpus} CPU(s) for {self.tensor_parallel_size} ranks; give each rank "
+                              f"at least one (got {self.cpus!r})")
 
 
 @dataclass
