@@ -49,15 +49,17 @@ class DraftWorker(EngineActor):
         from draft_worker.server import DraftServicer
         from protos.specpool.v1 import worker_pb2_grpc
         from settings.schema import TlsConfig
-        from engine.worker_server import start_server
-        from settings.tls import worker_server_credentials
+        from engine.worker_server import MESSAGE_OPTIONS, start_server
+        from settings.tls import worker_channel, worker_server_credentials
 
         self._engine = await asyncio.to_thread(_build_engine, self._config)
         host = host or ray.util.get_node_ip_address()
+        tls = TlsConfig(**self._tls)
         self._server, address = await start_server(
             worker_pb2_grpc.add_DraftWorkerServicer_to_server, DraftServicer(
                 self._engine, self._config["max_batch_size"], self._config["batch_wait_ms"] / 1000,
-                self._config["inline_ms"] / 1000), host,
-            credentials=worker_server_credentials(TlsConfig(**self._tls)))
+                self._config["inline_ms"] / 1000,
+                channel=lambda target: worker_channel(target, tls, MESSAGE_OPTIONS)), host,   # handoffs' channels
+            credentials=worker_server_credentials(tls))
         self._info = {"address": address, "pid": os.getpid()}
         return self._info

@@ -13,9 +13,9 @@ import grpc
 from engine.sessions import SessionLost
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                  ("grpc.so_reuseport", 0)]
+MESSAGE_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+SERVER_OPTIONS = [*MESSAGE_OPTIONS, ("grpc.so_reuseport", 0)]
 
 
 def timed(fn: Callable, *args):

@@ -253,6 +253,11 @@ class KSelector:
         return self.config.stage_predrafts
 
     @property
+    def hand_off(self) -> bool:
+        """Whether model drafts go from the draft worker straight to the target (speculation.hand_off)."""
+        return self.config.hand_off
+
+    @property
     def prefill_first(self) -> bool:
         """Whether a request's first round is the target's prefill alone, the draft pre-drafting beside it
         (speculation.prefill_first)."""

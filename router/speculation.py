@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
@@ -109,6 +110,7 @@ class Proposal:
                                                           # correction guessed): the next round's drafts after it}
     cached: bool = True              # the draft worker holds the context + tokens[:-1] (not so after a branch)
     staged: asyncio.Task | None = None   # a staged call verifying these drafts already: its (answer, wire bytes)
+    handed: bool = False             # ... or the handed-off call waiting on the target for them (hand_off)
 
     def after_guess(self) -> "Proposal":
         """A pre-draft is [guess of the target's next token, next round's drafts...]: the drafts alone."""
@@ -132,6 +134,7 @@ class Round:
     predraft_sent: bool = False      # this round pre-drafted the next one while the target verified
     from_branch: bool = False        # ... the previous round's pre-draft's rejection branch (Proposal.branches)
     staged: bool = False             # ... and the target had started verifying them itself (a staged call)
+    handed: bool = False             # the draft worker handed its drafts straight to the target (hand_off)
     parts: dict = field(default_factory=dict)   # where the round's wall time went (seconds), see PARTS
     source: int = MODEL              # the drafts' source (for a round with no drafts: the one it planned)
     logprobs: list = field(default_factory=list)  # of `committed`, when the request asked for them
@@ -146,6 +149,7 @@ class KPolicy(Protocol):
     overlap: bool                    # pre-draft the next round while the target verifies
     predraft_k: int                  # ... with at most this many drafts after the guess
     stage_predrafts: bool            # ... staged on the target when back before the verdict (StagedCall)
+    hand_off: bool                   # a round's model drafts go from the draft worker straight to the target
     prefill_first: bool              # a request's first round at K = 0, pre-drafting the next beside the prefill
     decode_steps: int                # a decode run commits up to this many tokens in one target call
     def plain_run_steps(self, state: "RequestState") -> int: ...   # ... a plain one (no lookup) this many
@@ -206,15 +210,16 @@ def round_parts(wall: float, proposal: Proposal, ready: bool, timings: RoundTimi
 
 
 async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int], synced: int, k: int,
-                     branches: list[tuple[int, int]] = ()) -> Proposal | None:
+                     branches: list[tuple[int, int]] = (), hand_to: tuple[str, int] = ("", 0)) -> Proposal | None:
     """K draft tokens after `tokens`, of which the draft holds `synced`, each with its runner-up and third choice
-    (and the drafts of each branch (j, token): Proposal.branches). A draft worker that is unreachable costs the
-    round its drafts, not the request (None: the round runs as plain decoding)."""
+    (and the drafts of each branch (j, token): Proposal.branches; with `hand_to`, also handed to that target). A
+    draft worker that is unreachable costs the round its drafts, not the request (None: plain decoding)."""
     started, state.draft_called = time.perf_counter(), True
     try:
         response, wire = await draft.propose(state.session_id, tokens, synced, k, state.sampling, state.draft_mode,
                                              state.timeout(draft.timeout), runner_ups=True,
-                                             branches=[(len(state.tokens) + j, t) for j, t in branches])
+                                             branches=[(len(state.tokens) + j, t) for j, t in branches],
+                                             hand_to=hand_to)
     except grpc.aio.AioRpcError as exc:
         if exc.code() not in WORKER_DOWN or state.timeout(1.0) <= 0:   # past the client's deadline: the request
             raise                                                       # is over, not the draft worker
@@ -241,14 +246,44 @@ def ngram_proposal(state: RequestState, k: int) -> Proposal:
     return Proposal(tokens, seconds=time.perf_counter() - started, source=NGRAM) if tokens else NO_DRAFTS
 
 
-async def propose(state: RequestState, draft: DraftClient | None, k: int, source: int = MODEL) -> Proposal:
-    """This round's K drafts, drafted now (on the critical path), from `source`. A draft worker that turns out to
-    be unreachable leaves the round n-gram drafts (if the context has a match)."""
+async def propose(state: RequestState, draft: DraftClient | None, k: int, source: int = MODEL,
+                  hand_to: TargetClient | None = None) -> Proposal:
+    """This round's K drafts, drafted now (on the critical path), from `source`; model drafts `hand_to` the target
+    straight from the draft worker, if given (hand_off). A draft worker that turns out to be unreachable leaves the
+    round n-gram drafts (if the context has a match)."""
     if k == 0 or source == NGRAM:
         return ngram_proposal(state, k)
     if draft is None or not draft.healthy:
         return NO_DRAFTS
+    if hand_to is not None:
+        return await hand_off(state, draft, hand_to, k)
     return await draft_call(state, draft, state.tokens, state.draft_synced, k) or ngram_proposal(state, k)
+
+
+HANDOFF_IDS = itertools.count(1)
+
+
+async def hand_off(state: RequestState, draft: DraftClient, target: TargetClient, k: int) -> Proposal:
+    """K model drafts handed straight to the target (speculation.hand_off, engine/handoff.py): the verify call goes
+    out beside the draft call and waits on the target for them, and the router's copy follows once the draft's
+    answer is here. The proposal's `staged` is that call. An unreachable draft worker withdraws it."""
+    handoff_id = next(HANDOFF_IDS)
+    waiting = asyncio.ensure_future(target.verify(
+        state.session_id, state.tokens, state.target_synced, [], b"", state.sampling, state.timeout(target.timeout),
+        handoff_id=handoff_id, **logprobs_asked(state)))
+    try:
+        proposal = await draft_call(state, draft, state.tokens, state.draft_synced, k,
+                                    hand_to=(target.address, handoff_id))
+    except BaseException:
+        await cancel(waiting)
+        raise
+    if proposal is None:
+        await cancel(waiting)
+        return ngram_proposal(state, k)
+    target.handoffs.send(worker_pb2.DraftHandoff(session_id=state.session_id, handoff_id=handoff_id,
+                                                 draft_token_ids=proposal.tokens, draft_hidden_states=proposal.hidden))
+    proposal.staged, proposal.handed = waiting, True
+    return proposal
 
 
 def predraft(state: RequestState, draft: DraftClient | None, proposal: Proposal, next_k: int,
@@ -268,8 +303,8 @@ def predraft(state: RequestState, draft: DraftClient | None, proposal: Proposal,
 
 
 async def verify(state: RequestState, target: TargetClient, proposal: Proposal) -> tuple:
-    """One target pass over the new tokens + the drafts, or the answer of the staged call that asked for it
-    already: (verdict, the target's queue + thread hop seconds, the round's RoundTimings, whether it was staged)."""
+    """One target pass over the new tokens + the drafts, or the answer of the staged or handed-off call that asked
+    for it already: (verdict, the target's queue + thread hop seconds, the round's RoundTimings, whether it was staged)."""
     started = time.perf_counter()
     answer = await staged_answer(proposal)
     if answer is None:
@@ -285,7 +320,7 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
     return verdict, worker_s, RoundTimings(
         draft_seconds=proposal.seconds, draft_rtt_seconds=proposal.rtt_seconds, verify_seconds=verify_s,
         rtt_seconds=rtt_s, batch_size=verdict.batch_size, batch_tokens=verdict.batch_tokens,
-        queue_depth=verdict.queue_depth), proposal.staged is not None
+        queue_depth=verdict.queue_depth), proposal.staged is not None and not proposal.handed
 
 
 def logprobs_asked(state: RequestState) -> dict:
@@ -430,16 +465,16 @@ async def cancel(ahead: asyncio.Task | None) -> None:
 
 async def speculative_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
                             ready: Proposal | None = None, next_k: int = 0,
-                            source: int = MODEL, branches: tuple = (), stage: bool = False
+                            source: int = MODEL, branches: tuple = (), stage: bool = False, hand: bool = False
                             ) -> tuple[Round, Proposal | None]:
-    """Draft K from `source` (or take the `ready` drafts a pre-draft made), verify them in one target pass and,
-    with `next_k` > 0 after model drafts, pre-draft the next round meanwhile (with the rejection `branches` planned,
-    (j, 0: runner-up | 1: third choice); `stage`d on the target if back before the verdict). Returns the round and
-    the next round's drafts if the pre-draft matched the verdict (with the staged call verifying them already, if
-    there is one)."""
+    """Draft K from `source` (or take the `ready` drafts a pre-draft made; model drafts `hand`ed straight to the
+    target), verify them in one target pass and, with `next_k` > 0 after model drafts, pre-draft the next round
+    meanwhile (with the rejection `branches` planned, (j, 0: runner-up | 1: third choice); `stage`d on the target if
+    back before the verdict). Returns the round and the next round's drafts if the pre-draft matched the verdict
+    (with the staged call verifying them already, if there is one)."""
     before, started = len(state.tokens), time.perf_counter()
     catch_up = (0 if ready is not None else before - state.draft_synced, before - state.target_synced)
-    proposal = ready if ready is not None else await propose(state, draft, k, source)
+    proposal = ready if ready is not None else await propose(state, draft, k, source, target if hand else None)
     from_model = proposal.source == MODEL and bool(proposal.tokens)
     points = guesses(proposal, branches)
     ahead = predraft(state, draft, proposal, clamp_k(state, next_k, len(proposal.tokens) + 1), points) \
@@ -461,6 +496,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
                    ahead is not None, source=proposal.source if drafts else source,
                    logprobs=list(verdict.logprobs))
     round_.from_branch, round_.staged = ready is not None and not ready.cached, staged
+    round_.handed = proposal.handed and proposal.staged is not None     # (its call did not fail)
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
     timings.branch_hit, timings.third_hit = correction_guessed(proposal, round_)
@@ -527,6 +563,7 @@ def record(stats: generation_pb2.GenerationStats, round_: Round) -> None:
     stats.draft_tokens += round_.k
     stats.accepted_tokens += round_.accepted
     stats.staged_rounds += round_.staged
+    stats.handed_off_rounds += round_.handed
     stats.k_per_round.append(round_.k)
     stats.source_per_round.append(round_.source if round_.k else NONE)
     if round_.k:
@@ -566,7 +603,7 @@ def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
 
 async def resilient_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
                           recovery_s: float, ready: Proposal | None = None, next_k: int = 0,
-                          source: int = MODEL, branches: tuple = (), stage: bool = False
+                          source: int = MODEL, branches: tuple = (), stage: bool = False, hand: bool = False
                           ) -> tuple[Round, Proposal | None]:
     """A round that survives a target failure: wait for the target group to be restarted, then run the
     round again; the restarted target has no cache, so it is re-prefilled. The round gives up (re-raising
@@ -574,7 +611,7 @@ async def resilient_round(state: RequestState, draft: DraftClient | None, target
     give_up = None
     while True:
         try:
-            return await speculative_round(state, draft, target, k, ready, next_k, source, branches, stage)
+            return await speculative_round(state, draft, target, k, ready, next_k, source, branches, stage, hand)
         except grpc.aio.AioRpcError as exc:
             give_up = await recover_target(state, target, exc, give_up, recovery_s)
 
@@ -807,7 +844,7 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             next_k = predraft_k(policy, planned)
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source,
                                                   policy.predraft_branches(state, k) if next_k else (),
-                                                  overlap and policy.stage_predrafts)
+                                                  overlap and policy.stage_predrafts, policy.hand_off)
             committed, ended = conclude(state, policy, round_, between), time.perf_counter()
             yield committed
     finally:

@@ -16,6 +16,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from engine.handoff import HandoffStream
 from protos.specpool.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
 from router.oplog import say
 from settings.schema import TlsConfig
@@ -382,15 +383,17 @@ class DraftClient(WorkerClient):
 
     async def propose(self, session_id: int, tokens: list[int], synced: int, k: int,
                       sampling: generation_pb2.SamplingParams, mode: int, timeout: float, runner_ups: bool = False,
-                      branches: list[tuple[int, int]] = ()):
+                      branches: list[tuple[int, int]] = (), hand_to: tuple[str, int] = ("", 0)):
         """k drafts after `tokens` (the worker holding `synced` of them); with `runner_ups`, each draft's
-        runner-up; with `branches` [(context length, token)], also k - 1 drafts after each of those."""
+        runner-up; with `branches` [(context length, token)], also k - 1 drafts after each of those; with
+        `hand_to` (target address, handoff id), the drafts also handed straight to that target."""
         points = [worker_pb2.BranchPoint(at=at, token_id=token) for at, token in branches]
 
         def make(position, new, start):
             return worker_pb2.ProposeRequest(session_id=session_id, position=position, new_token_ids=new, k=k,
                                              sampling=sampling if start else None, mode=mode,
-                                             runner_ups=runner_ups, branches=points)
+                                             runner_ups=runner_ups, branches=points, hand_to=hand_to[0],
+                                             handoff_id=hand_to[1])
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
 
@@ -399,14 +402,27 @@ class TargetClient(WorkerClient):
 
     def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None,
                  tls: TlsConfig | None = None, name: str = ""):
+        self.handoffs: HandoffStream | None = None             # the router's copies of handed-off drafts
         super().__init__(address, worker_pb2_grpc.TargetWorkerStub, ("VerifyStream", worker_pb2.VerifyRequest),
                          timeout, recover, tls, name=name)
 
+    def _connect(self, address: str) -> None:
+        if self.handoffs is not None:
+            self.handoffs.close()
+        super()._connect(address)
+        self.handoffs = HandoffStream(self.stub.HandDrafts)
+
+    async def close(self) -> None:
+        if self.handoffs is not None:
+            self.handoffs.close()
+        await super().close()
+
     async def verify(self, session_id: int, tokens: list[int], synced: int, drafts: list[int],
                      hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float,
-                     top_logprobs: int | None = None):
+                     top_logprobs: int | None = None, handoff_id: int = 0):
+        """Verify `drafts`; with `handoff_id`, those of that handoff instead, waiting on the target for them."""
         make = _verify_request(session_id, sampling, top_logprobs, draft_token_ids=drafts,
-                               draft_hidden_states=hidden)
+                               draft_hidden_states=hidden, handoff_id=handoff_id)
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
     async def stage(self, session_id: int, position: int, candidates: list[worker_pb2.StagedDrafts],

@@ -9,7 +9,8 @@ thread (no event-loop or thread hop between them); while other calls or runs wai
 Batcher, so it batches with them.
 
 A staged call (VerifyRequest.staged, target_worker/staging.py) waits for the verdict of the round it follows and
-then verifies the candidate drafts that guessed it, as the router would have asked on seeing the verdict.
+then verifies the candidate drafts that guessed it, as the router would have asked on seeing the verdict. A
+handed-off call (VerifyRequest.handoff_id, engine/handoff.py) waits for its drafts from the draft worker.
 """
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ import grpc
 
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
 from engine.batching import Batcher, only_answer
+from engine.handoff import WaitingRoom
 from engine.ngram import LookupMissed
+from engine.sessions import SessionLost
 from engine.worker_server import EngineRunner, answer, serve_stream, timed
 from target_worker.staging import Verdicts, deliver, follow_up, round_key
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
@@ -114,6 +117,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         self._batcher = Batcher(self._verify_batch, max_batch, max_wait_s)
         self._runs = 0                    # decode runs in progress
         self._verdicts = Verdicts()       # recent verify calls' verdicts, for the staged calls that follow them
+        self._handoffs = WaitingRoom()    # drafts handed straight here, for the calls that wait for them
 
     @property
     def _alone(self) -> bool:
@@ -140,6 +144,21 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         verdict kept in turn, for the next staged call), or answer `missed`."""
         follow = follow_up(request, await self._verdicts.take(round_key(request)))
         return worker_pb2.VerifyResponse(missed=True) if follow is None else await self._verified(follow)
+
+    async def _handed(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
+        """A handed-off call: verify the drafts of its handoff once they are in, as if it had carried them."""
+        key, lost = (request.session_id, request.handoff_id), False
+        try:
+            handoff = await self._handoffs.take(key)
+            request.draft_token_ids.extend(handoff.draft_token_ids)
+            request.draft_hidden_states, request.handoff_id = handoff.draft_hidden_states, 0
+            return await self._verified(request)
+        except SessionLost:
+            lost = True                   # the router repeats the call from position 0: it takes them again
+            raise
+        finally:
+            if not lost:
+                self._handoffs.done(key)
 
     async def _decode_run(self, request: worker_pb2.VerifyRequest, emit: Callable) -> worker_pb2.VerifyResponse:
         """A decode run: its steps alone on the engine thread while no other call waits, else one at a time
@@ -174,6 +193,8 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
     def _submit(self, request: worker_pb2.VerifyRequest, emit: Callable):
         if request.HasField("staged"):
             return self._staged(request)
+        if request.handoff_id:
+            return self._handed(request)
         if request.decode_steps > 1 and not request.draft_token_ids:
             return self._decode_run(request, emit)
         return self._verified(request)
@@ -185,11 +206,19 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         if request.HasField("staged"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "staged: a staged round follows a call on the same stream; send it on VerifyStream")
+        if request.handoff_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "handoff_id: a handed-off round waits for its drafts; send it on VerifyStream")
         return await answer(context, self._batcher.submit(request))
 
     async def VerifyStream(self, requests, context):
         async for response in serve_stream(requests, self._submit, worker_pb2.VerifyResponse):
             yield response
+
+    async def HandDrafts(self, handoffs, context):
+        async for handoff in handoffs:
+            self._handoffs.put(handoff)
+        return worker_pb2.HandoffAck()
 
     async def Release(self, request, context):
         await self._runner.call(context, lead, self._engine, RELEASE, request, self._world_size)

@@ -101,7 +101,8 @@ class FakeDraft(FakeWorker):
         super().__init__()
         self.die_on_call, self.cancelled, self.branches = die_on_call, 0, []
 
-    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=()):
+    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=(),
+                      hand_to=("", 0)):
         if self.calls + 1 == self.die_on_call:
             self.calls += 1
             await asyncio.sleep(0.01)       # still pending when the verdict comes back, then the worker dies
@@ -126,7 +127,8 @@ class SecondGuessDraft(FakeDraft):
     """A FakeDraft whose runner-up is the target's correction at only half its mistakes, its third choice at the
     others (second_guesses), both answered when asked."""
 
-    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=()):
+    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=(),
+                      hand_to=("", 0)):
         context = self.sync(session_id, tokens, synced)
         await asyncio.sleep(0.002)
         self.branches.append(len(branches))
@@ -195,10 +197,10 @@ class FixedK:
     """A KPolicy with one K, recording the rounds."""
 
     def __init__(self, k: int, overlap: bool, branches: int = 0, stage: bool = False, thirds: bool = False,
-                 prefill_first: bool = False):
+                 prefill_first: bool = False, hand_off: bool = False):
         self.k, self.overlap, self.predraft_k, self.rounds = k, overlap, 8, []
         self.branches, self.stage_predrafts, self.ranks = branches, stage, (0, 1) if thirds else (0,)
-        self.prefill_first = prefill_first
+        self.prefill_first, self.hand_off = prefill_first, hand_off
         self.decode_steps = 1               # the fake target answers one token per call
 
     def choose_k(self, state, source=None):

@@ -120,7 +120,8 @@ class EngineClient:
 
 
 class DraftClient(EngineClient):
-    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=()):
+    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=(),
+                      hand_to=("", 0)):
         await asyncio.sleep(0)              # sent beside the verify: it runs after the verify was sent
         points = [worker_pb2.BranchPoint(at=at, token_id=t) for at, t in branches]
         return self.engine.propose(worker_pb2.ProposeRequest(

@@ -135,26 +135,34 @@ def demo_engines():
     return DraftEngine(str(models / "draft")), TargetEngine(str(models / "target"), str(models / "draft"))
 
 
-async def serve_loop(draft_engine, target_engine, policy, prompt: list[int], max_new: int):
-    """The router's loop (router.speculation.generate) over real gRPC workers on 127.0.0.1: (its request, each
-    round)."""
+async def serve_loop(draft_engine, target_engine, policy, prompt: list[int], max_new: int,
+                     sampling: generation_pb2.SamplingParams | None = None, mode: int = worker_pb2.DRAFT_MODE_GREEDY,
+                     draft_channel=None, stop_draft_after: int | None = None):
+    """The router's loop (router.speculation.generate) over real gRPC workers on 127.0.0.1: its request, with
+    `waiting_on_target` set to the handed-off calls still waiting on the target at the end (tests/test_hand_off.py).
+    `draft_channel`: how the draft worker dials the target for handoffs; the draft server stops after
+    `stop_draft_after` rounds."""
     from draft_worker.server import DraftServicer
     from engine.worker_server import start_server
     from protos.specpool.v1 import worker_pb2_grpc
     from router.speculation import RequestState, generate, releases_done
     from router.worker_client import DraftClient, TargetClient
-    draft_server, draft_address = await start_server(worker_pb2_grpc.add_DraftWorkerServicer_to_server,
-                                                     DraftServicer(draft_engine), "127.0.0.1")
+    draft_server, draft_address = await start_server(
+        worker_pb2_grpc.add_DraftWorkerServicer_to_server,
+        DraftServicer(draft_engine, **({"channel": draft_channel} if draft_channel else {})), "127.0.0.1")
+    target_servicer = TargetServicer(target_engine, 1)
     target_server, target_address = await start_server(worker_pb2_grpc.add_TargetWorkerServicer_to_server,
-                                                        TargetServicer(target_engine, 1), "127.0.0.1")
+                                                        target_servicer, "127.0.0.1")
     draft, target = DraftClient(draft_address), TargetClient(target_address)
     state = RequestState(session_id=9, tokens=list(prompt), prompt_len=len(prompt), max_new_tokens=max_new,
-                         sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
-                         draft_mode=worker_pb2.DRAFT_MODE_GREEDY, max_context=0)
+                         sampling=sampling or generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
+                         draft_mode=mode, max_context=0)
     try:
         async for _ in generate(state, draft, target, policy):
-            pass
+            if len(policy.rounds) == stop_draft_after:
+                await draft_server.stop(None)
         await releases_done()
+        state.waiting_on_target = sum(not f.done() for f in target_servicer._handoffs._handoffs.values())
     finally:
         for client in (draft, target):
             await client.close()

@@ -16,7 +16,7 @@ DRAFT_MODE_GREEDY: DraftMode
 DRAFT_MODE_SAMPLED: DraftMode
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "position", "new_token_ids", "k", "sampling", "mode", "call_id", "cancel", "runner_ups", "branches")
+    __slots__ = ("session_id", "position", "new_token_ids", "k", "sampling", "mode", "call_id", "cancel", "runner_ups", "branches", "hand_to", "handoff_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,8 @@ class ProposeRequest(_message.Message):
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     RUNNER_UPS_FIELD_NUMBER: _ClassVar[int]
     BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    HAND_TO_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     position: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -37,7 +39,9 @@ class ProposeRequest(_message.Message):
     cancel: bool
     runner_ups: bool
     branches: _containers.RepeatedCompositeFieldContainer[BranchPoint]
-    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[DraftMode, str]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., runner_ups: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[BranchPoint, _Mapping]]] = ...) -> None: ...
+    hand_to: str
+    handoff_id: int
+    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[DraftMode, str]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., runner_ups: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[BranchPoint, _Mapping]]] = ..., hand_to: _Optional[str] = ..., handoff_id: _Optional[int] = ...) -> None: ...
 
 class BranchPoint(_message.Message):
     __slots__ = ("at", "token_id")
@@ -86,7 +90,7 @@ class ProposeResponse(_message.Message):
     def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., branch_drafts: _Optional[_Iterable[_Union[BranchDrafts, _Mapping]]] = ..., third_choice_token_ids: _Optional[_Iterable[int]] = ..., prefix_cache: _Optional[_Union[_generation_pb2.PrefixCacheStats, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs", "decode_steps", "stop_token_ids", "lookup", "answer_delay_us", "staged")
+    __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs", "decode_steps", "stop_token_ids", "lookup", "answer_delay_us", "staged", "handoff_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +105,7 @@ class VerifyRequest(_message.Message):
     LOOKUP_FIELD_NUMBER: _ClassVar[int]
     ANSWER_DELAY_US_FIELD_NUMBER: _ClassVar[int]
     STAGED_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     position: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -115,7 +120,24 @@ class VerifyRequest(_message.Message):
     lookup: PromptLookup
     answer_delay_us: int
     staged: StagedRound
-    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., decode_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., lookup: _Optional[_Union[PromptLookup, _Mapping]] = ..., answer_delay_us: _Optional[int] = ..., staged: _Optional[_Union[StagedRound, _Mapping]] = ...) -> None: ...
+    handoff_id: int
+    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., decode_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., lookup: _Optional[_Union[PromptLookup, _Mapping]] = ..., answer_delay_us: _Optional[int] = ..., staged: _Optional[_Union[StagedRound, _Mapping]] = ..., handoff_id: _Optional[int] = ...) -> None: ...
+
+class DraftHandoff(_message.Message):
+    __slots__ = ("session_id", "handoff_id", "draft_token_ids", "draft_hidden_states")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    handoff_id: int
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_hidden_states: bytes
+    def __init__(self, session_id: _Optional[int] = ..., handoff_id: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ...) -> None: ...
+
+class HandoffAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class StagedRound(_message.Message):
     __slots__ = ("candidates",)

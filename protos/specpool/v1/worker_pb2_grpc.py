@@ -226,6 +226,11 @@ class TargetWorkerStub:
                 request_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.HandDrafts = channel.stream_unary(
+                '/specpool.v1.TargetWorker/HandDrafts',
+                request_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.DraftHandoff.SerializeToString,
+                response_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.HandoffAck.FromString,
+                _registered_method=True)
 
 
 class TargetWorkerServicer:
@@ -250,6 +255,15 @@ class TargetWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HandDrafts(self, request_iterator, context):
+        """Drafts handed straight to the call that waits for them (VerifyRequest.handoff_id): from the draft worker
+        that drafted them (ProposeRequest.hand_to), and a copy from the router once the draft's answer reaches it.
+        One long-lived stream per sender; the first copy of a handoff to arrive is verified, later ones dropped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetWorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -267,6 +281,11 @@ def add_TargetWorkerServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ReleaseRequest.FromString,
                     response_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'HandDrafts': grpc.stream_unary_rpc_method_handler(
+                    servicer.HandDrafts,
+                    request_deserializer=protos_dot_specpool_dot_v1_dot_worker__pb2.DraftHandoff.FromString,
+                    response_serializer=protos_dot_specpool_dot_v1_dot_worker__pb2.HandoffAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -350,6 +369,33 @@ class TargetWorker:
             '/specpool.v1.TargetWorker/Release',
             protos_dot_specpool_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
             protos_dot_specpool_dot_v1_dot_worker__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HandDrafts(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/specpool.v1.TargetWorker/HandDrafts',
+            protos_dot_specpool_dot_v1_dot_worker__pb2.DraftHandoff.SerializeToString,
+            protos_dot_specpool_dot_v1_dot_worker__pb2.HandoffAck.FromString,
             options,
             channel_credentials,
             insecure,

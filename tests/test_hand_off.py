@@ -1,0 +1,202 @@
+"""Handed-off rounds (speculation.hand_off, engine/handoff.py): the draft worker hands its drafts straight to the
+target, whose verify call waits there for them. Real draft and target servicers over gRPC on 127.0.0.1, no Ray:
+the output stays the target's own (greedy, and seeded sampled with the draft's hidden states), the draft's own
+handoff is what the target verifies (the router's copy only stands in when it never arrives), a draft worker that
+goes away withdraws the waiting call, a target that lost the session takes the handoff again when the call is
+repeated from position 0, and the target's waiting room keeps the first copy of each handoff."""
+import asyncio
+
+import grpc
+import pytest
+
+from engine.handoff import HandoffStream, WaitingRoom
+from protos.specpool.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
+from tests.test_overlap import FixedK
+from tests.test_staged_rounds import SlowTarget, demo_engines, serve_loop  # noqa: F401 - demo_engines: a fixture
+
+PROMPT = [5, 9, 14, 200, 3, 77]
+
+
+def handoff(session_id: int, handoff_id: int, drafts: list[int]) -> worker_pb2.DraftHandoff:
+    return worker_pb2.DraftHandoff(session_id=session_id, handoff_id=handoff_id, draft_token_ids=drafts)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlap"])
+def test_handed_off_rounds_give_the_targets_greedy_output(demo_engines, overlap):
+    """Every model round drafted on the critical path is handed off (stats.handed_off_rounds), and the tokens are
+    the target's own greedy tokens: the same as with the drafts going through the router, and as plain decoding."""
+    draft_engine, target_engine = demo_engines
+    policy = FixedK(4, overlap, 3 if overlap else 0, stage=overlap, hand_off=True)
+    handed = asyncio.run(serve_loop(draft_engine, target_engine, policy, PROMPT, 40))
+    through_router = asyncio.run(serve_loop(draft_engine, target_engine, FixedK(4, overlap, 3, stage=overlap),
+                                            PROMPT, 40))
+    plain = asyncio.run(serve_loop(draft_engine, target_engine, FixedK(0, False), PROMPT, 40))
+    assert handed.tokens == through_router.tokens == plain.tokens
+    drafted_now = sum(1 for r in policy.rounds if r.k and not r.predrafted)
+    assert drafted_now > 0 and handed.stats.handed_off_rounds == drafted_now
+    assert through_router.stats.handed_off_rounds == 0
+
+
+def test_a_seeded_sampled_request_draws_the_same_tokens_handed_off_or_not(demo_engines):
+    """Sampled-draft mode: the handoff carries the draft's hidden states, from which the target recomputes q, so a
+    seeded request's tokens are the same whether the drafts went through the router or straight to the target."""
+    draft_engine, target_engine = demo_engines
+    sampling = generation_pb2.SamplingParams(temperature=0.9, top_p=1.0, seed=5)
+    runs = [asyncio.run(serve_loop(draft_engine, target_engine, FixedK(3, False, hand_off=hand), PROMPT, 32,
+                                   sampling=sampling, mode=worker_pb2.DRAFT_MODE_SAMPLED))
+            for hand in (True, False)]
+    assert runs[0].tokens == runs[1].tokens and runs[0].stats.handed_off_rounds > 0
+    assert runs[0].stats.draft_tokens > runs[0].stats.accepted_tokens          # some drafts were rejected
+
+
+def test_the_target_verifies_the_drafts_the_draft_worker_handed_it_with_no_copy_from_the_router(demo_engines):
+    """A handed-off call waits on the target; the draft worker's Propose with hand_to answers the router and hands
+    its drafts to the target itself, and the waiting call verifies exactly those drafts (the same verdict as a
+    call carrying them), with nothing sent by the router."""
+    from draft_worker.server import DraftServicer
+    from engine.worker_server import start_server
+    from router.worker_client import DraftClient, TargetClient
+    from target_worker.server import TargetServicer
+    draft_engine, target_engine = demo_engines
+    sampling = generation_pb2.SamplingParams(top_p=1.0)
+
+    async def scenario():
+        draft_server, draft_address = await start_server(worker_pb2_grpc.add_DraftWorkerServicer_to_server,
+                                                         DraftServicer(draft_engine), "127.0.0.1")
+        target_server, target_address = await start_server(worker_pb2_grpc.add_TargetWorkerServicer_to_server,
+                                                            TargetServicer(target_engine, 1), "127.0.0.1")
+        draft, target = DraftClient(draft_address), TargetClient(target_address)
+        try:
+            waiting = asyncio.ensure_future(target.verify(31, PROMPT, 0, [], b"", sampling, 10.0, handoff_id=77))
+            proposal, _ = await draft.propose(31, PROMPT, 0, 4, sampling, worker_pb2.DRAFT_MODE_GREEDY, 10.0,
+                                              hand_to=(target_address, 77))
+            handed, _ = await asyncio.wait_for(waiting, 10.0)
+            carried, _ = await target.verify(32, PROMPT, 0, list(proposal.draft_token_ids), b"", sampling, 10.0)
+        finally:
+            for client in (draft, target):
+                await client.close()
+            for server in (draft_server, target_server):
+                await server.stop(None)
+        return proposal, handed, carried
+    proposal, handed, carried = asyncio.run(scenario())
+    assert len(proposal.draft_token_ids) == 4
+    assert (handed.num_accepted, handed.next_token_id) == (carried.num_accepted, carried.next_token_id)
+
+
+def test_the_routers_copy_stands_in_when_the_drafts_handoff_never_arrives(demo_engines):
+    """A draft worker whose connection to the target fails (here: it dials a port nobody serves) cannot hand its
+    drafts over; the router's copy, sent when the draft's answer reaches it, lets every round go on, and the tokens
+    are still the target's."""
+    draft_engine, target_engine = demo_engines
+    policy = FixedK(4, False, hand_off=True)
+    handed = asyncio.run(serve_loop(draft_engine, target_engine, policy, PROMPT, 24,
+                                    draft_channel=lambda _: grpc.aio.insecure_channel("127.0.0.1:1")))
+    plain = asyncio.run(serve_loop(draft_engine, target_engine, FixedK(0, False), PROMPT, 24))
+    assert handed.tokens == plain.tokens and handed.stats.handed_off_rounds > 0
+
+
+def test_a_draft_worker_that_goes_away_withdraws_the_waiting_call_and_the_request_goes_on(demo_engines):
+    """The draft server stops after a few rounds: the next handed-off round's draft call fails, its waiting verify
+    call is withdrawn (the target is left with nothing waiting), and the request finishes by plain decoding with
+    the target's tokens."""
+    draft_engine, target_engine = demo_engines
+    policy = FixedK(4, False, hand_off=True)
+    handed = asyncio.run(serve_loop(draft_engine, target_engine, policy, PROMPT, 40, stop_draft_after=3))
+    plain = asyncio.run(serve_loop(draft_engine, target_engine, FixedK(0, False), PROMPT, 40))
+    assert handed.tokens == plain.tokens
+    assert 0 < handed.stats.handed_off_rounds <= 3 and policy.rounds[-1].k == 0
+    assert handed.waiting_on_target == 0
+
+
+def test_a_call_repeated_from_position_zero_takes_its_handoff_again(demo_engines):
+    """The target does not hold the session the router thinks it holds (NOT_FOUND): the router repeats the call
+    from position 0 with the same handoff id, and the handoff, already in, is verified then."""
+    from engine.worker_server import start_server
+    from router.worker_client import TargetClient
+    from target_worker.server import TargetServicer
+    _, target_engine = demo_engines
+    sampling = generation_pb2.SamplingParams(top_p=1.0)
+
+    async def scenario():
+        server, address = await start_server(worker_pb2_grpc.add_TargetWorkerServicer_to_server,
+                                             TargetServicer(target_engine, 1), "127.0.0.1")
+        target = TargetClient(address)
+        try:
+            target.handoffs.send(handoff(41, 5, [14, 200]))
+            handed, _ = await target.verify(41, PROMPT, 3, [], b"", sampling, 10.0, handoff_id=5)   # "holds 3"
+            carried, _ = await target.verify(42, PROMPT, 0, [14, 200], b"", sampling, 10.0)
+        finally:
+            await target.close()
+            await server.stop(None)
+        return handed, carried
+    handed, carried = asyncio.run(scenario())
+    assert (handed.num_accepted, handed.next_token_id) == (carried.num_accepted, carried.next_token_id)
+
+
+def test_a_handed_off_call_on_unary_verify_is_refused_naming_the_field(demo_engines):
+    """It waits for drafts that come on another call, which only a stream's call can: INVALID_ARGUMENT naming
+    `handoff_id`, and the target keeps serving."""
+    from engine.worker_server import start_server
+    from target_worker.server import TargetServicer
+    _, target_engine = demo_engines
+
+    async def scenario():
+        server, address = await start_server(worker_pb2_grpc.add_TargetWorkerServicer_to_server,
+                                             TargetServicer(target_engine, 1), "127.0.0.1")
+        try:
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = worker_pb2_grpc.TargetWorkerStub(channel)
+                request = worker_pb2.VerifyRequest(session_id=51, new_token_ids=PROMPT, handoff_id=3,
+                                                   sampling=generation_pb2.SamplingParams(top_p=1.0))
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Verify(request)
+                request.handoff_id = 0
+                served = await stub.Verify(request)
+        finally:
+            await server.stop(None)
+        return refused.value, served
+    refused, served = asyncio.run(scenario())
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and refused.details().startswith("handoff_id:")
+    assert served.compute_us > 0
+
+
+def test_the_waiting_room_keeps_the_first_copy_and_drops_late_ones():
+    async def scenario():
+        room = WaitingRoom(capacity=2)
+        waiting = asyncio.ensure_future(room.take((1, 1)))
+        await asyncio.sleep(0)
+        room.put(handoff(1, 1, [4]))
+        room.put(handoff(1, 1, [9]))                      # a second copy: dropped
+        first = await waiting
+        again = await room.take((1, 1))                   # taken again (a call repeated from position 0)
+        room.done((1, 1))
+        room.put(handoff(1, 1, [7]))                      # a copy after the call is over: dropped, not kept
+        for i in range(2, 6):                             # handoffs nobody takes: only `capacity` are kept
+            room.put(handoff(1, i, [i]))
+        return first, again, room
+    first, again, room = asyncio.run(scenario())
+    assert list(first.draft_token_ids) == [4] and again is first
+    assert (1, 1) not in room._handoffs and sorted(room._handoffs) == [(1, 4), (1, 5)]
+
+
+def test_a_handoff_stream_opens_again_after_its_call_ends():
+    """The call under a HandoffStream ends (its target restarted): the next send opens a new one, which delivers."""
+    delivered, calls = [], []
+
+    async def hand_drafts(handoffs):
+        calls.append(1)
+        async for h in handoffs:
+            if h.handoff_id == 2:
+                raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "gone")
+            delivered.append(h.handoff_id)
+
+    async def scenario():
+        stream = HandoffStream(hand_drafts)
+        for i in (1, 2):
+            stream.send(handoff(1, i, []))
+        await asyncio.sleep(0.01)
+        stream.send(handoff(1, 3, []))
+        await asyncio.sleep(0.01)
+        stream.close()
+    asyncio.run(scenario())
+    assert delivered == [1, 3] and len(calls) == 2
