@@ -8,6 +8,7 @@ position"); this is one A/B alone, quicker.
 
     python -m benchmarks.ab --against overlap_branch_guesses=1 --repeats 7 --heavy-layers 40
     python -m benchmarks.ab --against stage_predrafts=false
+    python -m benchmarks.ab --against hand_off=true --in-turn --heavy-layers 0 --k 4
 """
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ from benchmarks.service import load_service_config, log, running_data
 from settings.schema import SpeculationConfig
 
 
-def plan(k: int, configured: dict, against: dict) -> list[tuple[str, int | None, dict]]:
+def plan(k: int, configured: dict, against: dict, overlap: bool = True) -> list[tuple[str, int | None, dict]]:
     """(row, K or None for adaptive, speculation settings): each K as configured, then with `against`. Every row
     sets each key it compares (a reload keeps the settings of the row before)."""
     config = SpeculationConfig(**configured)
     variant = ", " + ", ".join(f"{key}={value}" for key, value in against.items())
     base = {key: getattr(config, key) for key in against}
-    return [(f"overlap {name}{suffix}", kk, {"overlap": True, **(against if suffix else base)})
+    mode = "overlap" if overlap else "in turn"
+    return [(f"{mode} {name}{suffix}", kk, {"overlap": overlap, **(against if suffix else base)})
             for name, kk in ((f"K={k}", k), ("adaptive", None)) for suffix in ("", variant)]
 
 
@@ -62,11 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--heavy-layers", type=int, default=40, help="0: the config's own pair")
     parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--in-turn", action="store_true", help="rows with speculation.overlap false")
     args = parser.parse_args(argv)
     data = load_service_config(args.config)
     data = heavy_config(data, args.heavy_layers) if args.heavy_layers else data
     cfg, rows = BenchConfig(prompts=PREDICTABLE, repeats=1), plan(args.k, data.get("speculation") or {},
-                                                                   dict(args.against))
+                                                                   dict(args.against), not args.in_turn)
     runs: dict[str, list[dict]] = {name: [] for name, *_ in rows}
     with running_data(data) as service:
         for repeat in range(args.repeats):

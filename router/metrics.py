@@ -40,6 +40,11 @@ class Metrics:
             "specpool_spec_decode_num_staged_rounds",
             "Of those, rounds the target had started verifying by itself when its verdict came (a staged pre-draft: "
             "no router round trip)", registry=r)
+        self.handed_off_rounds = Counter(
+            "specpool_spec_decode_num_handed_off_rounds",
+            "Rounds whose drafts went from the draft worker straight to the target (speculation.hand_off), by whose copy "
+            "the target verified: the draft worker's, or the router's (the draft's had not arrived: a draft worker that "
+            "cannot reach the target shows as copy=\"router\")", ["copy"], registry=r)
         self.round_seconds = Counter("specpool_round_seconds", "Wall time of rounds, by where it went (compute, "
                                      "worker queue/thread hop, transport per call; pre-draft wait; router)", ["part"],
                                      registry=r)
@@ -94,6 +99,8 @@ class Metrics:
         self.predraft_hits.inc(round_.predrafted)
         self.predraft_branch_hits.inc(round_.from_branch)
         self.staged_rounds.inc(round_.staged)
+        if round_.handed:
+            self.handed_off_rounds.labels(round_.handed).inc()
         if round_.k == 0:
             return
         self.drafts.inc()

@@ -110,7 +110,8 @@ class Proposal:
                                                           # correction guessed): the next round's drafts after it}
     cached: bool = True              # the draft worker holds the context + tokens[:-1] (not so after a branch)
     staged: asyncio.Task | None = None   # a staged call verifying these drafts already: its (answer, wire bytes)
-    handed: bool = False             # ... or the handed-off call waiting on the target for them (hand_off)
+    handed_at: float | None = None   # ... or the handed-off call waiting on the target for them (hand_off), sent
+                                     # then (time.perf_counter())
 
     def after_guess(self) -> "Proposal":
         """A pre-draft is [guess of the target's next token, next round's drafts...]: the drafts alone."""
@@ -134,7 +135,8 @@ class Round:
     predraft_sent: bool = False      # this round pre-drafted the next one while the target verified
     from_branch: bool = False        # ... the previous round's pre-draft's rejection branch (Proposal.branches)
     staged: bool = False             # ... and the target had started verifying them itself (a staged call)
-    handed: bool = False             # the draft worker handed its drafts straight to the target (hand_off)
+    handed: str = ""                 # a handed-off round (hand_off): whose copy of the drafts the target verified,
+                                     # "draft" (the draft worker's, straight to the target) or "router"
     parts: dict = field(default_factory=dict)   # where the round's wall time went (seconds), see PARTS
     source: int = MODEL              # the drafts' source (for a round with no drafts: the one it planned)
     logprobs: list = field(default_factory=list)  # of `committed`, when the request asked for them
@@ -267,7 +269,7 @@ async def hand_off(state: RequestState, draft: DraftClient, target: TargetClient
     """K model drafts handed straight to the target (speculation.hand_off, engine/handoff.py): the verify call goes
     out beside the draft call and waits on the target for them, and the router's copy follows once the draft's
     answer is here. The proposal's `staged` is that call. An unreachable draft worker withdraws it."""
-    handoff_id = next(HANDOFF_IDS)
+    handoff_id, sent = next(HANDOFF_IDS), time.perf_counter()
     waiting = asyncio.ensure_future(target.verify(
         state.session_id, state.tokens, state.target_synced, [], b"", state.sampling, state.timeout(target.timeout),
         handoff_id=handoff_id, **logprobs_asked(state)))
@@ -281,9 +283,22 @@ async def hand_off(state: RequestState, draft: DraftClient, target: TargetClient
         await cancel(waiting)
         return ngram_proposal(state, k)
     target.handoffs.send(worker_pb2.DraftHandoff(session_id=state.session_id, handoff_id=handoff_id,
-                                                 draft_token_ids=proposal.tokens, draft_hidden_states=proposal.hidden))
-    proposal.staged, proposal.handed = waiting, True
+                                                 draft_token_ids=proposal.tokens, draft_hidden_states=proposal.hidden,
+                                                 from_router=True))
+    proposal.staged, proposal.handed_at = waiting, sent
     return proposal
+
+
+def handed_time(proposal: Proposal, verdict: worker_pb2.VerifyResponse) -> tuple[float, float, float]:
+    """split_time of a handed-off call: its compute; the rest of its own round trip (its transport, and its worker
+    side less the wait for the handoff); that worker side. The proposal's rtt_seconds becomes the rest of the round
+    beyond the draft's compute: the drafts' way to the target (router -> draft -> target, less router -> target)."""
+    wall, compute = time.perf_counter() - proposal.handed_at, verdict.compute_us / 1e6
+    handler = max(verdict.handler_us / 1e6, compute)
+    worker = max(handler - verdict.handoff_wait_us / 1e6 - compute, 0.0)
+    rtt = max(wall - handler, 0.0) + worker
+    proposal.rtt_seconds = max(wall - compute - rtt - proposal.seconds, proposal.worker_seconds)
+    return compute, rtt, worker
 
 
 def predraft(state: RequestState, draft: DraftClient | None, proposal: Proposal, next_k: int,
@@ -316,11 +331,13 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
     record_prefix(state, verdict, "target")
     state.stats.target_calls += 1
     state.stats.target_answers += 1
-    verify_s, rtt_s, worker_s = split_time(started, verdict, staged=proposal.staged is not None)
+    handed = proposal.handed_at is not None and proposal.staged is not None
+    verify_s, rtt_s, worker_s = handed_time(proposal, verdict) if handed else \
+        split_time(started, verdict, staged=proposal.staged is not None)
     return verdict, worker_s, RoundTimings(
         draft_seconds=proposal.seconds, draft_rtt_seconds=proposal.rtt_seconds, verify_seconds=verify_s,
         rtt_seconds=rtt_s, batch_size=verdict.batch_size, batch_tokens=verdict.batch_tokens,
-        queue_depth=verdict.queue_depth), proposal.staged is not None and not proposal.handed
+        queue_depth=verdict.queue_depth), proposal.staged is not None and not handed
 
 
 def logprobs_asked(state: RequestState) -> dict:
@@ -496,7 +513,8 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
                    ahead is not None, source=proposal.source if drafts else source,
                    logprobs=list(verdict.logprobs))
     round_.from_branch, round_.staged = ready is not None and not ready.cached, staged
-    round_.handed = proposal.handed and proposal.staged is not None     # (its call did not fail)
+    if proposal.handed_at is not None and proposal.staged is not None:               # (its call did not fail)
+        round_.handed = "router" if verdict.handoff_from_router else "draft"
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess
     timings.branch_hit, timings.third_hit = correction_guessed(proposal, round_)
@@ -563,7 +581,8 @@ def record(stats: generation_pb2.GenerationStats, round_: Round) -> None:
     stats.draft_tokens += round_.k
     stats.accepted_tokens += round_.accepted
     stats.staged_rounds += round_.staged
-    stats.handed_off_rounds += round_.handed
+    stats.handed_off_rounds += round_.handed == "draft"
+    stats.handoffs_from_router += round_.handed == "router"
     stats.k_per_round.append(round_.k)
     stats.source_per_round.append(round_.source if round_.k else NONE)
     if round_.k:

@@ -147,12 +147,15 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
 
     async def _handed(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         """A handed-off call: verify the drafts of its handoff once they are in, as if it had carried them."""
-        key, lost = (request.session_id, request.handoff_id), False
+        key, lost, started = (request.session_id, request.handoff_id), False, time.perf_counter()
         try:
             handoff = await self._handoffs.take(key)
+            waited_us = int((time.perf_counter() - started) * 1e6)
             request.draft_token_ids.extend(handoff.draft_token_ids)
             request.draft_hidden_states, request.handoff_id = handoff.draft_hidden_states, 0
-            return await self._verified(request)
+            verdict = await self._verified(request)
+            verdict.handoff_wait_us, verdict.handoff_from_router = waited_us, handoff.from_router
+            return verdict
         except SessionLost:
             lost = True                   # the router repeats the call from position 0: it takes them again
             raise

@@ -124,16 +124,18 @@ class VerifyRequest(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., decode_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., lookup: _Optional[_Union[PromptLookup, _Mapping]] = ..., answer_delay_us: _Optional[int] = ..., staged: _Optional[_Union[StagedRound, _Mapping]] = ..., handoff_id: _Optional[int] = ...) -> None: ...
 
 class DraftHandoff(_message.Message):
-    __slots__ = ("session_id", "handoff_id", "draft_token_ids", "draft_hidden_states")
+    __slots__ = ("session_id", "handoff_id", "draft_token_ids", "draft_hidden_states", "from_router")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     HANDOFF_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
+    FROM_ROUTER_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     handoff_id: int
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_hidden_states: bytes
-    def __init__(self, session_id: _Optional[int] = ..., handoff_id: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ...) -> None: ...
+    from_router: bool
+    def __init__(self, session_id: _Optional[int] = ..., handoff_id: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., from_router: _Optional[bool] = ...) -> None: ...
 
 class HandoffAck(_message.Message):
     __slots__ = ()
@@ -174,7 +176,7 @@ class PromptLookup(_message.Message):
     def __init__(self, min_n: _Optional[int] = ..., max_n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., end_on_miss: _Optional[bool] = ..., min_match: _Optional[int] = ..., max_tokens_by_match: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status", "logprobs", "more", "draft_token_ids", "missed", "earlier", "prefix_cache")
+    __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status", "logprobs", "more", "draft_token_ids", "missed", "earlier", "prefix_cache", "handoff_wait_us", "handoff_from_router")
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +192,8 @@ class VerifyResponse(_message.Message):
     MISSED_FIELD_NUMBER: _ClassVar[int]
     EARLIER_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_WAIT_US_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_FROM_ROUTER_FIELD_NUMBER: _ClassVar[int]
     num_accepted: int
     next_token_id: int
     compute_us: int
@@ -205,7 +209,9 @@ class VerifyResponse(_message.Message):
     missed: bool
     earlier: _containers.RepeatedCompositeFieldContainer[VerifyResponse]
     prefix_cache: _generation_pb2.PrefixCacheStats
-    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprob, _Mapping]]] = ..., more: _Optional[bool] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., missed: _Optional[bool] = ..., earlier: _Optional[_Iterable[_Union[VerifyResponse, _Mapping]]] = ..., prefix_cache: _Optional[_Union[_generation_pb2.PrefixCacheStats, _Mapping]] = ...) -> None: ...
+    handoff_wait_us: int
+    handoff_from_router: bool
+    def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., batch_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_generation_pb2.TokenLogprob, _Mapping]]] = ..., more: _Optional[bool] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., missed: _Optional[bool] = ..., earlier: _Optional[_Iterable[_Union[VerifyResponse, _Mapping]]] = ..., prefix_cache: _Optional[_Union[_generation_pb2.PrefixCacheStats, _Mapping]] = ..., handoff_wait_us: _Optional[int] = ..., handoff_from_router: _Optional[bool] = ...) -> None: ...
 
 class CallStatus(_message.Message):
     __slots__ = ("code", "message")
