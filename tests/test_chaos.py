@@ -145,6 +145,34 @@ def test_target_rank_killed_while_a_run_read_whole_holds_answers_gives_identical
     assert response.stats.target_calls >= 2           # the kill cut the run short, and it was sent again
 
 
+def model_rounds_again(service, timeout=120.0) -> None:
+    """Wait until the draft model drafts again (Ray restarted a killed draft worker)."""
+    deadline = time.monotonic() + timeout
+    while MODEL not in service.stub.Generate(greedy(max_new=12)).stats.source_per_round:
+        assert time.monotonic() < deadline, "the draft worker did not come back"
+        time.sleep(1.0)
+
+
+@pytest.mark.parametrize("victim", ["draft", "target rank 1"])
+def test_handed_off_rounds_survive_a_killed_worker_with_identical_tokens(tp2, reference_generate, victim):
+    """speculation.hand_off, every round drafted on the critical path: a draft worker killed mid-request leaves
+    its waiting verify call withdrawn and the rounds go on by n-gram; a target rank killed mid-request fails the
+    waiting call and the round runs again once the group is back. The tokens are the target's either way."""
+    model_rounds_again(tp2)
+    before = tp2.reload(speculation={"hand_off": True, "overlap": False})
+    try:
+        pools = tp2.service.pools
+        actor = pools.draft_actors[0] if victim == "draft" else pools.target_actors[0][1]
+        killed = ray.get(actor.pid.remote())
+        chunks = stream_with_fault(tp2, greedy(), killer(actor))
+    finally:
+        tp2.reload(**before)
+    assert tokens_of(chunks) == reference_generate(PROMPT, LONG)
+    stats = chunks[-1].stats
+    assert stats.handed_off_rounds + stats.handoffs_from_router > 0
+    assert ray.get(actor.pid.remote()) != killed              # it was killed mid-request, and Ray restarted it
+
+
 @pytest.mark.skipif(not PINNED, reason="needs two CPUs and Linux's CPU affinity")
 def test_workers_restarted_after_the_kills_above_are_pinned_again(tp2):
     assert_pinned(tp2)
