@@ -37,8 +37,10 @@ HELD_LONGER = f"in turn K=0, answers held up to {HELD_LONGER_MS} ms"
 NO_BRANCHES = ", no branches"                              # speculation.overlap_branches 0
 NOT_STAGED = ", not staged"                                # speculation.stage_predrafts false
 ONE_GUESS = ", one guess per position"                     # speculation.overlap_branch_guesses 1
+HANDED_OFF = ", handed off"                                # speculation.hand_off true
 VARIANTS = ((NO_BRANCHES, {"overlap_branches": 0}), (NOT_STAGED, {"stage_predrafts": False}),
-            (ONE_GUESS, {"overlap_branch_guesses": 1}))   # overlapped rows at K = max and adaptive, one changed
+            (ONE_GUESS, {"overlap_branch_guesses": 1}),
+            (HANDED_OFF, {"hand_off": True}))             # overlapped rows at K = max and adaptive, one changed
 READ_WHOLE = ", read whole"                                # unary Generate (the rest: GenerateStream)
 
 
@@ -93,13 +95,13 @@ def as_configured(service) -> dict:
     configured = SpeculationConfig(**(service.data.get("speculation") or {}))
     return {key: getattr(configured, key) for key in ("overlap", "decode_steps", "answer_delay_ms",
                                                       "overlap_branches", "stage_predrafts",
-                                                      "overlap_branch_guesses")}
+                                                      "overlap_branch_guesses", "hand_off")}
 
 
 def specpool_plan(configured: dict, cfg: BenchConfig) -> list[tuple[str, int | None, dict]]:
     """(name, K or None for adaptive, speculation settings) of each specpool row: K = 0 three more ways, in turn
     and overlapped at K = 0, each of cfg.ks and adaptive, the VARIANTS of overlap at the largest K and
-    adaptive, and two rows read whole."""
+    adaptive, in turn handed off at the largest K, and two rows read whole."""
     return [(ONE_CALL_PER_TOKEN, 0, {**configured, "overlap": False, "decode_steps": 1}),
             (EACH_ANSWER_AT_ONCE, 0, {**configured, "overlap": False, "answer_delay_ms": 0}),
             (HELD_LONGER, 0, {**configured, "overlap": False, "answer_delay_ms": HELD_LONGER_MS})] + [
@@ -108,6 +110,7 @@ def specpool_plan(configured: dict, cfg: BenchConfig) -> list[tuple[str, int | N
         for k in (0, *cfg.ks, None) for overlap in ((False,) if k == 0 else (False, True))] + [
         (f"overlap {'adaptive' if k is None else f'K={k}'}{suffix}", k, {**configured, "overlap": True, **changed})
         for suffix, changed in VARIANTS for k in (max(cfg.ks), None)] + [
+        (f"in turn K={max(cfg.ks)}{HANDED_OFF}", max(cfg.ks), {**configured, "overlap": False, "hand_off": True})] + [
         (f"{name}{READ_WHOLE}", k, {**configured, "overlap": overlap})
         for name, k, overlap in (("in turn K=0", 0, False), ("overlap adaptive", None, True))]
 
@@ -152,7 +155,9 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> tuple[dict, dict]:
     for name in (f"overlap K={top}", "overlap adaptive"):
         pairs.update({f"{name}: with branches / without": (name, rows[name + NO_BRANCHES]),
                       f"{name}: staged / not staged": (name, rows[name + NOT_STAGED]),
-                      f"{name}: two guesses per position / one": (name, rows[name + ONE_GUESS])})
+                      f"{name}: two guesses per position / one": (name, rows[name + ONE_GUESS]),
+                      f"{name}: handed off / not": (name + HANDED_OFF, rows[name])})
+    pairs[f"in turn K={top}: handed off / not"] = (f"in turn K={top}{HANDED_OFF}", rows[f"in turn K={top}"])
     measured = {key: paired(rows[name], against) for key, (name, against) in pairs.items()}
     out = {key: value[0] for key, value in measured.items()}
     out.update({"ms per token beyond compute (K=0, decode runs)": hop_ms(rows["in turn K=0"]),
@@ -161,6 +166,10 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> tuple[dict, dict]:
                 f"hop ms per round (overlap K={top}, beyond compute)": hop_ms(rows[f"overlap K={top}"]),
                 f"hop ms per round (overlap K={top}, not staged, beyond compute)":
                     hop_ms(rows[f"overlap K={top}{NOT_STAGED}"]),
+                f"hop ms per round (in turn K={top}, handed off, beyond compute)":
+                    hop_ms(rows[f"in turn K={top}{HANDED_OFF}"]),
+                f"hop ms per round (overlap K={top}, handed off, beyond compute)":
+                    hop_ms(rows[f"overlap K={top}{HANDED_OFF}"]),
                 "target pass ms (K=0)": rows["in turn K=0"]["parts_ms"]["verify_compute"],
                 "overlap adaptive efficiency (vs in-turn analytic)": rows["overlap adaptive"]["efficiency"]})
     return out, {key: value[1:] for key, value in measured.items()}
