@@ -112,6 +112,7 @@ class Proposal:
     staged: asyncio.Task | None = None   # a staged call verifying these drafts already: its (answer, wire bytes)
     handed_at: float | None = None   # ... or the handed-off call waiting on the target for them (hand_off), sent
                                      # then (time.perf_counter())
+    handoff_wait: float | None = None   # ... which, answered, had waited this long there for them (seconds)
 
     def after_guess(self) -> "Proposal":
         """A pre-draft is [guess of the target's next token, next round's drafts...]: the drafts alone."""
@@ -203,8 +204,7 @@ def round_parts(wall: float, proposal: Proposal, ready: bool, timings: RoundTimi
     """Where a round's wall time went: each call on the critical path split into compute, worker-side
     overhead (queue, thread hop) and transport (serialisation, network, both gRPC stacks); the wait for a
     matching pre-draft; and the router's own work (the rest)."""
-    draft = (0.0, 0.0, 0.0) if ready else (proposal.seconds, proposal.worker_seconds,
-                                            proposal.rtt_seconds - proposal.worker_seconds)
+    draft = draft_parts(proposal, ready)
     waited = max(wall - sum(draft) - timings.rtt_seconds - predraft_wait, 0.0)   # a staged verify began earlier
     verify = (min(timings.verify_seconds, waited), verify_worker, timings.rtt_seconds - verify_worker)
     known = dict(zip(PARTS, (*draft, *verify, predraft_wait)))
@@ -290,15 +290,29 @@ async def hand_off(state: RequestState, draft: DraftClient, target: TargetClient
 
 
 def handed_time(proposal: Proposal, verdict: worker_pb2.VerifyResponse) -> tuple[float, float, float]:
-    """split_time of a handed-off call: its compute; the rest of its own round trip (its transport, and its worker
-    side less the wait for the handoff); that worker side. The proposal's rtt_seconds becomes the rest of the round
-    beyond the draft's compute: the drafts' way to the target (router -> draft -> target, less router -> target)."""
-    wall, compute = time.perf_counter() - proposal.handed_at, verdict.compute_us / 1e6
+    """split_time of a handed-off call: its compute; the rest of its own round trip (transport, and its worker side
+    less the wait for the handoff); that worker side. The wait (proposal.handoff_wait) is the drafts' part of the
+    round: router -> draft, drafting, draft -> target, less router -> target; the proposal's rtt_seconds becomes
+    that wait beyond the draft's compute."""
+    compute = verdict.compute_us / 1e6
     handler = max(verdict.handler_us / 1e6, compute)
-    worker = max(handler - verdict.handoff_wait_us / 1e6 - compute, 0.0)
-    rtt = max(wall - handler, 0.0) + worker
-    proposal.rtt_seconds = max(wall - compute - rtt - proposal.seconds, proposal.worker_seconds)
-    return compute, rtt, worker
+    proposal.handoff_wait = min(verdict.handoff_wait_us / 1e6, handler - compute)
+    worker = handler - proposal.handoff_wait - compute
+    proposal.rtt_seconds = max(proposal.handoff_wait - proposal.seconds, 0.0)
+    return compute, max(time.perf_counter() - proposal.handed_at - handler, 0.0) + worker, worker
+
+
+def draft_parts(proposal: Proposal, ready: bool) -> tuple[float, float, float]:
+    """(compute, worker side, transport) of the round's draft call on its critical path: none for drafts that were
+    ready; of a handed-off call, what its wait on the target for the drafts covered (drafting while the call was on
+    its way to the target was off the critical path)."""
+    if ready:
+        return 0.0, 0.0, 0.0
+    if proposal.handoff_wait is not None:
+        compute = min(proposal.seconds, proposal.handoff_wait)
+        worker = min(proposal.worker_seconds, proposal.handoff_wait - compute)
+        return compute, worker, proposal.handoff_wait - compute - worker
+    return proposal.seconds, proposal.worker_seconds, proposal.rtt_seconds - proposal.worker_seconds
 
 
 def predraft(state: RequestState, draft: DraftClient | None, proposal: Proposal, next_k: int,

@@ -35,6 +35,9 @@ def test_handed_off_rounds_give_the_targets_greedy_output(demo_engines, overlap)
     drafted_now = sum(1 for r in policy.rounds if r.k and not r.predrafted)
     assert handed.stats.handed_off_rounds > 0
     assert handed.stats.handed_off_rounds + handed.stats.handoffs_from_router == drafted_now
+    for r in (r for r in policy.rounds if r.handed):   # a handed-off round's time, part by part: the verify's compute
+        assert r.parts["verify_compute"] == r.timings.verify_seconds > 0      # whole, the drafts' part what the
+        assert r.parts["draft_compute"] <= r.timings.draft_seconds            # call waited for on the target
     assert through_router.stats.handed_off_rounds == 0
 
 
