@@ -22,6 +22,8 @@ from typing import Callable
 
 import grpc
 
+from protos.specpool.v1 import worker_pb2_grpc
+
 
 class HandoffStream:
     """One client-streaming HandDrafts call: send() queues a handoff, written in order. A call that ended (its
@@ -110,8 +112,6 @@ class HandoffSenders:
         self._senders: collections.OrderedDict[str, tuple] = collections.OrderedDict()
 
     def send(self, address: str, handoff) -> None:
-        from protos.specpool.v1 import worker_pb2_grpc
-
         if address not in self._senders:
             channel = self._channel(address)
             self._senders[address] = channel, HandoffStream(worker_pb2_grpc.TargetWorkerStub(channel).HandDrafts)
