@@ -849,8 +849,10 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
     """Run rounds until the request finishes, yielding each round's committed tokens. With overlap on,
     each model round pre-drafts the next one (its K chosen now) while the target verifies; a round at K = 0
     or of a request that drafts only by prompt lookup is a decode run of several tokens (run_plan), whose rounds
-    that arrive together are yielded together. However the request ends, the workers' caches for this session (the
-    draft's if a draft call was sent) are released, in the background (release_later)."""
+    that arrive together are yielded together. A model round that pre-drafts nothing beside its verify hands its
+    drafts straight to the target (speculation.hand_off); one that does would start its verify sooner but its
+    pre-draft no sooner, leaving the pre-draft less time. However the request ends, the workers' caches for this
+    session (the draft's if a draft call was sent) are released, in the background (release_later)."""
     ready, planned, ended = None, None, None
     try:
         while not state.finish_reason:
@@ -877,7 +879,7 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             next_k = predraft_k(policy, planned)
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source,
                                                   policy.predraft_branches(state, k) if next_k else (),
-                                                  overlap and policy.stage_predrafts, policy.hand_off)
+                                                  overlap and policy.stage_predrafts, policy.hand_off and not next_k)
             committed, ended = conclude(state, policy, round_, between), time.perf_counter()
             yield committed
     finally:

@@ -12,7 +12,7 @@ import pytest
 from engine.handoff import HandoffStream, WaitingRoom
 from protos.specpool.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
 from tests.test_overlap import FixedK
-from tests.test_staged_rounds import SlowTarget, demo_engines, serve_loop  # noqa: F401 - demo_engines: a fixture
+from tests.test_staged_rounds import demo_engines, serve_loop  # noqa: F401 - demo_engines: a fixture
 
 PROMPT = [5, 9, 14, 200, 3, 77]
 
@@ -21,24 +21,35 @@ def handoff(session_id: int, handoff_id: int, drafts: list[int]) -> worker_pb2.D
     return worker_pb2.DraftHandoff(session_id=session_id, handoff_id=handoff_id, draft_token_ids=drafts)
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["in-turn", "overlap"])
-def test_handed_off_rounds_give_the_targets_greedy_output(demo_engines, overlap):
+def test_handed_off_rounds_give_the_targets_greedy_output(demo_engines):
     """Every model round drafted on the critical path is handed off (stats.handed_off_rounds), and the tokens are
     the target's own greedy tokens: the same as with the drafts going through the router, and as plain decoding."""
     draft_engine, target_engine = demo_engines
-    policy = FixedK(4, overlap, 3 if overlap else 0, stage=overlap, hand_off=True)
+    policy = FixedK(4, False, hand_off=True)
     handed = asyncio.run(serve_loop(draft_engine, target_engine, policy, PROMPT, 40))
-    through_router = asyncio.run(serve_loop(draft_engine, target_engine, FixedK(4, overlap, 3, stage=overlap),
-                                            PROMPT, 40))
+    through_router = asyncio.run(serve_loop(draft_engine, target_engine, FixedK(4, False), PROMPT, 40))
     plain = asyncio.run(serve_loop(draft_engine, target_engine, FixedK(0, False), PROMPT, 40))
     assert handed.tokens == through_router.tokens == plain.tokens
-    drafted_now = sum(1 for r in policy.rounds if r.k and not r.predrafted)
+    drafted_now = sum(1 for r in policy.rounds if r.k)
     assert handed.stats.handed_off_rounds > 0
     assert handed.stats.handed_off_rounds + handed.stats.handoffs_from_router == drafted_now
     for r in (r for r in policy.rounds if r.handed):   # a handed-off round's time, part by part: the verify's compute
         assert r.parts["verify_compute"] == r.timings.verify_seconds > 0      # whole, the drafts' part what the
         assert r.parts["draft_compute"] <= r.timings.draft_seconds            # call waited for on the target
     assert through_router.stats.handed_off_rounds == 0
+
+
+def test_overlapped_rounds_that_pre_draft_beside_their_verify_are_not_handed_off(demo_engines):
+    """With overlap on, a round drafted on the critical path pre-drafts the next one beside its verify; the
+    pre-draft goes out when the draft's answer reaches the router, so handing the drafts off would start the verify
+    sooner and leave the pre-draft less time: such rounds go through the router, and the tokens are the target's."""
+    draft_engine, target_engine = demo_engines
+    policy = FixedK(4, True, 3, stage=True, hand_off=True)
+    handed = asyncio.run(serve_loop(draft_engine, target_engine, policy, PROMPT, 40))
+    plain = asyncio.run(serve_loop(draft_engine, target_engine, FixedK(0, False), PROMPT, 40))
+    assert handed.tokens == plain.tokens
+    assert any(r.k and not r.predrafted and r.predraft_sent for r in policy.rounds)
+    assert handed.stats.handed_off_rounds == handed.stats.handoffs_from_router == 0
 
 
 def test_a_seeded_sampled_request_draws_the_same_tokens_handed_off_or_not(demo_engines):
