@@ -4,11 +4,12 @@ A round whose drafts are not pre-drafted makes two calls in turn: the draft's an
 router sends the drafts on to the target. Handed off, the router sends both calls at once: the verify call
 (VerifyRequest.handoff_id) waits on the target, and the draft worker hands its drafts to the target itself
 (ProposeRequest.hand_to) as it answers the router, taking a one-way hop and the router's turn off the round's
-critical path. Only rounds that pre-draft nothing beside their verify are handed off: the pre-draft goes out when
-the draft's answer reaches the router, so a verify started sooner would leave it less time (on this machine,
-pre-drafts sized to fit beside the verify then carried fewer branches and hit less). The router also sends its copy of the drafts once the draft's answer reaches it, so a handoff that
-never arrives (a broken draft -> target connection) costs the round one hop, not the call's deadline. The target
-verifies the first copy of a handoff to arrive and drops the rest.
+critical path. Only rounds that pre-draft nothing beside their verify are handed off: the pre-draft goes out
+when the draft's answer reaches the router, so a verify started sooner would leave it less time (on this
+machine, pre-drafts sized to fit beside the verify then carried fewer branches and hit less). The router also
+sends its copy of the drafts once the draft's answer reaches it, so a handoff that never arrives (a broken
+draft -> target connection) costs the round one hop, not the call's deadline. The target verifies the first
+copy of a handoff to arrive and drops the rest.
 
     sender = HandoffStream(stub.HandDrafts)     # one long-lived client stream per target
     sender.send(worker_pb2.DraftHandoff(session_id=7, handoff_id=12, draft_token_ids=[5, 9]))
@@ -20,39 +21,54 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from typing import Callable
 
 import grpc
 
 from protos.specpool.v1 import worker_pb2_grpc
 
+_CLOSING: set = set()       # channel closes in flight (the event loop keeps only weak references to tasks)
+
 
 class HandoffStream:
     """One client-streaming HandDrafts call: send() queues a handoff, written in order. A call that ended (its
-    target went away or restarted) is opened again by the next send; what it had not written is lost, and the
-    router's copy stands in for it."""
+    target went away or restarted) is opened again by the next send, and what it had not taken yet goes on the
+    new call; only a handoff being written as it broke is lost (the router's copy stands in for it). An ended
+    call's request iterator may still be waiting (grpc.aio does not cancel it): it takes nothing more."""
 
     def __init__(self, open_call: Callable):
         self._open = open_call              # stub.HandDrafts
-        self._queue: asyncio.Queue | None = None
+        self._pending: collections.deque = collections.deque()
+        self._arrived = asyncio.Event()
+        self._call = 0                      # the current call's number
         self._task: asyncio.Task | None = None
 
     def send(self, handoff) -> None:
+        self._pending.append(handoff)
+        self._arrived.set()
         if self._task is None or self._task.done():
-            self._queue = asyncio.Queue()
-            self._task = asyncio.ensure_future(self._run(self._queue))
-        self._queue.put_nowait(handoff)
+            self._call += 1
+            self._task = asyncio.ensure_future(self._run(self._call))
 
-    async def _run(self, queue: asyncio.Queue) -> None:
-        async def handoffs():
-            while (handoff := await queue.get()) is not None:
-                yield handoff
+    async def _handoffs(self, call: int):
+        while True:
+            while not self._pending:
+                self._arrived.clear()
+                await self._arrived.wait()
+            if call != self._call:
+                return                      # an ended call's iterator: the handoff waits for the current call
+            yield self._pending.popleft()
+
+    async def _run(self, call: int) -> None:
         try:
-            await self._open(handoffs())
-        except grpc.aio.AioRpcError:
-            pass                            # the target is gone: the next send opens a new call
+            await self._open(self._handoffs(call))
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+            pass                            # the target is gone, or the channel closed: the next send opens anew
 
     def close(self) -> None:
+        self._call += 1                     # no iterator takes anything more
+        self._arrived.set()
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -60,26 +76,29 @@ class HandoffStream:
 
 class WaitingRoom:
     """A target's handoffs by (session id, handoff id): each handed-off call takes its drafts here, waiting for
-    them if they have not arrived. The first copy of a handoff counts. Bounded: past `capacity` handoffs nobody
-    waits for, the oldest are forgotten; keys taken lately are remembered, so their late copies are dropped."""
+    them if they have not arrived. The first copy of a handoff counts. A handoff nobody waits for is forgotten
+    once it is `max_age_s` old or `capacity` newer ones are in (a copy for a call withdrawn before it ran, a late
+    copy); keys taken lately are remembered, so their late copies are dropped. `clock` is injectable for tests."""
 
-    def __init__(self, capacity: int = 256):
-        self._handoffs: collections.OrderedDict[tuple[int, int], asyncio.Future] = collections.OrderedDict()
+    def __init__(self, capacity: int = 256, max_age_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self._handoffs: collections.OrderedDict[tuple[int, int], tuple[asyncio.Future, float]] = \
+            collections.OrderedDict()
         self._taken: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
-        self._capacity = capacity
+        self._capacity, self._max_age_s, self._clock = capacity, max_age_s, clock
 
     def _future(self, key: tuple[int, int]) -> asyncio.Future:
-        future = self._handoffs.get(key)
-        if future is None:
-            future = self._handoffs[key] = asyncio.get_running_loop().create_future()
-        return future
+        if key not in self._handoffs:
+            self._handoffs[key] = asyncio.get_running_loop().create_future(), self._clock()
+        return self._handoffs[key][0]
 
     def _evict(self) -> None:
-        if len(self._handoffs) <= self._capacity:
-            return
-        unclaimed = [key for key, future in self._handoffs.items() if future.done()]
-        for key in unclaimed[:max(len(unclaimed) - self._capacity, 0)]:
-            del self._handoffs[key]
+        """Forget the oldest handoffs that nobody waits for, while they are too old or too many."""
+        now = self._clock()
+        for key, (future, born) in list(self._handoffs.items()):
+            if len(self._handoffs) <= self._capacity and now - born < self._max_age_s:
+                return
+            if future.done():
+                del self._handoffs[key]
 
     def put(self, handoff) -> None:
         """A copy of a handoff arrived: the first one is kept, later ones dropped."""
@@ -109,7 +128,7 @@ class HandoffSenders:
     (`channel(address)`); the least recently used are closed past `capacity` addresses (a target that restarted
     elsewhere is not handed to again)."""
 
-    def __init__(self, channel: Callable[[str], grpc.aio.Channel], capacity: int = 8):
+    def __init__(self, channel: Callable[[str], grpc.aio.Channel], capacity: int = 64):
         self._channel, self._capacity = channel, capacity
         self._senders: collections.OrderedDict[str, tuple] = collections.OrderedDict()
 
@@ -125,7 +144,9 @@ class HandoffSenders:
     @staticmethod
     def _retire(channel: grpc.aio.Channel, stream: HandoffStream) -> None:
         stream.close()
-        asyncio.ensure_future(channel.close())
+        task = asyncio.ensure_future(channel.close())
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
 
     def close(self) -> None:
         while self._senders:

@@ -114,6 +114,11 @@ class Proposal:
                                      # then (time.perf_counter())
     handoff_wait: float | None = None   # ... which, answered, had waited this long there for them (seconds)
 
+    @property
+    def handed(self) -> bool:
+        """Whether its drafts were handed off and the call waiting for them has not failed."""
+        return self.handed_at is not None and self.staged is not None
+
     def after_guess(self) -> "Proposal":
         """A pre-draft is [guess of the target's next token, next round's drafts...]: the drafts alone."""
         row = len(self.hidden) // len(self.tokens) if self.tokens else 0
@@ -282,23 +287,26 @@ async def hand_off(state: RequestState, draft: DraftClient, target: TargetClient
     if proposal is None:
         await cancel(waiting)
         return ngram_proposal(state, k)
-    target.handoffs.send(worker_pb2.DraftHandoff(session_id=state.session_id, handoff_id=handoff_id,
-                                                 draft_token_ids=proposal.tokens, draft_hidden_states=proposal.hidden,
-                                                 from_router=True))
+    copy = worker_pb2.DraftHandoff(session_id=state.session_id, handoff_id=handoff_id, draft_token_ids=proposal.tokens,
+                                   draft_hidden_states=proposal.hidden, from_router=True)
+    target.handoffs.send(copy)
+    state.stats.wire_bytes += copy.ByteSize()
     proposal.staged, proposal.handed_at = waiting, sent
     return proposal
 
 
-def handed_time(proposal: Proposal, verdict: worker_pb2.VerifyResponse) -> tuple[float, float, float]:
+def split_handed(proposal: Proposal, verdict: worker_pb2.VerifyResponse) -> tuple[float, float, float]:
     """split_time of a handed-off call: its compute; the rest of its own round trip (transport, and its worker side
-    less the wait for the handoff); that worker side. The wait (proposal.handoff_wait) is the drafts' part of the
-    round: router -> draft, drafting, draft -> target, less router -> target; the proposal's rtt_seconds becomes
-    that wait beyond the draft's compute."""
+    less the wait for the handoff); that worker side. Also sets the proposal's handoff_wait, the drafts' part of the
+    round (router -> draft, drafting, draft -> target, less router -> target), and its rtt_seconds, that wait beyond
+    the draft's compute. Where the call reached the target after the draft began (this machine's contention), the
+    drafting before it is hidden behind the call's way there: the parts still add up to the round's wall time
+    (draft_parts), while the K controller's cost (draft compute + both rtts) counts that overlap twice."""
     compute = verdict.compute_us / 1e6
     handler = max(verdict.handler_us / 1e6, compute)
-    proposal.handoff_wait = min(verdict.handoff_wait_us / 1e6, handler - compute)
-    worker = handler - proposal.handoff_wait - compute
-    proposal.rtt_seconds = max(proposal.handoff_wait - proposal.seconds, 0.0)
+    wait = proposal.handoff_wait = min(verdict.handoff_wait_us / 1e6, handler - compute)
+    worker = handler - wait - compute
+    proposal.rtt_seconds = max(wait - proposal.seconds, 0.0)
     return compute, max(time.perf_counter() - proposal.handed_at - handler, 0.0) + worker, worker
 
 
@@ -332,8 +340,9 @@ def predraft(state: RequestState, draft: DraftClient | None, proposal: Proposal,
 
 
 async def verify(state: RequestState, target: TargetClient, proposal: Proposal) -> tuple:
-    """One target pass over the new tokens + the drafts, or the answer of the staged or handed-off call that asked
-    for it already: (verdict, the target's queue + thread hop seconds, the round's RoundTimings, whether it was staged)."""
+    """One target pass over the new tokens + the drafts, or the answer of the staged or handed-off call that
+    asked for it already: (verdict, the target's queue + thread hop seconds, the round's RoundTimings, whether it
+    was a staged call)."""
     started = time.perf_counter()
     answer = await staged_answer(proposal)
     if answer is None:
@@ -345,13 +354,12 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
     record_prefix(state, verdict, "target")
     state.stats.target_calls += 1
     state.stats.target_answers += 1
-    handed = proposal.handed_at is not None and proposal.staged is not None
-    verify_s, rtt_s, worker_s = handed_time(proposal, verdict) if handed else \
+    verify_s, rtt_s, worker_s = split_handed(proposal, verdict) if proposal.handed else \
         split_time(started, verdict, staged=proposal.staged is not None)
     return verdict, worker_s, RoundTimings(
         draft_seconds=proposal.seconds, draft_rtt_seconds=proposal.rtt_seconds, verify_seconds=verify_s,
         rtt_seconds=rtt_s, batch_size=verdict.batch_size, batch_tokens=verdict.batch_tokens,
-        queue_depth=verdict.queue_depth), proposal.staged is not None and not handed
+        queue_depth=verdict.queue_depth), proposal.staged is not None and not proposal.handed
 
 
 def logprobs_asked(state: RequestState) -> dict:
@@ -360,8 +368,9 @@ def logprobs_asked(state: RequestState) -> dict:
 
 
 async def staged_answer(proposal: Proposal) -> tuple | None:
-    """(verdict, wire bytes) of the staged call that verified the proposal's drafts already; None when there was
-    none or it did not verify them (it failed: the round sends its verify as usual, re-prefilling if need be)."""
+    """(verdict, wire bytes) of the staged or handed-off call that verified the proposal's drafts already (both
+    are Proposal.staged); None when there was none or it did not verify them (it failed: the round sends its
+    verify as usual, re-prefilling if need be)."""
     if proposal.staged is None:
         return None
     try:
@@ -527,7 +536,7 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
                    ahead is not None, source=proposal.source if drafts else source,
                    logprobs=list(verdict.logprobs))
     round_.from_branch, round_.staged = ready is not None and not ready.cached, staged
-    if proposal.handed_at is not None and proposal.staged is not None:               # (its call did not fail)
+    if proposal.handed:
         round_.handed = "router" if verdict.handoff_from_router else "draft"
     if ready is not None:
         timings.draft_tokens = len(drafts) + 1           # the pre-draft also drafted the guess

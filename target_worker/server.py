@@ -147,6 +147,8 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
 
     async def _handed(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         """A handed-off call: verify the drafts of its handoff once they are in, as if it had carried them."""
+        if request.draft_token_ids or request.draft_hidden_states:
+            raise ValueError("handoff_id: a handed-off call carries no drafts (they come by HandDrafts)")
         key, lost, started = (request.session_id, request.handoff_id), False, time.perf_counter()
         try:
             handoff = await self._handoffs.take(key)

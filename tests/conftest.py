@@ -7,6 +7,7 @@ import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -173,6 +174,15 @@ def reference_generate(byte_pair):
             cache[key] = tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
         return cache[key]
     return generate
+
+
+@pytest.fixture(scope="module")
+def demo_engines():
+    """(DraftEngine, TargetEngine) of the committed demo pair, in this process (no Ray, no gRPC)."""
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+    models = Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair"
+    return DraftEngine(str(models / "draft")), TargetEngine(str(models / "target"), str(models / "draft"))
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from engine.handoff import HandoffStream, WaitingRoom
 from protos.specpool.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
 from tests.test_overlap import FixedK
-from tests.test_staged_rounds import demo_engines, serve_loop  # noqa: F401 - demo_engines: a fixture
+from tests.test_staged_rounds import serve_loop
 
 PROMPT = [5, 9, 14, 200, 3, 77]
 
@@ -196,24 +196,58 @@ def test_the_waiting_room_keeps_the_first_copy_and_drops_late_ones():
     assert (1, 1) not in room._handoffs and sorted(room._handoffs) == [(1, 4), (1, 5)]
 
 
-def test_a_handoff_stream_opens_again_after_its_call_ends():
-    """The call under a HandoffStream ends (its target restarted): the next send opens a new one, which delivers."""
-    delivered, calls = [], []
-
-    async def hand_drafts(handoffs):
-        calls.append(1)
-        async for h in handoffs:
-            if h.handoff_id == 2:
-                raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "gone")
-            delivered.append(h.handoff_id)
+def test_the_waiting_room_forgets_an_unclaimed_handoff_once_it_is_old_but_never_one_a_call_waits_for():
+    now = [0.0]
 
     async def scenario():
-        stream = HandoffStream(hand_drafts)
-        for i in (1, 2):
-            stream.send(handoff(1, i, []))
-        await asyncio.sleep(0.01)
-        stream.send(handoff(1, 3, []))
-        await asyncio.sleep(0.01)
-        stream.close()
-    asyncio.run(scenario())
-    assert delivered == [1, 3] and len(calls) == 2
+        room = WaitingRoom(capacity=8, max_age_s=60.0, clock=lambda: now[0])
+        waiting = asyncio.ensure_future(room.take((2, 1)))     # a call waiting since t = 0
+        await asyncio.sleep(0)
+        room.put(handoff(2, 2, [1]))                            # a copy nobody will take (its call was withdrawn)
+        now[0] = 61.0
+        room.put(handoff(2, 3, [2]))                            # the next arrival: the old unclaimed one goes
+        kept = sorted(room._handoffs)
+        room.put(handoff(2, 1, [3]))
+        return kept, await waiting
+    kept, taken = asyncio.run(scenario())
+    assert kept == [(2, 1), (2, 3)] and list(taken.draft_token_ids) == [3]
+
+
+def test_a_handoff_stream_opens_again_after_its_call_ends_and_loses_nothing_queued_after():
+    """The call under a HandoffStream ends (here the target aborts it at handoff 2, as a restarting target would):
+    the next send opens a new call, and every handoff sent after the end arrives. grpc.aio leaves the ended
+    call's request iterator waiting; it must not take the next handoff and drop it."""
+    class Target(worker_pb2_grpc.TargetWorkerServicer):
+        def __init__(self):
+            self.got = []
+
+        async def HandDrafts(self, handoffs, context):
+            async for h in handoffs:
+                self.got.append(h.handoff_id)
+                if h.handoff_id == 2:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "restarting")
+            return worker_pb2.HandoffAck()
+
+    async def scenario():
+        target, server = Target(), grpc.aio.server()
+        worker_pb2_grpc.add_TargetWorkerServicer_to_server(target, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        stream = HandoffStream(worker_pb2_grpc.TargetWorkerStub(channel).HandDrafts)
+        try:
+            for i in (1, 2):
+                stream.send(handoff(1, i, []))
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if stream._task.done():
+                    break
+            for i in (3, 4, 5):
+                stream.send(handoff(1, i, []))
+                await asyncio.sleep(0.05)
+        finally:
+            stream.close()
+            await channel.close()
+            await server.stop(None)
+        return target.got
+    assert asyncio.run(scenario()) == [1, 2, 3, 4, 5]

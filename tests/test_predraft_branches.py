@@ -136,15 +136,6 @@ class TargetClient(EngineClient):
             **self.fields(tokens, synced, sampling))), 0
 
 
-@pytest.fixture(scope="module")
-def demo_engines():
-    from pathlib import Path
-
-    from target_worker.verifier import TargetEngine
-    models = Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair"
-    return DraftEngine(str(models / "draft")), TargetEngine(str(models / "target"), str(models / "draft"))
-
-
 def greedy_loop(engines, session_id: int, policy, max_new: int):
     """The router's loop over the engines for one greedy request (prompt 40..69): its final state, and the
     target's own greedy tokens for that prompt."""

@@ -126,15 +126,6 @@ class SlowTarget:
         return getattr(self._engine, name)
 
 
-@pytest.fixture(scope="module")
-def demo_engines():
-    from pathlib import Path
-
-    from draft_worker.proposer import DraftEngine
-    models = Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair"
-    return DraftEngine(str(models / "draft")), TargetEngine(str(models / "target"), str(models / "draft"))
-
-
 async def serve_loop(draft_engine, target_engine, policy, prompt: list[int], max_new: int,
                      sampling: generation_pb2.SamplingParams | None = None, mode: int = worker_pb2.DRAFT_MODE_GREEDY,
                      draft_channel=None, stop_draft_after: int | None = None):
