@@ -37,10 +37,10 @@ HELD_LONGER = f"in turn K=0, answers held up to {HELD_LONGER_MS} ms"
 NO_BRANCHES = ", no branches"                              # speculation.overlap_branches 0
 NOT_STAGED = ", not staged"                                # speculation.stage_predrafts false
 ONE_GUESS = ", one guess per position"                     # speculation.overlap_branch_guesses 1
-HANDED_OFF = ", handed off"                                # speculation.hand_off true
+HANDED_OFF = ", handed off"                                # speculation.hand_off true (in turn: rounds
+                                                           # that pre-draft nothing are the ones handed off)
 VARIANTS = ((NO_BRANCHES, {"overlap_branches": 0}), (NOT_STAGED, {"stage_predrafts": False}),
-            (ONE_GUESS, {"overlap_branch_guesses": 1}),
-            (HANDED_OFF, {"hand_off": True}))             # overlapped rows at K = max and adaptive, one changed
+            (ONE_GUESS, {"overlap_branch_guesses": 1}))   # overlapped rows at K = max and adaptive, one changed
 READ_WHOLE = ", read whole"                                # unary Generate (the rest: GenerateStream)
 
 
@@ -155,8 +155,7 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> tuple[dict, dict]:
     for name in (f"overlap K={top}", "overlap adaptive"):
         pairs.update({f"{name}: with branches / without": (name, rows[name + NO_BRANCHES]),
                       f"{name}: staged / not staged": (name, rows[name + NOT_STAGED]),
-                      f"{name}: two guesses per position / one": (name, rows[name + ONE_GUESS]),
-                      f"{name}: handed off / not": (name + HANDED_OFF, rows[name])})
+                      f"{name}: two guesses per position / one": (name, rows[name + ONE_GUESS])})
     pairs[f"in turn K={top}: handed off / not"] = (f"in turn K={top}{HANDED_OFF}", rows[f"in turn K={top}"])
     measured = {key: paired(rows[name], against) for key, (name, against) in pairs.items()}
     out = {key: value[0] for key, value in measured.items()}
@@ -168,8 +167,6 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> tuple[dict, dict]:
                     hop_ms(rows[f"overlap K={top}{NOT_STAGED}"]),
                 f"hop ms per round (in turn K={top}, handed off, beyond compute)":
                     hop_ms(rows[f"in turn K={top}{HANDED_OFF}"]),
-                f"hop ms per round (overlap K={top}, handed off, beyond compute)":
-                    hop_ms(rows[f"overlap K={top}{HANDED_OFF}"]),
                 "target pass ms (K=0)": rows["in turn K=0"]["parts_ms"]["verify_compute"],
                 "overlap adaptive efficiency (vs in-turn analytic)": rows["overlap adaptive"]["efficiency"]})
     return out, {key: value[1:] for key, value in measured.items()}
