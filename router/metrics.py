@@ -42,9 +42,9 @@ class Metrics:
             "no router round trip)", registry=r)
         self.handed_off_rounds = Counter(
             "specpool_spec_decode_num_handed_off_rounds",
-            "Rounds whose drafts went from the draft worker straight to the target (speculation.hand_off), by whose copy "
-            "the target verified: the draft worker's, or the router's (the draft's had not arrived: a draft worker that "
-            "cannot reach the target shows as copy=\"router\")", ["copy"], registry=r)
+            "Rounds whose drafts went from the draft worker straight to the target (speculation.hand_off), by "
+            "whose copy the target verified: the draft worker's, or the router's (the draft's had not arrived: a "
+            "draft worker that cannot reach the target shows as copy=\"router\")", ["copy"], registry=r)
         self.round_seconds = Counter("specpool_round_seconds", "Wall time of rounds, by where it went (compute, "
                                      "worker queue/thread hop, transport per call; pre-draft wait; router)", ["part"],
                                      registry=r)
