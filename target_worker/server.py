@@ -50,6 +50,17 @@ def next_step(request: worker_pb2.VerifyRequest, response: worker_pb2.VerifyResp
     return step
 
 
+def stream_only(request: worker_pb2.VerifyRequest) -> str:
+    """Why unary Verify cannot take this call (the field, then the reason), or "" if it can."""
+    if request.decode_steps > 1:
+        return "decode_steps: a decode run answers more than once"
+    if request.HasField("staged"):
+        return "staged: a staged round follows a call on the same stream"
+    if request.handoff_id:
+        return "handoff_id: a handed-off round waits for its drafts"
+    return ""
+
+
 class DecodeRun:
     """One decode run's progress. Each step samples exactly as a K = 0 round would (same session, positions and
     seeded draws), or with `lookup` as a round with those n-gram drafts would, so a run commits what those
@@ -205,15 +216,9 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         return self._verified(request)
 
     async def Verify(self, request, context):
-        if request.decode_steps > 1:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "decode_steps: a decode run answers more than once; send it on VerifyStream")
-        if request.HasField("staged"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "staged: a staged round follows a call on the same stream; send it on VerifyStream")
-        if request.handoff_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "handoff_id: a handed-off round waits for its drafts; send it on VerifyStream")
+        refused = stream_only(request)
+        if refused:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{refused}; send it on VerifyStream")
         return await answer(context, self._batcher.submit(request))
 
     async def VerifyStream(self, requests, context):

@@ -7,12 +7,11 @@ repeated from position 0, and the target's waiting room keeps the first copy of 
 import asyncio
 
 import grpc
-import pytest
 
 from engine.handoff import HandoffStream, WaitingRoom
 from protos.specpool.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
 from tests.test_overlap import FixedK
-from tests.test_staged_rounds import serve_loop
+from tests.test_staged_rounds import serve_loop, unary_verify
 
 PROMPT = [5, 9, 14, 200, 3, 77]
 
@@ -153,26 +152,14 @@ def test_a_call_repeated_from_position_zero_takes_its_handoff_again(demo_engines
 def test_a_handed_off_call_on_unary_verify_is_refused_naming_the_field(demo_engines):
     """It waits for drafts that come on another call, which only a stream's call can: INVALID_ARGUMENT naming
     `handoff_id`, and the target keeps serving."""
-    from engine.worker_server import start_server
-    from target_worker.server import TargetServicer
     _, target_engine = demo_engines
-
-    async def scenario():
-        server, address = await start_server(worker_pb2_grpc.add_TargetWorkerServicer_to_server,
-                                             TargetServicer(target_engine, 1), "127.0.0.1")
-        try:
-            async with grpc.aio.insecure_channel(address) as channel:
-                stub = worker_pb2_grpc.TargetWorkerStub(channel)
-                request = worker_pb2.VerifyRequest(session_id=51, new_token_ids=PROMPT, handoff_id=3,
-                                                   sampling=generation_pb2.SamplingParams(top_p=1.0))
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await stub.Verify(request)
-                request.handoff_id = 0
-                served = await stub.Verify(request)
-        finally:
-            await server.stop(None)
-        return refused.value, served
-    refused, served = asyncio.run(scenario())
+    request = worker_pb2.VerifyRequest(session_id=51, new_token_ids=PROMPT, handoff_id=3,
+                                       sampling=generation_pb2.SamplingParams(top_p=1.0))
+    plain = worker_pb2.VerifyRequest()
+    plain.CopyFrom(request)
+    plain.handoff_id = 0
+    refused, served = asyncio.run(unary_verify(target_engine, request, plain))
+    assert refused is not None
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT and refused.details().startswith("handoff_id:")
     assert served.compute_us > 0
 

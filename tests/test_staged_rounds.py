@@ -178,30 +178,33 @@ def test_the_router_loop_over_grpc_takes_staged_rounds_and_stays_the_targets_gre
     assert staged.stats.predraft_hits > 2 and 2 * staged.stats.staged_rounds > staged.stats.predraft_hits
 
 
-def test_a_staged_call_on_unary_verify_is_refused_naming_the_field_and_the_server_keeps_serving(engine):
-    """A staged round follows a call on the same stream, so unary Verify refuses one (INVALID_ARGUMENT naming
-    `staged`) instead of verifying nothing at its position; the next call is served."""
+async def unary_verify(engine, refused: worker_pb2.VerifyRequest, served: worker_pb2.VerifyRequest) -> tuple:
+    """Send `refused`, then `served`, on unary Verify to a TargetServicer on 127.0.0.1: (the first one's error, or
+    None if it was answered; the second one's answer)."""
     import grpc
 
     from engine.worker_server import start_server
     from protos.specpool.v1 import worker_pb2_grpc
+    server, address = await start_server(worker_pb2_grpc.add_TargetWorkerServicer_to_server,
+                                         TargetServicer(engine, 1), "127.0.0.1")
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = worker_pb2_grpc.TargetWorkerStub(channel)
+            try:
+                await stub.Verify(refused)
+                error = None
+            except grpc.aio.AioRpcError as exc:
+                error = exc
+            return error, await stub.Verify(served)
+    finally:
+        await server.stop(None)
 
-    async def scenario():
-        server, address = await start_server(worker_pb2_grpc.add_TargetWorkerServicer_to_server,
-                                             TargetServicer(engine, 1), "127.0.0.1")
-        try:
-            async with grpc.aio.insecure_channel(address) as channel:
-                stub = worker_pb2_grpc.TargetWorkerStub(channel)
-                try:
-                    await stub.Verify(staged(8, len(PROMPT), [(0, 1, [2])]))
-                    refused = None
-                except grpc.aio.AioRpcError as exc:
-                    refused = exc
-                served = await stub.Verify(first(8, 0.0))
-        finally:
-            await server.stop(None)
-        return refused, served
-    refused, served = asyncio.run(scenario())
+
+def test_a_staged_call_on_unary_verify_is_refused_naming_the_field_and_the_server_keeps_serving(engine):
+    """A staged round follows a call on the same stream, so unary Verify refuses one (INVALID_ARGUMENT naming
+    `staged`) instead of verifying nothing at its position; the next call is served."""
+    import grpc
+    refused, served = asyncio.run(unary_verify(engine, staged(8, len(PROMPT), [(0, 1, [2])]), first(8, 0.0)))
     assert refused is not None and refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.details().startswith("staged:")
     assert not served.missed and served.compute_us > 0
