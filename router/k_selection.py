@@ -258,6 +258,11 @@ class KSelector:
         return self.config.hand_off
 
     @property
+    def chain_predrafts(self) -> bool:
+        """Whether a pre-draft is chained to the draft call it follows (speculation.chain_predrafts)."""
+        return self.config.chain_predrafts
+
+    @property
     def prefill_first(self) -> bool:
         """Whether a request's first round is the target's prefill alone, the draft pre-drafting beside it
         (speculation.prefill_first)."""

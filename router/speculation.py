@@ -43,7 +43,7 @@ import contextlib
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 import grpc
 
@@ -158,6 +158,7 @@ class KPolicy(Protocol):
     predraft_k: int                  # ... with at most this many drafts after the guess
     stage_predrafts: bool            # ... staged on the target when back before the verdict (StagedCall)
     hand_off: bool                   # a round's model drafts go from the draft worker straight to the target
+    chain_predrafts: bool            # a pre-draft starts on the draft worker right after the drafts it follows
     prefill_first: bool              # a request's first round at K = 0, pre-drafting the next beside the prefill
     decode_steps: int                # a decode run commits up to this many tokens in one target call
     def plain_run_steps(self, state: "RequestState") -> int: ...   # ... a plain one (no lookup) this many
@@ -228,11 +229,22 @@ async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int],
                                              branches=[(len(state.tokens) + j, t) for j, t in branches],
                                              hand_to=hand_to)
     except grpc.aio.AioRpcError as exc:
-        if exc.code() not in WORKER_DOWN or state.timeout(1.0) <= 0:   # past the client's deadline: the request
-            raise                                                       # is over, not the draft worker
-        draft.mark_failed(exc)
-        state.draft_synced = 0            # whatever comes back up has no cache for us
-        return None
+        return draft_lost(state, draft, exc)
+    return drafted(state, response, wire, started, branches)
+
+
+def draft_lost(state: RequestState, draft: DraftClient, exc: grpc.aio.AioRpcError) -> None:
+    """A draft call's failure: an unreachable draft worker costs the round its drafts (None); past the client's
+    deadline the request is over, not the draft worker, and any other failure is the request's (raised)."""
+    if exc.code() not in WORKER_DOWN or state.timeout(1.0) <= 0:
+        raise exc
+    draft.mark_failed(exc)
+    state.draft_synced = 0            # whatever comes back up has no cache for us
+
+
+def drafted(state: RequestState, response: worker_pb2.ProposeResponse, wire: int, started: float,
+            branches: list[tuple[int, int]]) -> Proposal:
+    """A draft call's answer, sent at `started`, as a Proposal (its branches keyed by the points (j, token))."""
     state.stats.wire_bytes += wire
     record_prefix(state, response, "draft")
     timing = split_time(started, response)
@@ -242,6 +254,75 @@ async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int],
                                               runner_ups=list(b.runner_up_token_ids),
                                               thirds=list(b.third_choice_token_ids))
                               for point, b in zip(branches, response.branch_drafts) if b.token_ids})
+
+
+async def chained_call(state: RequestState, draft: DraftClient, k: int, next_k: int, branches,
+                       hand_to: tuple[str, int], first: asyncio.Future) -> Proposal | None:
+    """A draft call with the next round's pre-draft chained to it (speculation.chain_predrafts): its K drafts go to
+    `first` (None: the draft worker is unreachable) and the worker pre-drafts right after them, with no router
+    round trip between: `next_k` drafts past a guess, and the planned rejection `branches` (j, rank) the drafts
+    have (guesses). Returns that pre-draft, as predraft's task does (None where it was lost)."""
+    then = worker_pb2.ChainedPredraft(k=next_k + 1, branch_at=[j for j, _ in branches],
+                                      branch_rank=[rank for _, rank in branches])
+    started, state.draft_called = time.perf_counter(), True
+    answers = draft.propose_chained(state.session_id, state.tokens, state.draft_synced, k, state.sampling,
+                                    state.draft_mode, state.timeout(draft.timeout), then, hand_to)
+    async with contextlib.aclosing(answers):
+        proposal = await handing_to(first, first_drafts(state, draft, answers, started))
+        if proposal is None:
+            return None
+        state.stats.predrafts += 1
+        started = time.perf_counter()
+        try:
+            response, wire = await anext(answers)
+        except StopAsyncIteration:             # a draft worker that does not chain: no pre-draft
+            return None
+        except grpc.aio.AioRpcError as exc:    # lost (the worker is down, or the session was evicted)
+            return draft_lost(state, draft, exc) if exc.code() in WORKER_DOWN else None
+    return drafted(state, response, wire, started, guesses(proposal, branches))
+
+
+async def first_drafts(state: RequestState, draft: DraftClient, answers: AsyncIterator, started: float
+                       ) -> Proposal | None:
+    """A chained call's first answer, its drafts (None: the draft worker is unreachable, as draft_call's)."""
+    try:
+        return drafted(state, *await anext(answers), started, ())
+    except grpc.aio.AioRpcError as exc:
+        return draft_lost(state, draft, exc)
+
+
+async def handing_to(first: asyncio.Future, call: Awaitable):
+    """`call`'s outcome, handed to `first` as well, unless whoever waited there gave up."""
+    try:
+        result = await call
+    except BaseException as exc:
+        if not first.done():
+            first.cancel() if isinstance(exc, asyncio.CancelledError) else first.set_exception(exc)
+        raise
+    if not first.done():
+        first.set_result(result)
+    return result
+
+
+async def propose_chained(state: RequestState, draft: DraftClient, k: int, next_k: int, branches,
+                          hand_to: TargetClient | None = None) -> tuple[Proposal, asyncio.Task | None]:
+    """propose's K model drafts, the next round's pre-draft chained to them on the draft worker (chained_call), and
+    that pre-draft's task (None, with n-gram drafts instead, where the draft worker was unreachable)."""
+    loop, calls = asyncio.get_running_loop(), []
+
+    def drafting(to: tuple[str, int]) -> asyncio.Future:
+        first = loop.create_future()
+        calls.append(loop.create_task(chained_call(state, draft, k, next_k, branches, to, first)))
+        return first
+    try:
+        proposal = await (hand_off(state, hand_to, k, drafting) if hand_to is not None else drafting(("", 0)))
+    except BaseException:
+        await cancel(calls[0] if calls else None)
+        raise
+    if proposal is None or proposal.source != MODEL or not proposal.tokens:
+        await cancel(calls[0])
+        return proposal or ngram_proposal(state, k), None
+    return proposal, calls[0]
 
 
 def ngram_proposal(state: RequestState, k: int) -> Proposal:
@@ -263,24 +344,26 @@ async def propose(state: RequestState, draft: DraftClient | None, k: int, source
     if draft is None or not draft.healthy:
         return NO_DRAFTS
     if hand_to is not None:
-        return await hand_off(state, draft, hand_to, k)
+        return await hand_off(state, hand_to, k, lambda to: draft_call(state, draft, state.tokens, state.draft_synced,
+                                                                       k, hand_to=to))
     return await draft_call(state, draft, state.tokens, state.draft_synced, k) or ngram_proposal(state, k)
 
 
 HANDOFF_IDS = itertools.count(1)
 
 
-async def hand_off(state: RequestState, draft: DraftClient, target: TargetClient, k: int) -> Proposal:
+async def hand_off(state: RequestState, target: TargetClient, k: int,
+                   drafting: Callable[[tuple[str, int]], Awaitable[Proposal | None]]) -> Proposal:
     """K model drafts handed straight to the target (speculation.hand_off, engine/handoff.py): the verify call goes
-    out beside the draft call and waits on the target for them, and the router's copy follows once the draft's
-    answer is here. The proposal's `staged` is that call. An unreachable draft worker withdraws it."""
+    out beside the draft call (`drafting(hand_to)`: draft_call's or chained_call's drafts) and waits on the target
+    for them, and the router's copy follows once the draft's answer is here. The proposal's `staged` is that call.
+    An unreachable draft worker withdraws it."""
     handoff_id, sent = next(HANDOFF_IDS), time.perf_counter()
     waiting = asyncio.ensure_future(target.verify(
         state.session_id, state.tokens, state.target_synced, [], b"", state.sampling, state.timeout(target.timeout),
         handoff_id=handoff_id, **logprobs_asked(state)))
     try:
-        proposal = await draft_call(state, draft, state.tokens, state.draft_synced, k,
-                                    hand_to=(target.address, handoff_id))
+        proposal = await drafting((target.address, handoff_id))
     except BaseException:
         await cancel(waiting)
         raise
@@ -505,20 +588,18 @@ async def cancel(ahead: asyncio.Task | None) -> None:
 
 async def speculative_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
                             ready: Proposal | None = None, next_k: int = 0,
-                            source: int = MODEL, branches: tuple = (), stage: bool = False, hand: bool = False
-                            ) -> tuple[Round, Proposal | None]:
+                            source: int = MODEL, branches: tuple = (), stage: bool = False, hand: bool = False,
+                            chain: bool = False) -> tuple[Round, Proposal | None]:
     """Draft K from `source` (or take the `ready` drafts a pre-draft made; model drafts `hand`ed straight to the
     target), verify them in one target pass and, with `next_k` > 0 after model drafts, pre-draft the next round
-    meanwhile (with the rejection `branches` planned, (j, 0: runner-up | 1: third choice); `stage`d on the target if
-    back before the verdict). Returns the round and the next round's drafts if the pre-draft matched the verdict
-    (with the staged call verifying them already, if there is one)."""
+    meanwhile (with the rejection `branches` planned, (j, 0: runner-up | 1: third choice); `chain`ed to the draft
+    call, if there is one; `stage`d on the target if back before the verdict). Returns the round and the next
+    round's drafts if the pre-draft matched the verdict (with the staged call verifying them already, if any)."""
     before, started = len(state.tokens), time.perf_counter()
     catch_up = (0 if ready is not None else before - state.draft_synced, before - state.target_synced)
-    proposal = ready if ready is not None else await propose(state, draft, k, source, target if hand else None)
-    from_model = proposal.source == MODEL and bool(proposal.tokens)
+    proposal, ahead = await drafts_and_predraft(state, draft, target if hand else None, k, ready, next_k, source,
+                                                branches, chain)
     points = guesses(proposal, branches)
-    ahead = predraft(state, draft, proposal, clamp_k(state, next_k, len(proposal.tokens) + 1), points) \
-        if from_model or not proposal.tokens else None
     staging = StagedCall(state, target, ahead, len(proposal.tokens)) if ahead and stage else None
     try:
         verdict, verify_worker, timings, staged = await verify(state, target, proposal)
@@ -551,6 +632,20 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     sync_draft(state, draft, round_, proposal, before, next_ready)
     record(state.stats, round_)
     return round_, next_ready
+
+
+async def drafts_and_predraft(state: RequestState, draft: DraftClient | None, hand_to: TargetClient | None, k: int,
+                              ready: Proposal | None, next_k: int, source: int, branches, chain: bool
+                              ) -> tuple[Proposal, asyncio.Task | None]:
+    """The round's drafts (speculative_round's) and its pre-draft's task: chained to the draft call where the round
+    drafts with the model now and pre-drafts (`chain`), else sent once the drafts are known."""
+    if chain and ready is None and next_k and k and source == MODEL and draft is not None and draft.healthy:
+        return await propose_chained(state, draft, k, clamp_k(state, next_k, k + 1), branches, hand_to)
+    proposal = ready if ready is not None else await propose(state, draft, k, source, hand_to)
+    if proposal.tokens and proposal.source != MODEL:
+        return proposal, None
+    return proposal, predraft(state, draft, proposal, clamp_k(state, next_k, len(proposal.tokens) + 1),
+                              guesses(proposal, branches))
 
 
 def guesses(proposal: Proposal, branches) -> list[tuple[int, int]]:
@@ -645,15 +740,16 @@ def commit(state: RequestState, new_tokens: list[int]) -> list[int]:
 
 async def resilient_round(state: RequestState, draft: DraftClient | None, target: TargetClient, k: int,
                           recovery_s: float, ready: Proposal | None = None, next_k: int = 0,
-                          source: int = MODEL, branches: tuple = (), stage: bool = False, hand: bool = False
-                          ) -> tuple[Round, Proposal | None]:
+                          source: int = MODEL, branches: tuple = (), stage: bool = False, hand: bool = False,
+                          chain: bool = False) -> tuple[Round, Proposal | None]:
     """A round that survives a target failure: wait for the target group to be restarted, then run the
     round again; the restarted target has no cache, so it is re-prefilled. The round gives up (re-raising
     the failure) `recovery_s` after its first failure, or at the client's deadline if that comes sooner."""
     give_up = None
     while True:
         try:
-            return await speculative_round(state, draft, target, k, ready, next_k, source, branches, stage, hand)
+            return await speculative_round(state, draft, target, k, ready, next_k, source, branches, stage, hand,
+                                           chain)
         except grpc.aio.AioRpcError as exc:
             give_up = await recover_target(state, target, exc, give_up, recovery_s)
 
@@ -858,9 +954,11 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
     """Run rounds until the request finishes, yielding each round's committed tokens. With overlap on,
     each model round pre-drafts the next one (its K chosen now) while the target verifies; a round at K = 0
     or of a request that drafts only by prompt lookup is a decode run of several tokens (run_plan), whose rounds
-    that arrive together are yielded together. A model round that pre-drafts nothing beside its verify hands its
-    drafts straight to the target (speculation.hand_off); one that does would start its verify sooner but its
-    pre-draft no sooner, leaving the pre-draft less time. However the request ends, the workers' caches for this
+    that arrive together are yielded together. A model round that drafts now and pre-drafts the next can have the
+    draft worker start that pre-draft right after its drafts (speculation.chain_predrafts). A model round hands
+    its drafts straight to the target (speculation.hand_off) where it pre-drafts nothing beside its verify, or
+    chains its pre-draft: one that sent its pre-draft itself would start its verify sooner but its pre-draft no
+    sooner, leaving the pre-draft less time. However the request ends, the workers' caches for this
     session (the draft's if a draft call was sent) are released, in the background (release_later)."""
     ready, planned, ended = None, None, None
     try:
@@ -886,9 +984,11 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             if overlap and prefill_alone(state, policy, ready, k):
                 planned, k = k, 0
             next_k = predraft_k(policy, planned)
+            chain = bool(next_k) and policy.chain_predrafts
             round_, ready = await resilient_round(state, draft, target, k, recovery_s, ready, next_k, source,
                                                   policy.predraft_branches(state, k) if next_k else (),
-                                                  overlap and policy.stage_predrafts, policy.hand_off and not next_k)
+                                                  overlap and policy.stage_predrafts,
+                                                  policy.hand_off and (not next_k or chain), chain)
             committed, ended = conclude(state, policy, round_, between), time.perf_counter()
             yield committed
     finally:

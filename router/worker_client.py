@@ -387,14 +387,28 @@ class DraftClient(WorkerClient):
         """k drafts after `tokens` (the worker holding `synced` of them); with `runner_ups`, each draft's
         runner-up; with `branches` [(context length, token)], also k - 1 drafts after each of those; with
         `hand_to` (target address, handoff id), the drafts also handed straight to that target."""
-        points = [worker_pb2.BranchPoint(at=at, token_id=token) for at, token in branches]
-
-        def make(position, new, start):
-            return worker_pb2.ProposeRequest(session_id=session_id, position=position, new_token_ids=new, k=k,
-                                             sampling=sampling if start else None, mode=mode,
-                                             runner_ups=runner_ups, branches=points, hand_to=hand_to[0],
-                                             handoff_id=hand_to[1])
+        make = _propose_request(session_id, k, sampling, mode, runner_ups=runner_ups, hand_to=hand_to[0],
+                                handoff_id=hand_to[1],
+                                branches=[worker_pb2.BranchPoint(at=at, token_id=token) for at, token in branches])
         return await synced_call(self.stream, make, tokens, synced, timeout)
+
+    def propose_chained(self, session_id: int, tokens: list[int], synced: int, k: int,
+                        sampling: generation_pb2.SamplingParams, mode: int, timeout: float,
+                        then: worker_pb2.ChainedPredraft, hand_to: tuple[str, int] = ("", 0)) -> AsyncIterator:
+        """propose (with runner-ups) with the next round's pre-draft chained to it (ProposeRequest.then): yields
+        (response, wire_bytes) for the drafts, then for the pre-draft the worker starts right after them."""
+        make = _propose_request(session_id, k, sampling, mode, runner_ups=True, hand_to=hand_to[0],
+                                handoff_id=hand_to[1], then=then)
+        return synced_answers(self.stream.answers, make, tokens, synced, timeout)
+
+
+def _propose_request(session_id: int, k: int, sampling: generation_pb2.SamplingParams, mode: int,
+                     **fields) -> Callable:
+    """make_request(position, new_tokens, start) for a draft call (sampling only at session start)."""
+    def make(position: int, new: list[int], start: bool) -> worker_pb2.ProposeRequest:
+        return worker_pb2.ProposeRequest(session_id=session_id, position=position, new_token_ids=new, k=k,
+                                         sampling=sampling if start else None, mode=mode, **fields)
+    return make
 
 
 class TargetClient(WorkerClient):

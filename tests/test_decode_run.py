@@ -240,7 +240,7 @@ def test_a_lookup_run_that_may_end_on_a_miss_ends_there_without_the_step(engine)
 # ---- the router's choice of runs (router.speculation.run_plan) ---------------------------------------------
 
 class Policy:
-    decode_steps, overlap, predraft_k, prefill_first, hand_off = 16, True, 8, False, False
+    decode_steps, overlap, predraft_k, prefill_first, hand_off, chain_predrafts = 16, True, 8, False, False, False
 
     def plain_run_steps(self, state):
         return self.decode_steps

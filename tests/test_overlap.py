@@ -10,6 +10,7 @@ import asyncio
 import grpc
 import pytest
 
+from draft_worker.server import chained
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from router.speculation import RequestState, generate, releases_done
 
@@ -99,7 +100,7 @@ class FakeWorker:
 class FakeDraft(FakeWorker):
     def __init__(self, die_on_call: int = 0):
         super().__init__()
-        self.die_on_call, self.cancelled, self.branches = die_on_call, 0, []
+        self.die_on_call, self.cancelled, self.branches, self.chained = die_on_call, 0, [], 0
 
     async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=(),
                       hand_to=("", 0)):
@@ -121,6 +122,18 @@ class FakeDraft(FakeWorker):
             draft_token_ids=drafts, runner_up_token_ids=ranks if runner_ups else [],
             branch_drafts=[worker_pb2.BranchDrafts(token_ids=d, runner_up_token_ids=r if runner_ups else [])
                            for d, r in forks]), 0
+
+
+    async def propose_chained(self, session_id, tokens, synced, k, sampling, mode, timeout, then, hand_to=("", 0)):
+        """The drafts, then the pre-draft the real worker chains to them (draft_worker.server.chained)."""
+        drafts, _ = await self.propose(session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=True)
+        drafts.more = True
+        self.chained += 1
+        yield drafts, 0
+        asked = chained(worker_pb2.ProposeRequest(position=synced, new_token_ids=tokens[synced:], then=then), drafts)
+        context = list(tokens) + list(drafts.draft_token_ids)
+        yield await self.propose(session_id, context, asked.position, asked.k, sampling, mode, timeout, True,
+                                 [(b.at, b.token_id) for b in asked.branches])
 
 
 class SecondGuessDraft(FakeDraft):
@@ -197,10 +210,10 @@ class FixedK:
     """A KPolicy with one K, recording the rounds."""
 
     def __init__(self, k: int, overlap: bool, branches: int = 0, stage: bool = False, thirds: bool = False,
-                 prefill_first: bool = False, hand_off: bool = False):
+                 prefill_first: bool = False, hand_off: bool = False, chain: bool = False):
         self.k, self.overlap, self.predraft_k, self.rounds = k, overlap, 8, []
         self.branches, self.stage_predrafts, self.ranks = branches, stage, (0, 1) if thirds else (0,)
-        self.prefill_first, self.hand_off = prefill_first, hand_off
+        self.prefill_first, self.hand_off, self.chain_predrafts = prefill_first, hand_off, chain
         self.decode_steps = 1               # the fake target answers one token per call
 
     def choose_k(self, state, source=None):
@@ -246,11 +259,15 @@ def run(draft, target, policy, state=None, stop_after: int | None = None) -> Req
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 6])
-@pytest.mark.parametrize("overlap,branches,prefill_first",
-                         [(False, 0, False), (True, 0, False), (True, 2, False), (True, 8, False), (True, 2, True)],
-                         ids=["in-turn", "overlap", "overlap-2-branches", "overlap-8-branches", "prefill-first"])
-def test_output_identical_to_target_alone_and_no_worker_is_over_claimed(k, overlap, branches, prefill_first):
-    draft, target, policy = FakeDraft(), FakeTarget(), FixedK(k, overlap, branches, prefill_first=prefill_first)
+@pytest.mark.parametrize("overlap,branches,prefill_first,chain",
+                         [(False, 0, False, False), (True, 0, False, False), (True, 2, False, False),
+                          (True, 8, False, False), (True, 2, True, False), (True, 2, False, True),
+                          (True, 8, True, True)],
+                         ids=["in-turn", "overlap", "overlap-2-branches", "overlap-8-branches", "prefill-first",
+                              "chained", "chained-8-branches-prefill-first"])
+def test_output_identical_to_target_alone_and_no_worker_is_over_claimed(k, overlap, branches, prefill_first, chain):
+    draft = FakeDraft()
+    target, policy = FakeTarget(), FixedK(k, overlap, branches, prefill_first=prefill_first, chain=chain)
     state = run(draft, target, policy)
     assert state.tokens[len(PROMPT):] == reference()
     assert draft.reprefills == 0 and target.reprefills == 0
@@ -263,6 +280,9 @@ def test_output_identical_to_target_alone_and_no_worker_is_over_claimed(k, overl
         assert target.calls == len(policy.rounds)
         drafted_now = sum(1 for r in policy.rounds if r.k and not r.predrafted)
         assert draft.calls == state.stats.predrafts + drafted_now          # a hit makes no draft call
+        # chained: every round that drafted now and pre-drafted had its pre-draft start on the draft worker
+        assert draft.chained == (sum(1 for r in policy.rounds if r.k and not r.predrafted and r.predraft_sent)
+                                 if chain else 0)
 
 
 @pytest.mark.parametrize("stage", [False, True], ids=["not-staged", "staged"])
@@ -386,8 +406,20 @@ def test_draft_killed_while_a_predraft_is_pending_gives_identical_tokens():
     assert target.reprefills == 0
 
 
-def test_a_request_that_ends_cancels_its_predraft_before_releasing():
-    draft, target, policy = FakeDraft(), FakeTarget(), FixedK(3, True)
+@pytest.mark.parametrize("chain", [False, True], ids=["sent", "chained"])
+def test_draft_killed_while_drafting_or_pre_drafting_a_chained_round_gives_identical_tokens(chain):
+    """The draft worker dies on its 5th call (a round's drafts, chained or not) or 6th (a pre-draft; chained: the
+    one its drafts' call started): the round goes on without it, and so does the request, by plain decoding."""
+    for die_on_call in (5, 6):
+        draft, target, policy = FakeDraft(die_on_call=die_on_call), FakeTarget(), FixedK(3, True, 2, chain=chain)
+        state = run(draft, target, policy)
+        assert state.tokens[len(PROMPT):] == reference() and target.reprefills == 0
+        assert not draft.healthy and 0 in [r.k for r in policy.rounds] and (draft.chained > 0) == chain
+
+
+@pytest.mark.parametrize("chain", [False, True], ids=["sent", "chained"])
+def test_a_request_that_ends_cancels_its_predraft_before_releasing(chain):
+    draft, target, policy = FakeDraft(), FakeTarget(), FixedK(3, True, chain=chain)
     run(draft, target, policy, stop_after=3)
     assert draft.released == [7] and target.released == [7]
     assert draft.held == {} and target.held == {}                    # no pre-draft re-created the session

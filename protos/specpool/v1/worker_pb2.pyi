@@ -16,7 +16,7 @@ DRAFT_MODE_GREEDY: DraftMode
 DRAFT_MODE_SAMPLED: DraftMode
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "position", "new_token_ids", "k", "sampling", "mode", "call_id", "cancel", "runner_ups", "branches", "hand_to", "handoff_id")
+    __slots__ = ("session_id", "position", "new_token_ids", "k", "sampling", "mode", "call_id", "cancel", "runner_ups", "branches", "hand_to", "handoff_id", "then")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class ProposeRequest(_message.Message):
     BRANCHES_FIELD_NUMBER: _ClassVar[int]
     HAND_TO_FIELD_NUMBER: _ClassVar[int]
     HANDOFF_ID_FIELD_NUMBER: _ClassVar[int]
+    THEN_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     position: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -41,7 +42,18 @@ class ProposeRequest(_message.Message):
     branches: _containers.RepeatedCompositeFieldContainer[BranchPoint]
     hand_to: str
     handoff_id: int
-    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[DraftMode, str]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., runner_ups: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[BranchPoint, _Mapping]]] = ..., hand_to: _Optional[str] = ..., handoff_id: _Optional[int] = ...) -> None: ...
+    then: ChainedPredraft
+    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[DraftMode, str]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., runner_ups: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[BranchPoint, _Mapping]]] = ..., hand_to: _Optional[str] = ..., handoff_id: _Optional[int] = ..., then: _Optional[_Union[ChainedPredraft, _Mapping]] = ...) -> None: ...
+
+class ChainedPredraft(_message.Message):
+    __slots__ = ("k", "branch_at", "branch_rank")
+    K_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_AT_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_RANK_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    branch_at: _containers.RepeatedScalarFieldContainer[int]
+    branch_rank: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, k: _Optional[int] = ..., branch_at: _Optional[_Iterable[int]] = ..., branch_rank: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BranchPoint(_message.Message):
     __slots__ = ("at", "token_id")
@@ -64,7 +76,7 @@ class BranchDrafts(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., hidden_states: _Optional[bytes] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., third_choice_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("draft_token_ids", "draft_hidden_states", "compute_us", "batch_size", "handler_us", "call_id", "status", "runner_up_token_ids", "branch_drafts", "third_choice_token_ids", "prefix_cache")
+    __slots__ = ("draft_token_ids", "draft_hidden_states", "compute_us", "batch_size", "handler_us", "call_id", "status", "runner_up_token_ids", "branch_drafts", "third_choice_token_ids", "prefix_cache", "more")
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_HIDDEN_STATES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +88,7 @@ class ProposeResponse(_message.Message):
     BRANCH_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     THIRD_CHOICE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_hidden_states: bytes
     compute_us: int
@@ -87,7 +100,8 @@ class ProposeResponse(_message.Message):
     branch_drafts: _containers.RepeatedCompositeFieldContainer[BranchDrafts]
     third_choice_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prefix_cache: _generation_pb2.PrefixCacheStats
-    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., branch_drafts: _Optional[_Iterable[_Union[BranchDrafts, _Mapping]]] = ..., third_choice_token_ids: _Optional[_Iterable[int]] = ..., prefix_cache: _Optional[_Union[_generation_pb2.PrefixCacheStats, _Mapping]] = ...) -> None: ...
+    more: bool
+    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., branch_drafts: _Optional[_Iterable[_Union[BranchDrafts, _Mapping]]] = ..., third_choice_token_ids: _Optional[_Iterable[int]] = ..., prefix_cache: _Optional[_Union[_generation_pb2.PrefixCacheStats, _Mapping]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs", "decode_steps", "stop_token_ids", "lookup", "answer_delay_us", "staged", "handoff_id")
