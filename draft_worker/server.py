@@ -60,7 +60,7 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         if not request.HasField("then"):
             return response
         response.more = True
-        emit(stamped(response, started))
+        await emit(stamped(response, started))        # the drafts on their way first: then the pre-draft
         return await self._predraft(chained(request, response))
 
     async def _predraft(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:

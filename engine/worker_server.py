@@ -65,14 +65,17 @@ async def serve_stream(requests, submit: Callable[[object, Callable], Awaitable]
     """Answer the calls of one router connection's stream (ProposeStream / VerifyStream): each request runs as
     `submit(request, emit)` would for a unary call, concurrently, so calls of many sessions batch as before;
     answers go out tagged with their call_id as they finish, a failure as its status; `cancel` withdraws a
-    call. A call that answers more than once (a decode run) hands its earlier answers to `emit` as it goes."""
+    call. A call that answers more than once (a decode run) hands its earlier answers to `emit` as it goes; emit
+    returns a future done once gRPC has taken that answer (a chained pre-draft starts then, not while it is sent)."""
     answers: asyncio.Queue = asyncio.Queue()
     calls: dict[int, asyncio.Task] = {}
 
     async def run(request) -> None:
-        def emit(partial) -> None:
+        def emit(partial) -> asyncio.Future:
             partial.call_id = request.call_id
-            answers.put_nowait(partial)
+            taken = asyncio.get_running_loop().create_future()
+            answers.put_nowait((partial, taken))
+            return taken
         try:
             response = await engine_answer(submit(request, emit))
         except CallFailed as exc:
@@ -80,7 +83,7 @@ async def serve_stream(requests, submit: Callable[[object, Callable], Awaitable]
         except Exception as exc:  # noqa: BLE001 - what a unary handler's crash answers, for this call only
             response = failed(response_type, grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}")
         response.call_id = request.call_id
-        answers.put_nowait(response)
+        answers.put_nowait((response, None))
 
     async def read() -> None:
         try:
@@ -92,11 +95,16 @@ async def serve_stream(requests, submit: Callable[[object, Callable], Awaitable]
                 calls[request.call_id] = task = asyncio.ensure_future(run(request))
                 task.add_done_callback(lambda _, call_id=request.call_id: calls.pop(call_id, None))
         finally:
-            answers.put_nowait(None)
+            answers.put_nowait((None, None))
     reader = asyncio.ensure_future(read())
     try:
-        while (response := await answers.get()) is not None:
+        while True:
+            response, taken = await answers.get()
+            if response is None:
+                break
             yield response
+            if taken is not None and not taken.done():
+                taken.set_result(None)
     finally:
         reader.cancel()
         for task in list(calls.values()):

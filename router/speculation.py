@@ -279,6 +279,7 @@ async def chained_call(state: RequestState, draft: DraftClient, k: int, next_k: 
             return None
         except grpc.aio.AioRpcError as exc:    # lost (the worker is down, or the session was evicted)
             return draft_lost(state, draft, exc) if exc.code() in WORKER_DOWN else None
+    started = min(started, time.perf_counter() - response.handler_us / 1e6)    # it began before the drafts got here
     return drafted(state, response, wire, started, guesses(proposal, branches))
 
 

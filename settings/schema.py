@@ -188,7 +188,7 @@ class ControllerConfig:
     hand_off: bool = False           # a round's model drafts go from the draft worker straight to the target, whose
                                      # verify call waits there for them (no router round trip between the calls);
                                      # only rounds that pre-draft nothing beside their verify, or chain it:
-    chain_predrafts: bool = False    # a round that drafts now tells the draft worker its pre-draft too, which starts
+    chain_predrafts: bool = True     # a round that drafts now tells the draft worker its pre-draft too, which starts
                                      # right after the drafts, with no router round trip between
     prefill_first: bool = True       # a request's first round is the target's prefill alone (K = 0), the draft
                                      # prefilling and pre-drafting the next round beside it: the first token waits

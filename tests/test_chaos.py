@@ -153,13 +153,17 @@ def model_rounds_again(service, timeout=120.0) -> None:
         time.sleep(1.0)
 
 
-@pytest.mark.parametrize("victim", ["draft", "target rank 1"])
-def test_handed_off_rounds_survive_a_killed_worker_with_identical_tokens(tp2, reference_generate, victim):
-    """speculation.hand_off, every round drafted on the critical path: a draft worker killed mid-request leaves
-    its waiting verify call withdrawn and the rounds go on by n-gram; a target rank killed mid-request fails the
-    waiting call and the round runs again once the group is back. The tokens are the target's either way."""
+@pytest.mark.parametrize("victim,chained", [("draft", False), ("target rank 1", False), ("draft", True)],
+                         ids=["draft", "target-rank-1", "draft-chained"])
+def test_handed_off_rounds_survive_a_killed_worker_with_identical_tokens(tp2, reference_generate, victim, chained):
+    """speculation.hand_off, every round drafted on the critical path (in turn; `chained`: overlapped, with
+    chain_predrafts, each such round's pre-draft chained to its draft call): a draft worker killed mid-request
+    leaves its waiting verify call withdrawn (and its chained pre-draft lost) and the rounds go on by n-gram; a
+    target rank killed mid-request fails the waiting call and the round runs again once the group is back. The
+    tokens are the target's either way."""
     model_rounds_again(tp2)
-    before = tp2.reload(speculation={"hand_off": True, "overlap": False})
+    before = tp2.reload(speculation={"hand_off": True, **({"chain_predrafts": True, "overlap": True} if chained
+                                                          else {"overlap": False})})
     try:
         pools = tp2.service.pools
         actor = pools.draft_actors[0] if victim == "draft" else pools.target_actors[0][1]
