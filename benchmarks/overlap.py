@@ -39,8 +39,10 @@ NOT_STAGED = ", not staged"                                # speculation.stage_p
 ONE_GUESS = ", one guess per position"                     # speculation.overlap_branch_guesses 1
 HANDED_OFF = ", handed off"                                # speculation.hand_off true (in turn: rounds
                                                            # that pre-draft nothing are the ones handed off)
+NOT_CHAINED = ", not chained"                              # speculation.chain_predrafts false
 VARIANTS = ((NO_BRANCHES, {"overlap_branches": 0}), (NOT_STAGED, {"stage_predrafts": False}),
-            (ONE_GUESS, {"overlap_branch_guesses": 1}))   # overlapped rows at K = max and adaptive, one changed
+            (ONE_GUESS, {"overlap_branch_guesses": 1}), (NOT_CHAINED, {"chain_predrafts": False}),
+            (HANDED_OFF, {"hand_off": True}))    # overlapped rows at K = max and adaptive, one setting changed
 READ_WHOLE = ", read whole"                                # unary Generate (the rest: GenerateStream)
 
 
@@ -95,7 +97,7 @@ def as_configured(service) -> dict:
     configured = SpeculationConfig(**(service.data.get("speculation") or {}))
     return {key: getattr(configured, key) for key in ("overlap", "decode_steps", "answer_delay_ms",
                                                       "overlap_branches", "stage_predrafts",
-                                                      "overlap_branch_guesses", "hand_off")}
+                                                      "overlap_branch_guesses", "chain_predrafts", "hand_off")}
 
 
 def specpool_plan(configured: dict, cfg: BenchConfig) -> list[tuple[str, int | None, dict]]:
@@ -155,7 +157,9 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> tuple[dict, dict]:
     for name in (f"overlap K={top}", "overlap adaptive"):
         pairs.update({f"{name}: with branches / without": (name, rows[name + NO_BRANCHES]),
                       f"{name}: staged / not staged": (name, rows[name + NOT_STAGED]),
-                      f"{name}: two guesses per position / one": (name, rows[name + ONE_GUESS])})
+                      f"{name}: two guesses per position / one": (name, rows[name + ONE_GUESS]),
+                      f"{name}: chained / not chained": (name, rows[name + NOT_CHAINED]),
+                      f"{name}: handed off / not": (name + HANDED_OFF, rows[name])})
     pairs[f"in turn K={top}: handed off / not"] = (f"in turn K={top}{HANDED_OFF}", rows[f"in turn K={top}"])
     measured = {key: paired(rows[name], against) for key, (name, against) in pairs.items()}
     out = {key: value[0] for key, value in measured.items()}
@@ -165,6 +169,10 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> tuple[dict, dict]:
                 f"hop ms per round (overlap K={top}, beyond compute)": hop_ms(rows[f"overlap K={top}"]),
                 f"hop ms per round (overlap K={top}, not staged, beyond compute)":
                     hop_ms(rows[f"overlap K={top}{NOT_STAGED}"]),
+                f"hop ms per round (overlap K={top}, not chained, beyond compute)":
+                    hop_ms(rows[f"overlap K={top}{NOT_CHAINED}"]),
+                f"hop ms per round (overlap K={top}, handed off, beyond compute)":
+                    hop_ms(rows[f"overlap K={top}{HANDED_OFF}"]),
                 f"hop ms per round (in turn K={top}, handed off, beyond compute)":
                     hop_ms(rows[f"in turn K={top}{HANDED_OFF}"]),
                 "target pass ms (K=0)": rows["in turn K=0"]["parts_ms"]["verify_compute"],
