@@ -387,9 +387,9 @@ class DraftClient(WorkerClient):
         """k drafts after `tokens` (the worker holding `synced` of them); with `runner_ups`, each draft's
         runner-up; with `branches` [(context length, token)], also k - 1 drafts after each of those; with
         `hand_to` (target address, handoff id), the drafts also handed straight to that target."""
-        make = _propose_request(session_id, k, sampling, mode, runner_ups=runner_ups, hand_to=hand_to[0],
-                                handoff_id=hand_to[1],
-                                branches=[worker_pb2.BranchPoint(at=at, token_id=token) for at, token in branches])
+        make = _request(worker_pb2.ProposeRequest, session_id, sampling, k=k, mode=mode, runner_ups=runner_ups,
+                        hand_to=hand_to[0], handoff_id=hand_to[1],
+                        branches=[worker_pb2.BranchPoint(at=at, token_id=token) for at, token in branches])
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
     def propose_chained(self, session_id: int, tokens: list[int], synced: int, k: int,
@@ -397,18 +397,10 @@ class DraftClient(WorkerClient):
                         then: worker_pb2.ChainedPredraft, hand_to: tuple[str, int] = ("", 0)) -> AsyncIterator:
         """propose (with runner-ups) with the next round's pre-draft chained to it (ProposeRequest.then): yields
         (response, wire_bytes) for the drafts, then for the pre-draft the worker starts right after them."""
-        make = _propose_request(session_id, k, sampling, mode, runner_ups=True, hand_to=hand_to[0],
-                                handoff_id=hand_to[1], then=then)
+        make = _request(worker_pb2.ProposeRequest, session_id, sampling, k=k, mode=mode, runner_ups=True,
+                        hand_to=hand_to[0], handoff_id=hand_to[1], then=then)
         return synced_answers(self.stream.answers, make, tokens, synced, timeout)
 
-
-def _propose_request(session_id: int, k: int, sampling: generation_pb2.SamplingParams, mode: int,
-                     **fields) -> Callable:
-    """make_request(position, new_tokens, start) for a draft call (sampling only at session start)."""
-    def make(position: int, new: list[int], start: bool) -> worker_pb2.ProposeRequest:
-        return worker_pb2.ProposeRequest(session_id=session_id, position=position, new_token_ids=new, k=k,
-                                         sampling=sampling if start else None, mode=mode, **fields)
-    return make
 
 
 class TargetClient(WorkerClient):
@@ -435,8 +427,8 @@ class TargetClient(WorkerClient):
                      hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float,
                      top_logprobs: int | None = None, handoff_id: int = 0):
         """Verify `drafts`; with `handoff_id`, those of that handoff instead, waiting on the target for them."""
-        make = _verify_request(session_id, sampling, top_logprobs, draft_token_ids=drafts,
-                               draft_hidden_states=hidden, handoff_id=handoff_id)
+        make = _request(worker_pb2.VerifyRequest, session_id, sampling, top_logprobs=top_logprobs,
+                        draft_token_ids=drafts, draft_hidden_states=hidden, handoff_id=handoff_id)
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
     async def stage(self, session_id: int, position: int, candidates: list[worker_pb2.StagedDrafts],
@@ -455,17 +447,17 @@ class TargetClient(WorkerClient):
         """Up to `steps` tokens in one call, by plain decoding or (`lookup`) with the target's own prompt-lookup
         drafts: yields (response, wire_bytes) per message (a target step, with the steps held before it in
         `earlier`, see VerifyRequest.answer_delay_us)."""
-        make = _verify_request(session_id, sampling, top_logprobs, decode_steps=steps,
-                               stop_token_ids=sorted(stop_ids), lookup=lookup, answer_delay_us=answer_delay_us)
+        make = _request(worker_pb2.VerifyRequest, session_id, sampling, top_logprobs=top_logprobs,
+                        decode_steps=steps, stop_token_ids=sorted(stop_ids), lookup=lookup,
+                        answer_delay_us=answer_delay_us)
         return synced_answers(self.stream.answers, make, tokens, synced, timeout)
 
 
-def _verify_request(session_id: int, sampling: generation_pb2.SamplingParams, top_logprobs: int | None,
-                    **fields) -> Callable:
-    """make_request(position, new_tokens, start) for a target call (sampling only at session start)."""
-    def make(position: int, new: list[int], start: bool) -> worker_pb2.VerifyRequest:
-        return worker_pb2.VerifyRequest(session_id=session_id, position=position, new_token_ids=new,
-                                        sampling=sampling if start else None, top_logprobs=top_logprobs, **fields)
+def _request(request_type, session_id: int, sampling: generation_pb2.SamplingParams, **fields) -> Callable:
+    """make_request(position, new_tokens, start) for a draft or target call (sampling only at session start)."""
+    def make(position: int, new: list[int], start: bool):
+        return request_type(session_id=session_id, position=position, new_token_ids=new,
+                            sampling=sampling if start else None, **fields)
     return make
 
 
