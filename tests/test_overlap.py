@@ -123,7 +123,6 @@ class FakeDraft(FakeWorker):
             branch_drafts=[worker_pb2.BranchDrafts(token_ids=d, runner_up_token_ids=r if runner_ups else [])
                            for d, r in forks]), 0
 
-
     async def propose_chained(self, session_id, tokens, synced, k, sampling, mode, timeout, then, hand_to=("", 0)):
         """The drafts, then the pre-draft the real worker chains to them (draft_worker.server.chained)."""
         drafts, _ = await self.propose(session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=True)
