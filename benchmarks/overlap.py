@@ -37,8 +37,8 @@ HELD_LONGER = f"in turn K=0, answers held up to {HELD_LONGER_MS} ms"
 NO_BRANCHES = ", no branches"                              # speculation.overlap_branches 0
 NOT_STAGED = ", not staged"                                # speculation.stage_predrafts false
 ONE_GUESS = ", one guess per position"                     # speculation.overlap_branch_guesses 1
-HANDED_OFF = ", handed off"                                # speculation.hand_off true (in turn: rounds
-                                                           # that pre-draft nothing are the ones handed off)
+HANDED_OFF = ", handed off"                                # speculation.hand_off true (the rounds that
+                                                           # draft now: in turn, or overlapped and chained)
 NOT_CHAINED = ", not chained"                              # speculation.chain_predrafts false
 VARIANTS = ((NO_BRANCHES, {"overlap_branches": 0}), (NOT_STAGED, {"stage_predrafts": False}),
             (ONE_GUESS, {"overlap_branch_guesses": 1}), (NOT_CHAINED, {"chain_predrafts": False}),

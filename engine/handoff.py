@@ -4,9 +4,11 @@ A round whose drafts are not pre-drafted makes two calls in turn: the draft's an
 router sends the drafts on to the target. Handed off, the router sends both calls at once: the verify call
 (VerifyRequest.handoff_id) waits on the target, and the draft worker hands its drafts to the target itself
 (ProposeRequest.hand_to) as it answers the router, taking a one-way hop and the router's turn off the round's
-critical path. Only rounds that pre-draft nothing beside their verify are handed off: the pre-draft goes out
-when the draft's answer reaches the router, so a verify started sooner would leave it less time (on this
-machine, pre-drafts sized to fit beside the verify then carried fewer branches and hit less). The router also
+critical path. Only rounds that pre-draft nothing beside their verify, or whose pre-draft is chained to the draft
+call (speculation.chain_predrafts: the draft worker starts it right after the drafts), are handed off: a
+pre-draft the router sends goes out when the draft's answer reaches it, so a verify started sooner would leave it
+less time (on this machine, pre-drafts sized to fit beside the verify then carried fewer branches and hit less).
+The router also
 sends its copy of the drafts once the draft's answer reaches it, so a handoff that never arrives (a broken
 draft -> target connection) costs the round one hop, not the call's deadline. The target verifies the first
 copy of a handoff to arrive and drops the rest.

@@ -598,9 +598,8 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
     round's drafts if the pre-draft matched the verdict (with the staged call verifying them already, if any)."""
     before, started = len(state.tokens), time.perf_counter()
     catch_up = (0 if ready is not None else before - state.draft_synced, before - state.target_synced)
-    proposal, ahead = await drafts_and_predraft(state, draft, target if hand else None, k, ready, next_k, source,
-                                                branches, chain)
-    points = guesses(proposal, branches)
+    proposal, points, ahead = await drafts_and_predraft(state, draft, target if hand else None, k, ready, next_k,
+                                                        source, branches, chain)
     staging = StagedCall(state, target, ahead, len(proposal.tokens)) if ahead and stage else None
     try:
         verdict, verify_worker, timings, staged = await verify(state, target, proposal)
@@ -637,16 +636,18 @@ async def speculative_round(state: RequestState, draft: DraftClient | None, targ
 
 async def drafts_and_predraft(state: RequestState, draft: DraftClient | None, hand_to: TargetClient | None, k: int,
                               ready: Proposal | None, next_k: int, source: int, branches, chain: bool
-                              ) -> tuple[Proposal, asyncio.Task | None]:
-    """The round's drafts (speculative_round's) and its pre-draft's task: chained to the draft call where the round
-    drafts with the model now and pre-drafts (`chain`), else sent once the drafts are known."""
+                              ) -> tuple[Proposal, list[tuple[int, int]], asyncio.Task | None]:
+    """The round's drafts (speculative_round's), the rejection branches its pre-draft carries (guesses) and that
+    pre-draft's task: chained to the draft call where the round drafts with the model now and pre-drafts
+    (`chain`), else sent once the drafts are known."""
     if chain and ready is None and next_k and k and source == MODEL and draft is not None and draft.healthy:
-        return await propose_chained(state, draft, k, clamp_k(state, next_k, k + 1), branches, hand_to)
+        proposal, ahead = await propose_chained(state, draft, k, clamp_k(state, next_k, k + 1), branches, hand_to)
+        return proposal, guesses(proposal, branches), ahead
     proposal = ready if ready is not None else await propose(state, draft, k, source, hand_to)
+    points = guesses(proposal, branches)
     if proposal.tokens and proposal.source != MODEL:
-        return proposal, None
-    return proposal, predraft(state, draft, proposal, clamp_k(state, next_k, len(proposal.tokens) + 1),
-                              guesses(proposal, branches))
+        return proposal, points, None
+    return proposal, points, predraft(state, draft, proposal, clamp_k(state, next_k, len(proposal.tokens) + 1), points)
 
 
 def guesses(proposal: Proposal, branches) -> list[tuple[int, int]]:
