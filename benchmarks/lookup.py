@@ -104,7 +104,7 @@ def lookup_cost(service, contexts: list[list[int]]) -> dict:
     import time
 
     from engine.ngram import NgramIndex
-    from router.speculation import MODEL
+    from router.request_state import MODEL
     draft, seconds, drafted = service.service.config.draft, 0.0, 0
     for context in contexts:
         index, grown = NgramIndex(draft.ngram_min, draft.ngram_max), []

@@ -20,7 +20,7 @@ from benchmarks.repeats import best, combine, paired
 from benchmarks.single_stream import BASE_ROW, hf_plan, specpool_row, with_model_terms
 from settings.schema import SpeculationConfig
 from protos.specpool.v1 import admin_pb2
-from router.speculation import PARTS
+from router.round_timing import PARTS
 
 
 def set_speculation(service, **values) -> None:

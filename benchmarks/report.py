@@ -12,7 +12,7 @@ from pathlib import Path
 from benchmarks.concurrency import HF_BATCHED, OFF_ADAPTIVE, ON_ADAPTIVE, ON_K0
 from benchmarks.lookup import markdown as lookup_markdown
 from benchmarks.prefix import markdown as prefix_markdown
-from router.speculation import PARTS
+from router.round_timing import PARTS
 
 SINGLE_HEADER = ("| row | tokens/s | TTFT ms | ITL p50 / p99 ms | α | tokens/round | analytic | efficiency "
                  "| wire B/round (greedy) | full q B/round |\n|---|---|---|---|---|---|---|---|---|---|\n")

@@ -36,7 +36,7 @@ import random
 from router.controller import KController
 from settings.schema import ControllerConfig
 from router.metrics import Metrics
-from router.speculation import MODEL, NGRAM, SOURCE_NAMES, RequestState, Round
+from router.request_state import MODEL, NGRAM, SOURCE_NAMES, RequestState, Round
 
 REGIMES = ("greedy", "sampled")
 _PLAIN_RUN_LOAD_CAP = 4      # plain decode runs grow with the load up to this many times decode_steps

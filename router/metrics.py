@@ -90,7 +90,7 @@ class Metrics:
                     lambda clients=clients, state=state: sum(c.state == state for c in clients))
 
     def observe_round(self, round_) -> None:
-        """One round (router.speculation.Round)."""
+        """One round (router.request_state.Round)."""
         self.target_passes.inc()
         self.batch_size.observe(round_.timings.batch_size)
         for part, seconds in round_.parts.items():

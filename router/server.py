@@ -31,7 +31,8 @@ from router.metrics import Metrics
 from router.oplog import say
 from router.reload import RestartRequired, check_reloadable, logged_reload, reload_document, with_overrides
 from engine.ngram import NgramIndex
-from router.speculation import DRAFT_MODES, RequestState, generate, releases_done
+from router.request_state import DRAFT_MODES, RequestState
+from router.speculation import generate, releases_done
 from router.stopping import output_chunks
 from router.text import encode, max_token_chars
 from router.validation import ModelLimits, RequestError, check_prompt_text, validate

@@ -237,7 +237,7 @@ def test_a_lookup_run_that_may_end_on_a_miss_ends_there_without_the_step(engine)
     assert drafts[1] == drafts[0] and drafts[2] != drafts[0]
 
 
-# ---- the router's choice of runs (router.speculation.run_plan) ---------------------------------------------
+# ---- the router's choice of runs (router.round_plan.run_plan) ---------------------------------------------
 
 class Policy:
     decode_steps, overlap, predraft_k, prefill_first, hand_off, chain_predrafts = 16, True, 8, False, False, False
@@ -273,7 +273,7 @@ class Draft:
 
 def router_state(method: str, generated: int = 0, max_new: int = 100):
     from engine.ngram import NgramIndex
-    from router.speculation import RequestState
+    from router.request_state import RequestState
     tokens = PROMPT + [1] * generated
     return RequestState(session_id=1, tokens=tokens, prompt_len=len(PROMPT), max_new_tokens=max_new,
                         sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
@@ -292,7 +292,8 @@ def router_state(method: str, generated: int = 0, max_new: int = 100):
     ("model", Draft(), "ngram", 0, (16, None)),                 # method model, draft up: no lookup at all
 ])
 def test_which_rounds_are_decode_runs(method, draft, source, k, expected):
-    from router.speculation import MODEL, NGRAM, run_plan
+    from router.request_state import MODEL, NGRAM
+    from router.round_plan import run_plan
     state = router_state(method)
     state.tokens += PROMPT[:3]              # its last 3 tokens occurred before (an n-gram round needs a match)
     policy = Policy()
@@ -312,7 +313,8 @@ def test_a_probe_of_plain_decoding_is_a_short_run_not_a_whole_one(method, draft,
     """While the draft model holds K > 0, a round planned at K = 0 is the policy's probe of plain decoding: its run
     lasts PLAIN_PROBE_STEPS tokens. A whole run at the K the policy had rejected cost a heavy-pair request a third
     of its speed."""
-    from router.speculation import MODEL, PLAIN_PROBE_STEPS, run_plan
+    from router.request_state import MODEL
+    from router.round_plan import PLAIN_PROBE_STEPS, run_plan
     state = router_state(method)
     state.tokens += PROMPT[:3]
     tokens, lookup = run_plan(state, draft, Policy(), MODEL, 0)
@@ -323,7 +325,8 @@ def test_an_ngram_run_of_model_plus_ngram_ends_at_a_miss_only_while_the_draft_mo
     """At a miss the next round may use the draft model, so the run ends there; not while the model holds K = 0
     (the next round would be a lookup run again: ending would cost a call for nothing). A request with its own K
     > 0 uses the model at a miss."""
-    from router.speculation import NGRAM, run_plan
+    from router.request_state import NGRAM
+    from router.round_plan import run_plan
     state, policy = router_state("model+ngram"), Policy()
     state.tokens += PROMPT[:3]
     ends = [run_plan(state, Draft(), policy, NGRAM, 3)[1].end_on_miss]
@@ -343,7 +346,8 @@ def test_an_ngram_run_of_model_plus_ngram_ends_at_a_miss_only_while_the_draft_mo
 ])
 def test_a_lookup_run_drafts_only_after_matches_as_long_as_the_policy_finds_worth_it(method, draft, policy_says,
                                                                                      expected):
-    from router.speculation import NGRAM, run_plan
+    from router.request_state import NGRAM
+    from router.round_plan import run_plan
     state, policy = router_state(method), Policy()
     state.tokens += [101, 102, 103, 104, 105, 101, 102, 103, 104]     # its suffix matched 4 tokens back
     policy.min_match = policy_says
@@ -356,7 +360,8 @@ def test_a_lookup_run_drafts_only_after_matches_as_long_as_the_policy_finds_wort
 def test_a_lookup_run_drafts_after_each_match_length_as_many_tokens_as_the_policy_finds_worth_it():
     """The policy's K per match length travels within the run's K; a request with its own K drafts up to it after
     every length."""
-    from router.speculation import NGRAM, run_plan
+    from router.request_state import NGRAM
+    from router.round_plan import run_plan
     state, policy = router_state("ngram"), Policy()
     policy.ks = [1, 4, 8]
     lookup = run_plan(state, None, policy, NGRAM, 0)[1]
@@ -369,7 +374,9 @@ def test_a_round_knows_the_length_of_the_match_its_ngram_drafts_followed():
     """plan_round tells the policy the match at hand; a round of n-gram drafts is observed with the length of the
     match before it (its context: the tokens committed before it)."""
     from router.controller import RoundTimings
-    from router.speculation import NGRAM, Round, conclude, plan_round
+    from router.request_state import NGRAM, Round
+    from router.round_plan import plan_round
+    from router.speculation import conclude
     state, policy = router_state("model+ngram"), Policy()
     state.tokens += [101, 102, 103, 104, 105, 101, 102, 103]     # its suffix matched 3 tokens back
     assert plan_round(state, Draft(), policy) == (NGRAM, 5) and policy.match_size == 3
@@ -380,7 +387,8 @@ def test_a_round_knows_the_length_of_the_match_its_ngram_drafts_followed():
 
 
 def test_a_run_stays_within_max_new_tokens_and_runs_turn_off_with_one_step():
-    from router.speculation import MODEL, run_plan
+    from router.request_state import MODEL
+    from router.round_plan import run_plan
     plain = Policy()
     plain.model_k = 0
     assert run_plan(router_state("model", generated=95), Draft(), plain, MODEL, 0) == (5, None)
@@ -391,7 +399,8 @@ def test_a_run_stays_within_max_new_tokens_and_runs_turn_off_with_one_step():
 
 
 def test_a_request_pinned_to_k0_decodes_to_its_end_in_one_run():
-    from router.speculation import MODEL, run_plan
+    from router.request_state import MODEL
+    from router.round_plan import run_plan
     pinned = router_state("model", generated=20)
     pinned.fixed_k = 0
     assert run_plan(pinned, Draft(), Policy(), MODEL, 0) == (80, None)        # all 80 tokens left, not 16

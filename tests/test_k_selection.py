@@ -16,7 +16,7 @@ from router import k_selection
 from router.controller import RoundTimings
 from router.k_selection import KSelector, regime, source_config
 from router.metrics import Metrics
-from router.speculation import MODEL, NGRAM, RequestState, Round
+from router.request_state import MODEL, NGRAM, RequestState, Round
 from tests.test_controller import K_MAX, CostModel, make_trace, sequential
 
 ALPHA = {"greedy": 0.8, "sampled": 0.1}
@@ -212,7 +212,7 @@ def play_round(selector: KSelector, state: RequestState, cost, source: int, k: i
 def method_run(method: str, rounds: int = 3000, cost=None, match_alpha: dict | None = None,
                blind: bool = False) -> tuple[float, dict]:
     """Rounds of one greedy request under `cost` (default: tests.test_controller_measured's MEASURED, in turn), as
-    speculation.plan_round picks their source: n-gram where the context matches (method ngram, or model+ngram by
+    round_plan.plan_round picks their source: n-gram where the context matches (method ngram, or model+ngram by
     the selector), else the draft model (model, model+ngram) or plain decoding (ngram). With `match_alpha`, a
     match is of one of its lengths, equally often, and its drafts accept at that length's rate; `blind`: the
     selector is not told the length. Returns (tokens per ms, rounds per (source, K > 0))."""

@@ -12,7 +12,8 @@ import pytest
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from engine.ngram import NgramIndex, continuation
-from router.speculation import MODEL, NGRAM, NONE, RequestState, generate
+from router.request_state import MODEL, NGRAM, NONE, RequestState
+from router.speculation import generate
 from tests.test_overlap import FakeWorker, FixedK, down
 
 

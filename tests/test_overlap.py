@@ -12,7 +12,8 @@ import pytest
 
 from draft_worker.server import chained
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from router.speculation import RequestState, generate, releases_done
+from router.request_state import RequestState
+from router.speculation import generate, releases_done
 
 VOCAB = 50
 PROMPT = [3, 1, 4, 1, 5]
@@ -456,7 +457,7 @@ class SizedLookup(FixedK):
 def lookup_rounds(fixed_k: int | None) -> tuple[RequestState, list]:
     """A request drafting only by prompt lookup (1- to 4-grams) with decode runs off, and its n-gram rounds."""
     from engine.ngram import NgramIndex
-    from router.speculation import NGRAM
+    from router.request_state import NGRAM
     state, policy = request(), SizedLookup(6, overlap=False)
     state.method, state.ngram, state.fixed_k = "ngram", NgramIndex(1, 4), fixed_k
     run(None, FakeTarget(), policy, state)

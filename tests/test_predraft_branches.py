@@ -139,7 +139,8 @@ class TargetClient(EngineClient):
 def greedy_loop(engines, session_id: int, policy, max_new: int):
     """The router's loop over the engines for one greedy request (prompt 40..69): its final state, and the
     target's own greedy tokens for that prompt."""
-    from router.speculation import RequestState, generate
+    from router.request_state import RequestState
+    from router.speculation import generate
     draft, target = engines
     prompt = list(range(40, 70))
     state = RequestState(session_id=session_id, tokens=list(prompt), prompt_len=len(prompt), max_new_tokens=max_new,

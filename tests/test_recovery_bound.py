@@ -12,7 +12,8 @@ import grpc
 import pytest
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from router.speculation import RequestState, resilient_round
+from router.request_state import RequestState
+from router.speculation import resilient_round
 
 ROOT = Path(__file__).resolve().parent.parent
 

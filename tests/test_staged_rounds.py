@@ -136,7 +136,8 @@ async def serve_loop(draft_engine, target_engine, policy, prompt: list[int], max
     from draft_worker.server import DraftServicer
     from engine.worker_server import start_server
     from protos.specpool.v1 import worker_pb2_grpc
-    from router.speculation import RequestState, generate, releases_done
+    from router.request_state import RequestState
+    from router.speculation import generate, releases_done
     from router.worker_client import DraftClient, TargetClient
     draft_server, draft_address = await start_server(
         worker_pb2_grpc.add_DraftWorkerServicer_to_server,
