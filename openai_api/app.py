@@ -29,7 +29,9 @@ from router.stopping import output_chunks
 from router.validation import RequestError
 from settings.schema import HttpConfig
 
-GRPC_CODES = {400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}
+GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED",
+              503: "UNAVAILABLE"}      # an API error's code in specpool_requests_total (ApiError.grpc_code: its own)
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")      # the requests specpool_requests_total counts
 BODY_ERRORS = {"json_invalid": "invalid JSON ({error} at character {at})", "missing": "empty: send a JSON object"}
 FIELD_ERRORS = {"extra_forbidden": "unknown key"}       # pydantic's messages that would not say what is wrong
 
@@ -101,9 +103,31 @@ class Api:
             raise ApiError(503, "no target replica is ready (recovering)", kind="service_unavailable")
         return {"status": "ok"}
 
+    def refused(self, request: Request, error: ApiError) -> JSONResponse:
+        """The answer of an API error. A generation request it ends is counted in specpool_requests_total under
+        the gRPC code it would have had, once the router is up (as gRPC counts): bad JSON, an unknown model, a
+        wrong key, invalid fields, overload, a failed worker."""
+        router = self._get_router()
+        if router is not None and request.url.path in GENERATION_ROUTES:
+            count(router, error.grpc_code or GRPC_CODES.get(error.status, "UNKNOWN"))
+        return JSONResponse(error.body(), status_code=error.status)
 
-async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    async def api_error(self, request: Request, exc: ApiError) -> JSONResponse:
+        return self.refused(request, exc)
+
+    async def invalid_body(self, request: Request, exc: RequestValidationError) -> JSONResponse:
+        """A body that does not parse: 400 naming the first parameter at fault (the path to it in the message, its
+        parameter, e.g. `prompt` for `prompt[3]`, in `param`), in OpenAI's shape; 401 first for a wrong key (the
+        body is read before the key is checked)."""
+        try:
+            self.authorize(request)
+        except ApiError as unauthorized:
+            return self.refused(request, unauthorized)
+        error = exc.errors()[0]
+        path = "" if error["type"] == "json_invalid" else error_path(error["loc"][1:])
+        detail = FIELD_ERRORS.get(error["type"], error["msg"])
+        message = f"{path}: {detail}" if path else f"body: {body_message(request, error)}"
+        return self.refused(request, ApiError(400, message, re.sub(r"(\[\d+\])+$", "", path) or None))
 
 
 def error_path(loc: tuple) -> str:
@@ -128,16 +152,6 @@ def body_message(request: Request, error: dict) -> str:
     return "must be a JSON object"
 
 
-async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """A body that does not parse: 400 naming the first parameter at fault (the path to it in the message, its
-    parameter, e.g. `prompt` for `prompt[3]`, in `param`), in OpenAI's shape."""
-    error = exc.errors()[0]
-    path = "" if error["type"] == "json_invalid" else error_path(error["loc"][1:])
-    detail = FIELD_ERRORS.get(error["type"], error["msg"])
-    message = f"{path}: {detail}" if path else f"body: {body_message(request, error)}"
-    return JSONResponse(ApiError(400, message, re.sub(r"(\[\d+\])+$", "", path) or None).body(), status_code=400)
-
-
 async def http_exception(request: Request, exc: HTTPException) -> Response:
     """Starlette's own errors (404 no such route, 405 wrong method, with its Allow header) in OpenAI's shape."""
     where = f"{request.method} {request.url.path}"
@@ -157,8 +171,8 @@ def create_app(http: HttpConfig, get_router: Callable[[], Router | None],
     loaded)."""
     api = Api(http, get_router, loading)
     app = FastAPI(title="specpool", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_exception_handler(ApiError, api_error)
-    app.add_exception_handler(RequestValidationError, invalid_body)
+    app.add_exception_handler(ApiError, api.api_error)
+    app.add_exception_handler(RequestValidationError, api.invalid_body)
     app.add_exception_handler(HTTPException, http_exception)
     app.add_exception_handler(ClientDisconnected, client_disconnected)
     authorized = [Depends(api.authorize)]
@@ -191,12 +205,11 @@ def check_n(router: Router, n: int) -> None:
 
 
 async def admit(router: Router, generate, body: SamplingBody) -> list:
-    """The router's states of the body's n choices (a 400 for an invalid request, counted as gRPC counts it)."""
+    """The router's states of the body's n choices (a 400 for an invalid request)."""
     try:
         check_n(router, body.n)
         return [await router.admit(with_seed(generate, i), body.stream) for i in range(body.n)]
     except RequestError as exc:
-        count(router, "INVALID_ARGUMENT", time.perf_counter())
         raise http_error(exc, body.params()) from exc
 
 
@@ -268,13 +281,13 @@ def failure(exc: BaseException) -> tuple[str, ApiError | None]:
         return "RESOURCE_EXHAUSTED", ApiError(429, str(exc), kind="rate_limit_exceeded")
     if isinstance(exc, grpc.aio.AioRpcError):
         code, detail = worker_failure(exc)
-        return code, ApiError(503, detail, kind="service_unavailable")
+        return code, ApiError(503, detail, kind="service_unavailable", grpc_code=code)
     if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         return "CANCELLED", None
     return "UNKNOWN", None
 
 
-def count(router: Router, code: str, started: float) -> None:
+def count(router: Router, code: str, started: float | None = None) -> None:
     """specpool_requests_total by the gRPC code the request would have had; latency of those that succeed."""
     router.metrics.requests.labels(code).inc()
     if code == "OK":
@@ -282,19 +295,20 @@ def count(router: Router, code: str, started: float) -> None:
 
 
 async def tracked(router: Router, awaitable, started: float, final: bool = True):
-    """Await a request's work, turning router errors into API errors (429 overload, 503 worker failure) and
-    counting the request once it is over (`final`), or if this fails."""
-    code = "OK"
+    """Await a request's work, turning router errors into API errors (429 overload, 503 worker failure: counted
+    where they are answered, Api.refused) and counting the request once it is over (`final`), or if it ends
+    otherwise (cancelled)."""
     try:
-        return await awaitable
+        result = await awaitable
     except BaseException as exc:
         code, error = failure(exc)
         if error is not None:
             raise error from exc
+        count(router, code)
         raise
-    finally:
-        if final or code != "OK":
-            count(router, code, started)
+    if final:
+        count(router, "OK", started)
+    return result
 
 
 async def until_disconnected(request: Request, awaitable, poll_s: float = 0.2):

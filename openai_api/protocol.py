@@ -24,9 +24,10 @@ class ApiError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None):
+                 code: str | None = None, grpc_code: str | None = None):
         super().__init__(message)
         self.status, self.param, self.kind, self.code = status, param, kind, code
+        self.grpc_code = grpc_code          # the request's code in specpool_requests_total, if not the status's
 
     def body(self) -> dict:
         return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
@@ -263,6 +264,14 @@ class ChatRequest(SamplingBody):
     max_completion_tokens: MaxTokens = None
     logprobs: Flag = False
     top_logprobs: TopLogprobs = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _only_with_logprobs(cls, top: int, info: ValidationInfo) -> int:
+        """As OpenAI and vLLM: top_logprobs without `logprobs: true` is a 400, not ignored (its null is absent)."""
+        if info.data.get("logprobs") is False:      # not there: logprobs itself was invalid, its error comes first
+            raise PydanticCustomError("logprobs_only", "only allowed when `logprobs` is true")
+        return top
 
     def params(self) -> dict[str, str]:
         length = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"

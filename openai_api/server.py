@@ -8,7 +8,7 @@ import contextlib
 
 import uvicorn
 
-from router.addresses import cannot_listen
+from router.addresses import cannot_listen, port_taken
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -26,10 +26,13 @@ class HttpServer:
         self._task: asyncio.Task | None = None
 
     async def start(self) -> int:
+        host, port = self._server.config.host, self._server.config.port
+        if port and port_taken(host, port):          # before uvicorn, which logs a line of its own as it fails
+            raise OSError(cannot_listen("http.port", host, port))
         self._task = asyncio.get_running_loop().create_task(self._serve())
         while not self._server.started:
             if self._task.done():
-                raise OSError(cannot_listen("http.port", self._server.config.host, self._server.config.port))
+                raise OSError(cannot_listen("http.port", host, port))
             await asyncio.sleep(0.01)
         return self._server.servers[0].sockets[0].getsockname()[1]
 

@@ -2,7 +2,9 @@
 client dials a server bound to a wildcard on loopback."""
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 
 from settings.schema import WILDCARD_HOSTS
 
@@ -22,6 +24,21 @@ def cannot_listen(key: str, host: str, port: int) -> str:
     """The one line a listener that could not bind its port says, naming the config key that set it."""
     return (f"{key} = {port}: cannot listen on {host_port(host, port)} (in use, not allowed, or not an address of "
             f"this host)")
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether host:port is in use or not ours to bind (EADDRINUSE, EACCES), found by binding it as gRPC would (with
+    SO_REUSEADDR), so that a server refuses it in its own words before gRPC's core fails it with a log line of its
+    own. Other failures (an address this host lacks, a name that does not resolve) are left to the bind itself."""
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                                                  flags=socket.AI_PASSIVE):
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+    except OSError as exc:
+        return exc.errno in (errno.EADDRINUSE, errno.EACCES)
+    return False
 
 
 def dial(host: str, port: int) -> str:

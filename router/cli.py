@@ -26,12 +26,13 @@ import yaml  # noqa: E402
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc  # noqa: E402
 from router.oplog import say  # noqa: E402
-from router.reload import with_overrides  # noqa: E402
+from router.reload import not_empty, with_overrides  # noqa: E402
 from router.service import Service, reload_from_file  # noqa: E402
 from router import status_summary  # noqa: E402
 from router.addresses import dial  # noqa: E402
 from settings.schema import (ConfigError, RouterConfig, SpecpoolConfig, config_from_dict, load_config,  # noqa: E402
                              read_yaml)
+from settings.yaml_doc import parse_yaml  # noqa: E402
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"         # router.port's default
 DEFAULT_ADMIN_ADDRESS = "127.0.0.1:50052"   # router.admin_host and admin_port's defaults
@@ -223,8 +224,10 @@ def run_admin(args) -> int:
         stub = admin_pb2_grpc.AdminStub(channel)
         try:
             if args.command == "reload":
-                response = stub.Reload(admin_pb2.ReloadRequest(
-                    config_yaml=open(args.config).read(), config_dir=str(Path(args.config).resolve().parent)))
+                text = Path(args.config).read_text()
+                not_empty(parse_yaml(text, args.config), args.config)   # refused here, naming the file
+                response = stub.Reload(admin_pb2.ReloadRequest(config_yaml=text,
+                                                               config_dir=str(Path(args.config).resolve().parent)))
                 print(f"reloaded: {', '.join(response.changes) or 'no change'}\n"
                       f"speculation now:\n{response.speculation_yaml}")
             else:
@@ -307,7 +310,7 @@ UINT32, UINT64 = 2 ** 32 - 1, 2 ** 64 - 1
 def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", nargs="?", help="the prompt; - reads it from stdin")
     parser.add_argument("--prompt-file", help="read the prompt from this file")
-    parser.add_argument("--max-new-tokens", type=int_in(1, UINT32), default=64)
+    parser.add_argument("--max-new-tokens", type=int_in(1, UINT32), default=64, help="default: 64")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--top-k", type=int_in(0, 2 ** 31 - 1), default=0)
@@ -412,10 +415,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 
 def server_overrides(args) -> dict:
     """`serve`: its --port / --http-port / --admin-port over the config; `demo`: gRPC (Admin on it) on any free
-    port and no HTTP: it is its own client, and a `specpool serve` already on the config's ports must not stop it."""
+    port, no HTTP and no metrics endpoint: it is its own client, and a `specpool serve` already on the config's
+    ports must not stop it."""
     if args.command == "serve":
         return port_overrides(args.port, args.http_port, args.admin_port)
-    return port_overrides(0, -1, -1)
+    overrides = port_overrides(0, -1, -1)
+    overrides["router"]["metrics_port"] = -1
+    return overrides
 
 
 def run_server(args, config: SpecpoolConfig, overrides: dict) -> int:

@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
 from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
-from router.addresses import cannot_listen, host_port
+from router.addresses import cannot_listen, host_port, port_taken
 from router.failures import worker_failure
 from router.k_selection import KSelector
 from router.metrics import Metrics
@@ -111,7 +111,8 @@ class Router:
     async def admission(self):
         """A generation slot; waits in a bounded queue, and past its bound refuses at once."""
         if self._slots.locked() and self.queued >= self.config.router.max_queued_requests:
-            busy = f"{self.config.router.max_active_requests} requests running and {self.queued} queued"
+            running = self.config.router.max_active_requests
+            busy = f"{running} request{'s' * (running != 1)} running and {self.queued} queued"
             self._shedding.refused(busy)
             raise Overloaded(f"{busy}: try again later")
         self.queued += 1
@@ -454,6 +455,8 @@ def grpc_server() -> grpc.aio.Server:
 def bind(server: grpc.aio.Server, key: str, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
     """Listen on host:port (TLS with `credentials`); the port bound, or a PortBusy naming the config key."""
     address = host_port(host, port)
+    if port and port_taken(host, port):
+        raise PortBusy(cannot_listen(key, host, port))
     try:
         return server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError:

@@ -53,7 +53,7 @@ def check_prompt(request: generation_pb2.GenerateRequest, prompt_ids: list[int],
     if request.prompt and request.prompt_token_ids:
         raise RequestError("prompt", "set prompt or prompt_token_ids, not both")
     if not prompt_ids:
-        raise RequestError("prompt", "must not be empty (set prompt or prompt_token_ids)")
+        raise RequestError("prompt", "must not be empty")
     limit = limits.prompt_token_limit
     if limit and len(prompt_ids) > limit:       # before the per-token check, which is O(length)
         raise RequestError("prompt", f"{len(prompt_ids)} tokens is over the limit of {limit} "
@@ -68,7 +68,7 @@ def check_lengths(request: generation_pb2.GenerateRequest, prompt_len: int, limi
     if limits.max_new_tokens and request.max_new_tokens > limits.max_new_tokens:
         raise RequestError("max_new_tokens", f"{request.max_new_tokens} is over the limit of {limits.max_new_tokens}")
     if limits.max_context and prompt_len + request.max_new_tokens > limits.max_context:
-        raise RequestError("max_new_tokens", f"prompt ({prompt_len} tokens) + max_new_tokens "
+        raise RequestError("max_new_tokens", f"prompt ({prompt_len} token{'s' * (prompt_len != 1)}) + max_new_tokens "
                            f"({request.max_new_tokens}) exceeds the model's context of {limits.max_context}")
 
 

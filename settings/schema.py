@@ -326,9 +326,10 @@ REDACTED = "<redacted>"      # a secret's value (a field whose metadata says "se
 
 def shown(section, key: str, form=repr) -> str:
     """The value of `key` of a config section (a dataclass) for a message or the log: form(value), or REDACTED for
-    a secret (http.api_keys: bearer keys must reach neither serve's log nor an admin client)."""
+    a secret that is set (http.api_keys: bearer keys must reach neither serve's log nor an admin client; that none
+    is set is no secret)."""
     secret = any(f.name == key and f.metadata.get("secret") for f in dataclasses.fields(section))
-    return REDACTED if secret else form(getattr(section, key))
+    return REDACTED if secret and getattr(section, key) else form(getattr(section, key))
 
 
 @dataclass

@@ -79,9 +79,8 @@ def test_admin_address_comes_from_config(tmp_path):
     assert cli.admin_address(parser.parse_args(["status"])) == cli.DEFAULT_ADMIN_ADDRESS == "127.0.0.1:50052"
 
 
-def served_ports(monkeypatch, args) -> tuple[int, int, int]:
-    """The (gRPC, HTTP, admin) ports of the Service that `run_server` would start, for a config naming 50051 and
-    8000 (and the default admin port, 50052)."""
+def served_config(monkeypatch, args, document: dict):
+    """The config of the Service that `run_server` would start for `document`."""
     from router.service import Service
     seen = {}
 
@@ -89,9 +88,15 @@ def served_ports(monkeypatch, args) -> tuple[int, int, int]:
         seen["config"] = Service(config, overrides=overrides).config
         return 0
     monkeypatch.setattr(cli, "_serve" if args.command == "serve" else "_demo", start)
-    assert cli.run_server(args, config_from_dict({"router": {"port": 50051}, "http": {"port": 8000}}),
-                          cli.server_overrides(args)) == 0
-    return seen["config"].router.port, seen["config"].http.port, seen["config"].router.admin_port
+    assert cli.run_server(args, config_from_dict(document), cli.server_overrides(args)) == 0
+    return seen["config"]
+
+
+def served_ports(monkeypatch, args) -> tuple[int, int, int]:
+    """The (gRPC, HTTP, admin) ports of the Service that `run_server` would start, for a config naming 50051 and
+    8000 (and the default admin port, 50052)."""
+    config = served_config(monkeypatch, args, {"router": {"port": 50051}, "http": {"port": 8000}})
+    return config.router.port, config.http.port, config.router.admin_port
 
 
 def test_serve_ports_override_the_config(monkeypatch):
@@ -115,6 +120,11 @@ def test_a_port_override_that_clashes_is_a_config_error_naming_both(capsys):
 def test_demo_serves_on_any_free_port_so_a_running_serve_does_not_stop_it(monkeypatch):
     """gRPC on any free port, no HTTP, Admin on that gRPC port (-1): a running serve's ports are left alone."""
     assert served_ports(monkeypatch, argparse.Namespace(command="demo")) == (0, -1, -1)
+
+
+def test_demo_serves_no_metrics_endpoint_so_a_running_serve_on_the_same_config_does_not_stop_it(monkeypatch):
+    config = served_config(monkeypatch, argparse.Namespace(command="demo"), {"router": {"metrics_port": 9171}})
+    assert config.router.metrics_port == -1
 
 
 @pytest.mark.parametrize("piped, prompt", [("def f(\n", "def f("), ("def f(\r\n", "def f("), ("def f(", "def f("),
@@ -264,3 +274,12 @@ def test_addresses_the_client_commands_take():
                           ("::1:50052", "an IPv6 host in brackets: [::1]:50052")):
         with pytest.raises(argparse.ArgumentTypeError, match=re.escape(says)):
             cli.grpc_address(address)
+
+
+def test_reload_of_an_empty_file_is_refused_naming_the_file(tmp_path, capsys):
+    """Refused before it is sent (it said `INVALID_ARGUMENT: config_yaml: empty`, naming the request's field), with
+    no server to ask: the file is read and checked here."""
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing yet\n")
+    assert cli.main(["reload", "--config", str(path), "--address", "127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err == f"config error: {path}: empty\n"

@@ -195,11 +195,34 @@ def test_raw_sse_framing(served):
     ({"speculation": {"kk": 3}}, "speculation.kk"), ({"echo": True}, "echo"), ({"user": 5}, "user"),
 ])
 def test_400_names_the_parameter(served, body, param):
+    refused = requests_counted(served, "INVALID_ARGUMENT")
     response = httpx.post(served.base_url + "/completions",
                           json={"model": served.model, "prompt": PROMPT, "max_tokens": 4, **body})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
+    assert "prompt_token_ids" not in error["message"] and "max_new_tokens" not in error["message"]   # gRPC's names
+    assert requests_counted(served, "INVALID_ARGUMENT") == refused + 1
+
+
+def test_every_refused_generation_request_is_counted_under_its_grpc_code(served):
+    """specpool_requests_total counts HTTP requests as gRPC's: bad JSON and unknown or refused parameters as
+    INVALID_ARGUMENT, an unknown model as NOT_FOUND; other routes' errors are not generation requests."""
+    json_type = {"Content-Type": "application/json"}
+    refusals = [("INVALID_ARGUMENT", "/completions", b"not json"), ("INVALID_ARGUMENT", "/chat/completions", b"{"),
+                ("INVALID_ARGUMENT", "/completions", json.dumps({"model": served.model, "prompt": PROMPT,
+                                                                 "frequency_penalty": 1}).encode()),
+                ("NOT_FOUND", "/completions", json.dumps({"model": "gpt-4", "prompt": PROMPT}).encode()),
+                ("NOT_FOUND", "/chat/completions", json.dumps({"model": "gpt-4", "messages": [
+                    {"role": "user", "content": "x"}]}).encode())]
+    for code, path, content in refusals:
+        before = requests_counted(served, code)
+        assert httpx.post(served.base_url + path, content=content, headers=json_type).status_code >= 400
+        assert requests_counted(served, code) == before + 1, (code, path, content)
+    before = {code: requests_counted(served, code) for code in ("INVALID_ARGUMENT", "NOT_FOUND")}
+    assert httpx.get(served.base_url + "/nowhere").status_code == 404
+    assert httpx.post(served.base_url + "/models", content=b"{", headers=json_type).status_code == 405
+    assert {code: requests_counted(served, code) for code in before} == before
 
 
 BIG = 10 ** 11      # over every 32-bit field
@@ -216,6 +239,8 @@ BIG = 10 ** 11      # over every 32-bit field
     ("/chat/completions", {"max_completion_tokens": BIG}, "max_completion_tokens"),
     ("/chat/completions", {"max_tokens": BIG}, "max_tokens"),
     ("/chat/completions", {"top_logprobs": BIG}, "top_logprobs"),
+    ("/chat/completions", {"top_logprobs": 2}, "top_logprobs"),          # without logprobs: true, as OpenAI
+    ("/chat/completions", {"top_logprobs": 0, "logprobs": False}, "top_logprobs"),
     ("/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
     ("/completions", {"stop_token_ids": [BIG]}, "stop_token_ids"), ("/completions", {"n": 17}, "n"),
 ])
@@ -231,10 +256,12 @@ def assert_refused_naming(served, path: str, body: dict, param: str) -> dict:
     base = {"model": served.model, "prompt": PROMPT, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
     json_type = {"Content-Type": "application/json"}
     content = json.dumps({**base, **body})     # ASCII: a surrogate as its \u escape, inf as Infinity (not json=)
+    refused = requests_counted(served, "INVALID_ARGUMENT")
     response = httpx.post(served.base_url + path, content=content, headers=json_type)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["message"].startswith(param) and error["type"] == "invalid_request_error"
+    assert requests_counted(served, "INVALID_ARGUMENT") == refused + 1       # counted once, as gRPC counts it
     assert httpx.post(served.base_url + path, content=json.dumps(base), headers=json_type).status_code == 200
     return error
 
@@ -272,10 +299,8 @@ def test_float_parameters_refuse_strings_and_booleans(served, path, body, param)
 ])
 def test_non_finite_numbers_are_refused_when_the_body_is_read(served, path, body, param):
     """Python's JSON parser reads NaN, Infinity and -Infinity (and 1e400 as infinity): a float parameter
-    refuses them as it reads the body, before any request reaches the router (which counts what it refuses)."""
-    refused = requests_counted(served, "INVALID_ARGUMENT")
-    assert_refused_naming(served, path, body, param)
-    assert requests_counted(served, "INVALID_ARGUMENT") == refused
+    refuses them as it reads the body (pydantic's finite-number check), before any request reaches the router."""
+    assert "finite" in assert_refused_naming(served, path, body, param)["message"]
 
 
 @pytest.mark.parametrize("path, body, param", [
@@ -297,9 +322,7 @@ def test_boolean_parameters_take_json_booleans_only(served, path, body, param):
 def test_temperature_above_two_is_refused_naming_it(served, path, body, param):
     """As OpenAI's API: temperature is 0 to 2 (2 itself is served), refused as the body is read (1e300 too,
     which the float32 field would make infinity)."""
-    refused = requests_counted(served, "INVALID_ARGUMENT")
-    assert_refused_naming(served, path, body, param)
-    assert requests_counted(served, "INVALID_ARGUMENT") == refused
+    assert "Input should be" in assert_refused_naming(served, path, body, param)["message"]   # the body's check
     assert httpx.post(served.base_url + path, json={"model": served.model, "prompt": PROMPT, "max_tokens": 2,
                                                     "messages": [{"role": "user", "content": "x"}],
                                                     "temperature": 2}).status_code == 200
@@ -310,9 +333,7 @@ def test_temperature_above_two_is_refused_naming_it(served, path, body, param):
 def test_top_p_outside_zero_to_one_is_refused_as_the_body_is_read(served, path, top_p):
     """top_p is in (0, 1], checked on the JSON number: 1.0000001 would be 1.0 in the float32 field the router
     checks, and was served."""
-    refused = requests_counted(served, "INVALID_ARGUMENT")
-    assert_refused_naming(served, path, {"top_p": top_p}, "top_p")
-    assert requests_counted(served, "INVALID_ARGUMENT") == refused
+    assert "Input should be" in assert_refused_naming(served, path, {"top_p": top_p}, "top_p")["message"]
 
 
 @pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
@@ -692,12 +713,18 @@ def test_401_503_and_no_chat_template(byte_pair):
                 response = await keyed.get("/v1/models", headers=headers)
                 assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
             assert (await keyed.get("/v1/models", headers={"Authorization": "Bearer k1"})).status_code == 503
+            for content in (b"not json", b'{"model": "m", "prompt": "x", "max_tokens": -1}'):   # the key first
+                response = await keyed.post("/v1/completions", content=content,
+                                            headers={"Authorization": "Bearer wrong", "Content-Type": "application/json"})
+                assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+        from router.metrics import Metrics
         no_template = types.SimpleNamespace(model_info={"model_path": byte_pair[1]}, eos_ids=frozenset(),
-                                            tokenizer=None, draining=False)
+                                            tokenizer=None, draining=False, metrics=Metrics())
         async with asgi_client({}, no_template) as client:
             response = await client.post("/v1/chat/completions", json={
                 "model": Path(byte_pair[1]).name, "messages": [{"role": "user", "content": "hi"}]})
             assert response.status_code == 400 and "http.chat_template" in response.json()["error"]["message"]
+            assert no_template.metrics.requests.labels("INVALID_ARGUMENT")._value.get() == 1
     asyncio.run(run())
 
 

@@ -30,6 +30,9 @@ def test_a_reload_touching_the_api_keys_neither_logs_nor_answers_them():
         check_reloadable(old, new)
     assert str(refused.value) == ("http.api_keys: changing this needs a restart (running <redacted>, this document "
                                   "<redacted>)")
+    with pytest.raises(RestartRequired) as turned_on:        # that no key runs is no secret
+        check_reloadable(config_from_dict({}), new)
+    assert str(turned_on.value) == "http.api_keys: changing this needs a restart (running [], this document <redacted>)"
     with pytest.raises(ConfigError) as invalid:
         config_from_dict({"http": {"api_keys": ["sk-kept", ""]}})
     assert "sk-kept" not in str(invalid.value)
