@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from google.protobuf.descriptor import FieldDescriptor
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo,
-                      create_model, field_validator, model_validator)
+                      create_model, model_validator)
 from pydantic_core import PydanticCustomError
 
 from protos.specpool.v1 import generation_pb2
@@ -195,6 +195,16 @@ def _neutral_only(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
+def only_when_true(flag: str) -> AfterValidator:
+    """A parameter allowed only when the boolean parameter `flag`, read before it, is `true`, as OpenAI checks
+    stream_options (`stream`) and top_logprobs (`logprobs`); its null is absent, so allowed."""
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if info.data.get(flag) is False:        # not there: `flag` itself was invalid, its error comes first
+            raise PydanticCustomError(f"{flag}_only", f"only allowed when `{flag}` is true")
+        return value
+    return AfterValidator(check)
+
+
 class SamplingFields(Body):
     """Fields common to both endpoints (SamplingBody adds the refused parameters)."""
     model: Text
@@ -207,17 +217,9 @@ class SamplingFields(Body):
     n: strict(int, ge=1, le=MAX_N) = 1
     stop_token_ids: Optional[list[StopTokenId]] = None
     stream: Flag = False
-    stream_options: StreamOptions | None = None
+    stream_options: Annotated[StreamOptions | None, only_when_true("stream")] = None
     speculation: Speculation | None = None
     user: Text | None = None
-
-    @field_validator("stream_options")
-    @classmethod
-    def _only_when_streaming(cls, options: StreamOptions, info: ValidationInfo) -> StreamOptions:
-        """As OpenAI: stream_options without `stream: true` is a 400 (its null is absent, so allowed)."""
-        if info.data.get("stream") is False:        # not there: stream itself was invalid, its error comes first
-            raise PydanticCustomError("stream_only", "only allowed when `stream` is true")
-        return options
 
     @property
     def include_usage(self) -> bool:
@@ -263,15 +265,7 @@ class ChatRequest(SamplingBody):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: MaxTokens = None
     logprobs: Flag = False
-    top_logprobs: TopLogprobs = None
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _only_with_logprobs(cls, top: int, info: ValidationInfo) -> int:
-        """As OpenAI and vLLM: top_logprobs without `logprobs: true` is a 400, not ignored (its null is absent)."""
-        if info.data.get("logprobs") is False:      # not there: logprobs itself was invalid, its error comes first
-            raise PydanticCustomError("logprobs_only", "only allowed when `logprobs` is true")
-        return top
+    top_logprobs: Annotated[TopLogprobs, only_when_true("logprobs")] = None     # as OpenAI and vLLM: not ignored
 
     def params(self) -> dict[str, str]:
         length = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
