@@ -39,7 +39,8 @@ SOURCES = ("model/greedy", "model/sampled", "ngram/greedy", "ngram/sampled")   #
 
 def acceptance_lines(pools: dict) -> list[str]:
     """Per proposal source and sampling regime with drafts verified, the pool controller's acceptance at each draft
-    position, with the drafts verified there in its window (speculation.window: recent rounds, not a total)."""
+    position, with the drafts verified there in its window (speculation.window: recent rounds, not a total), and
+    the tokens/s its cost model expects at each K (the goodput policy's choice: why K is what it is)."""
     lines = []
     for name in SOURCES:
         pool = pools.get(name) or {}
@@ -47,7 +48,18 @@ def acceptance_lines(pools: dict) -> list[str]:
         if seen:
             source, regime = name.split("/")
             lines.append(f"acceptance by draft position (recent drafts), {source} drafts, {regime}: {' '.join(seen)}")
+            lines += goodput_line(pool, f"{source} drafts, {regime}")
     return lines or ["acceptance: no drafts verified yet"]
+
+
+def goodput_line(pool: dict, which: str) -> list[str]:
+    """The modelled tokens/s by K once the controller has timed rounds (none before), the best marked."""
+    curve = pool.get("goodput_tokens_per_s") or {}
+    if not curve:
+        return []
+    best = max(curve, key=curve.get)
+    shown = ", ".join(f"K={k} {tokens:.0f}{' (best)' if k == best else ''}" for k, tokens in curve.items())
+    return [f"modelled tokens/s, {which}: {shown}"]
 
 
 def prefix_line(config: dict, stats: dict) -> str:

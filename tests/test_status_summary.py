@@ -8,7 +8,8 @@ CONFIG = {"draft": {"method": "model+ngram", "prefix_cache_tokens": 8192}, "targ
 
 def stats(targets: list[dict], drafts: list[dict], samples=(12, 7, 0, 0)) -> dict:
     return {"k": 2, "k_from": "request 7", "active_requests": 3, "queued_requests": 1,
-            "pools": {"model/greedy": {"acceptance": [0.75, 0.5, 0.5, 0.5], "samples": list(samples)},
+            "pools": {"model/greedy": {"acceptance": [0.75, 0.5, 0.5, 0.5], "samples": list(samples),
+                                       "goodput_tokens_per_s": {"0": 338.2, "1": 301.0, "2": 350.4}},
                       "ngram/greedy": {"acceptance": [0.9, 0.5], "samples": [4, 0]},
                       "ngram/greedy/match 2": {"acceptance": [0.2], "samples": [9]}},
             "outstanding_sessions": {"target": [3] * len(targets), "draft": [2] * len(drafts)},
@@ -26,6 +27,7 @@ def test_a_serving_router_in_a_dozen_lines():
         "adaptive K 2, last chosen by request 7 (a request's own K stays its own); policy goodput, draft.method "
         "model+ngram, draft_sampling greedy, overlap on",
         "acceptance by draft position (recent drafts), model drafts, greedy: 0.75 (12) 0.50 (7)",
+        "modelled tokens/s, model drafts, greedy: K=0 338, K=1 301, K=2 350 (best)",
         "acceptance by draft position (recent drafts), ngram drafts, greedy: 0.90 (4)",
         "prefix cache, context tokens found of those looked up at session starts: target 4,096 of 12,345 (33 %), "
         "draft 0 of 0",
