@@ -48,7 +48,8 @@ class Metrics:
         self.round_seconds = Counter("specpool_round_seconds", "Wall time of rounds, by where it went (compute, "
                                      "worker queue/thread hop, transport per call; pre-draft wait; router)", ["part"],
                                      registry=r)
-        self.k = Gauge("specpool_spec_decode_k", "K the policy holds for greedy requests' draft-model rounds, as last chosen (probes aside)", registry=r)
+        self.k = Gauge("specpool_spec_decode_k", "K the policy holds for greedy requests' rounds (the draft model's; "
+                       "prompt lookup's under draft.method ngram), as last chosen (probes aside)", registry=r)
         self.batch_size = Histogram("specpool_target_batch_size", "Rows in the target forward that verified a round",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
         self.ttft = Histogram("specpool_time_to_first_token_seconds", "Time to first token",

@@ -308,7 +308,8 @@ class RayConfig:
     namespace: str = "specpool"
     node_ip: str = ""                # address workers bind and advertise ("": their Ray node's IP);
                                      # 127.0.0.1 keeps a single-machine deployment on loopback
-    num_cpus: int = 0                # local instance only: logical CPUs (0: Ray's default)
+    num_cpus: int = 0                # local instance only: logical CPUs (0: this machine's cores, or more if the
+                                     # pools ask for more: router.launch.local_num_cpus)
     resources: dict = field(default_factory=dict)   # local instance only: custom resources to declare
     worker_niceness: int = 0         # CPU priority (nice) of the draft and target worker processes; Ray's own
                                      # default for its workers, 15, lets any other process pre-empt a forward
