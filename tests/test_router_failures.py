@@ -336,7 +336,7 @@ def test_refusals_are_logged_at_once_then_at_most_every_interval_and_a_bursts_co
     assert run(body, max_active_requests=1, max_queued_requests=1) == (1, 1)
     lines = [line for line in capsys.readouterr().out.splitlines() if "refused with RESOURCE_EXHAUSTED" in line]
     assert len(lines) == 2
-    assert "overloaded: 1 request(s) refused with RESOURCE_EXHAUSTED (1 requests running and 1 queued)" in lines[0]
+    assert "overloaded: 1 request(s) refused with RESOURCE_EXHAUSTED (1 request running and 1 queued)" in lines[0]
     assert "overloaded: 2 request(s) refused with RESOURCE_EXHAUSTED in the last 0.3 s (" in lines[1]
 
 
