@@ -31,7 +31,7 @@ def _build_engine(config: dict):
 
 
 class DraftWorker(EngineActor):
-    """One draft replica. `start()` loads the model and returns {"address", "pid"}."""
+    """One draft replica. `start()` loads the model and returns {"address", "pid", "cpus"}."""
 
     def __init__(self, config: dict, tls: dict | None = None):
         self._config = config
@@ -61,5 +61,5 @@ class DraftWorker(EngineActor):
                 self._config["inline_ms"] / 1000,
                 channel=lambda target: worker_channel(target, tls, MESSAGE_OPTIONS)), host,   # handoffs' channels
             credentials=worker_server_credentials(tls))
-        self._info = {"address": address, "pid": os.getpid()}
+        self._info = {"address": address, "pid": os.getpid(), "cpus": self.cpus()}
         return self._info

@@ -13,6 +13,11 @@ class EngineActor:
     def pid(self) -> int:
         return os.getpid()
 
+    @staticmethod
+    def cpus() -> list[int]:
+        """The CPUs this worker process may run on (its pinning: `draft.cpus`, `target.cpus`), for its start info."""
+        return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
     def active_sessions(self) -> int:
         return len(self._engine.sessions) if self._engine else 0
 

@@ -30,9 +30,9 @@ from settings.schema import PoolConfig
 @dataclass
 class Pools:
     tag: str = ""                                          # names this deployment's actors
-    draft_addresses: list[str] = field(default_factory=list)   # of drafts waited for (launch_more)
+    draft_started: list[dict] = field(default_factory=list)    # of drafts waited for (launch_more): Started infos
     draft_starts: list = field(default_factory=list)       # launch(): the first drafts' start() refs, still loading
-    target_addresses: list[str] = field(default_factory=list)
+    target_started: list[dict] = field(default_factory=list)   # per replica: Started (group_started)
     target_info: dict = field(default_factory=dict)        # rank 0 of the first target replica
     draft_actors: list = field(default_factory=list)
     target_actors: list[list] = field(default_factory=list)  # per replica, its ranks
@@ -242,16 +242,23 @@ def start_group(ranks: list, host: str | None, timeout: float | None = None) -> 
     return get_started([rank.start.remote(master, host) for rank in ranks], "target", timeout)
 
 
-def recover_draft(actor, host: str | None, timeout: float | None = None) -> str:
-    """The draft replica's address once it serves again (Ray restarts a killed actor; start() reloads)."""
-    return ray.get(actor.start.remote(host), timeout=timeout)["address"]
+def group_started(infos: list[dict]) -> dict:
+    """A target replica's start as its client takes it (worker_client.Started): rank 0's address, every rank's
+    CPUs."""
+    return {"address": infos[0]["address"], "cpus": sorted({cpu for info in infos for cpu in info.get("cpus", ())})}
 
 
-def recover_target(ranks: list, host: str | None, timeout: float | None = None) -> str:
-    """Tear the whole TP group down and start it again: no half-alive group lingers."""
+def recover_draft(actor, host: str | None, timeout: float | None = None) -> dict:
+    """The draft replica's start info (address, CPUs) once it serves again (Ray restarts a killed actor; start()
+    reloads)."""
+    return ray.get(actor.start.remote(host), timeout=timeout)
+
+
+def recover_target(ranks: list, host: str | None, timeout: float | None = None) -> dict:
+    """Tear the whole TP group down and start it again: no half-alive group lingers. Its group_started info."""
     for rank in ranks:
         ray.kill(rank, no_restart=False)
-    return start_group(ranks, host, timeout)[0]["address"]
+    return group_started(start_group(ranks, host, timeout))
 
 
 def start_drafts(config: SpecpoolConfig, pools: "Pools", count: int) -> list:
@@ -262,11 +269,11 @@ def start_drafts(config: SpecpoolConfig, pools: "Pools", count: int) -> list:
     return [ref for _, ref in started]
 
 
-def load_draft(start_ref, name: str, timeout: float | None = None) -> str:
-    """The address of a draft replica launch() left loading, once it has loaded (blocking). WorkerFailed if it
-    raised while loading, or did not load within `timeout` seconds."""
+def load_draft(start_ref, name: str, timeout: float | None = None) -> dict:
+    """The start info (address, CPUs) of a draft replica launch() left loading, once it has loaded (blocking).
+    WorkerFailed if it raised while loading, or did not load within `timeout` seconds."""
     try:
-        return get_started(start_ref, name, timeout)["address"]
+        return get_started(start_ref, name, timeout)
     except ray.exceptions.GetTimeoutError:
         raise WorkerFailed(f"{name}: not loaded within {timeout:g} s (router.ready_timeout_s)") from None
 
@@ -279,15 +286,15 @@ def check_drafts(refs: list) -> None:
 
 
 def await_drafts(pools: "Pools", refs: list, timeout: float | None = None) -> list:
-    """Wait for drafts started by start_drafts; append their addresses; return the new actors."""
-    pools.draft_addresses.extend(info["address"] for info in get_started(refs, "draft", timeout))
+    """Wait for drafts started by start_drafts; append their start infos; return the new actors."""
+    pools.draft_started.extend(get_started(refs, "draft", timeout))
     return pools.draft_actors[-len(refs):] if refs else []
 
 
 def launch_more(config: SpecpoolConfig, pools: "Pools", pool: str, count: int,
                 timeout: float | None = None) -> list:
     """Start `count` more replicas of `pool` ("draft" or "target") and wait until they serve.
-    Returns the new draft actors or target rank groups; their addresses are appended to `pools`."""
+    Returns the new draft actors or target rank groups; their start infos are appended to `pools`."""
     if pool == "draft":
         return await_drafts(pools, start_drafts(config, pools, count), timeout)
     first, groups = len(pools.target_actors), []
@@ -297,7 +304,7 @@ def launch_more(config: SpecpoolConfig, pools: "Pools", pool: str, count: int,
         pools.target_actors.append(ranks)
         ray.get(group.ready(), timeout=timeout)
         infos = start_group(ranks, config.ray.node_ip or None, timeout)
-        pools.target_addresses.append(infos[0]["address"])
+        pools.target_started.append(group_started(infos))
         pools.target_info = pools.target_info or infos[0]
         groups.append(ranks)
     return groups

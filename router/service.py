@@ -31,8 +31,8 @@ def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None, m
     drafts = [DraftClient(None, timeout, partial(recover_draft, actor, host, ready), config.tls,
                           load=partial(load_draft, start, f"draft {i}", ready), name=f"draft {i}")
               for i, (actor, start) in enumerate(zip(pools.draft_actors, pools.draft_starts))]
-    targets = [TargetClient(address, timeout, partial(recover_target, ranks, host, ready), config.tls, f"target {i}")
-               for i, (address, ranks) in enumerate(zip(pools.target_addresses, pools.target_actors))]
+    targets = [TargetClient(started, timeout, partial(recover_target, ranks, host, ready), config.tls, f"target {i}")
+               for i, (started, ranks) in enumerate(zip(pools.target_started, pools.target_actors))]
 
     recovers = {"draft": (DraftClient, recover_draft), "target": (TargetClient, recover_target)}
 
@@ -41,8 +41,8 @@ def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None, m
         the pool's last), to be called on the event loop."""
         client, recover = recovers[pool]
         started = launch_more(config, pools, pool, count, ready)      # draft actors, or target rank groups
-        first, addresses = len(getattr(pools, f"{pool}_actors")) - count, getattr(pools, f"{pool}_addresses")
-        return [partial(client, addresses[-count + i], timeout, partial(recover, replica, host, ready), config.tls,
+        first, started_infos = len(getattr(pools, f"{pool}_actors")) - count, getattr(pools, f"{pool}_started")
+        return [partial(client, started_infos[-count + i], timeout, partial(recover, replica, host, ready), config.tls,
                         name=f"{pool} {first + i}")
                 for i, replica in enumerate(started)]
     return Router(config, drafts, targets, pools.target_info, load_tokenizer(pools.target_info["model_path"]),
@@ -91,7 +91,7 @@ class Service:
             await self.stop(grace=0)       # the public server goes down with the failed start, on this loop
             raise
         drafts = len(self.pools.draft_starts)
-        say(f"SERVING: {len(self.pools.target_addresses)} target replica(s) (TP="
+        say(f"SERVING: {len(self.pools.target_started)} target replica(s) (TP="
             f"{self.config.target.tensor_parallel_size}); "
             + (f"{drafts} draft replica(s) join as they load" if drafts else "no draft pool (draft.method ngram)"))
         return self

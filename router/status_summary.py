@@ -6,6 +6,8 @@ the statistics alone as JSON, for jq and scripts: `specpool status --json`).
 """
 from __future__ import annotations
 
+from settings.cpu_list import format_cpus
+
 FOOTER = "all of the config and statistics: specpool status --full (the statistics as JSON: --json)"
 
 
@@ -79,7 +81,7 @@ def prefix_line(config: dict, stats: dict) -> str:
 
 
 def worker_lines(stats: dict) -> list[str]:
-    """One line per replica: its state, address and sessions; when it is down or did not load, why."""
+    """One line per replica: its state, address, CPUs and sessions; when it is down or did not load, why."""
     lines = []
     for pool in ("target", "draft"):
         for worker, sessions in zip(stats["workers"][pool], stats["outstanding_sessions"][pool]):
@@ -93,4 +95,5 @@ def worker_detail(worker: dict, sessions: int) -> str:
     if worker["state"] == "failed":
         return f" to load, out of the pool until a restart: {worker.get('error', '')}"
     at = f" at {worker['address']}" if worker["address"] else ""
+    at += f" on CPU(s) {format_cpus(worker['cpus'])}" if worker.get("cpus") else ""
     return f"{at}, {sessions} session(s)" if worker["state"] == "ready" else at

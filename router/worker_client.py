@@ -12,7 +12,7 @@ import datetime
 import itertools
 import threading
 import time
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Union
 
 import grpc
 
@@ -217,13 +217,17 @@ def _settle(waiting: asyncio.Future | asyncio.Queue, outcome) -> None:
         waiting.set_exception(outcome) if isinstance(outcome, Exception) else waiting.set_result(outcome)
 
 
+Started = Union[str, dict]     # a worker's start: its address, or its start info {"address", "cpus": [...]}
+
+
 class WorkerClient:
     """One worker replica's channel, the number of sessions the router has routed to it, and its
     recovery: after a failure, `recover()` (blocking; it restarts or re-finds the worker through Ray
-    and returns its new address) runs in the background until the worker is back.
+    and returns its new start, Started) runs in the background until the worker is back. `cpus`: the CPUs the
+    worker runs on, where its start said (every rank's, for a target replica).
 
     `state`: "ready"; "down" (recovering); "loading": made with no address, its first start is still loading its
-    model (`load()`, blocking, returns the address) and it joins once that returns; "failed": it did not load
+    model (`load()`, blocking, returns its Started) and it joins once that returns; "failed": it did not load
     (`error` says why) and stays out of the pool. Only a ready worker is `healthy`. Each change of state (or of
     address) is told to the callables in `listeners` (the router's health and session gauges follow it), and the
     operator's log gets one line per failure, give-up and return, never one per request."""
@@ -232,9 +236,9 @@ class WorkerClient:
     STILL_DOWN_EVERY_S = 30.0          # the most often a failing recovery is logged
     FAILED_NOTE = "recovering it"       # what the pool does meanwhile (DraftClient, TargetClient say it better)
 
-    def __init__(self, address: str | None, stub_class, stream: tuple[str, type], timeout: float,
-                 recover: Callable[[], str] | None = None, tls: TlsConfig | None = None,
-                 load: Callable[[], str] | None = None, name: str = "", clock: Callable[[], float] = time.time):
+    def __init__(self, address: Started | None, stub_class, stream: tuple[str, type], timeout: float,
+                 recover: Callable[[], Started] | None = None, tls: TlsConfig | None = None,
+                 load: Callable[[], Started] | None = None, name: str = "", clock: Callable[[], float] = time.time):
         self.timeout = timeout
         self._tls = tls
         self.outstanding = 0
@@ -243,7 +247,7 @@ class WorkerClient:
         self._recover_fn = recover
         self._recovering: asyncio.Task | None = None
         self._clock = clock
-        self.name, self.error = name or address, ""
+        self.name, self.error, self.cpus = name or started_address(address), "", []
         self.last_error, self.down_since, self.gave_up = "", None, 0   # the current (or last) outage
         self.listeners: list[Callable[["WorkerClient"], None]] = []
         if address is None:
@@ -253,8 +257,9 @@ class WorkerClient:
             self.state = "ready"
             self._connect(address)
 
-    def _connect(self, address: str) -> None:
-        self.address = address
+    def _connect(self, started: Started) -> None:
+        address = self.address = started_address(started)
+        self.cpus = list(started.get("cpus", ())) if isinstance(started, dict) else []
         self.channel = worker_channel(address, self._tls, CHANNEL_OPTIONS)
         self.stub = self._stub_class(self.channel)
         self.stream = CallStream(getattr(self.stub, self._stream_method), self._request_type)
@@ -270,17 +275,19 @@ class WorkerClient:
 
     def describe(self) -> dict:
         """For Admin.GetStatus: its name and state, its address once known; if it did not load, why; if it is
-        down, since when (seconds ago) and with what error; once it is back, the error it last failed with."""
+        down, since when (seconds ago) and with what error; once it is back, the error it last failed with; the CPUs
+        it runs on, where its start said."""
         down = {"down_since": datetime.datetime.fromtimestamp(self.down_since).isoformat(sep=" ", timespec="seconds"),
                 "down_for_s": round(self._clock() - self.down_since, 1)} if self.state == "down" else {}
-        return {"name": self.name, "state": self.state, "address": self.address, **down,
+        return {"name": self.name, "state": self.state, "address": self.address,
+                **({"cpus": self.cpus} if self.cpus else {}), **down,
                 **({"last_error": self.last_error} if self.last_error else {}),
                 **({"error": self.error} if self.error else {})}
 
-    async def _load(self, load: Callable[[], str]) -> None:
+    async def _load(self, load: Callable[[], Started]) -> None:
         """Wait (off the event loop) for the first start to load; then connect, or stay out with the error."""
         try:
-            address = await in_daemon_thread(load)
+            started = await in_daemon_thread(load)
         except Exception as exc:  # noqa: BLE001 - whatever it was, the pool serves on without this worker
             self.error = str(exc)
             self._set_state("failed")
@@ -288,7 +295,7 @@ class WorkerClient:
             return
         finally:
             self._recovering = None
-        self._connect(address)
+        self._connect(started)
         self._set_state("ready")
         self.joined()
 
@@ -321,16 +328,16 @@ class WorkerClient:
         try:
             while True:
                 try:
-                    address = await in_daemon_thread(self._recover_fn)
+                    started = await in_daemon_thread(self._recover_fn)
                     break
                 except Exception as exc:  # noqa: BLE001 - keep trying until the worker is back
                     told = self._still_down(exc, told)
                     await asyncio.sleep(self.RETRY_PAUSE_S)
             old, old_stream = self.channel, self.stream
-            self._connect(address)
+            self._connect(started)
             self._set_state("ready")
             gave_up = f"; {self.gave_up} request(s) gave up meanwhile" if self.gave_up else ""
-            say(f"{self.name} is back, at {address}, after {self._clock() - self.down_since:.1f} s{gave_up}")
+            say(f"{self.name} is back, at {self.address}, after {self._clock() - self.down_since:.1f} s{gave_up}")
             old_stream.close()
             await old.close()
         finally:
@@ -365,6 +372,11 @@ class WorkerClient:
             await self.channel.close()
 
 
+def started_address(started: Started | None) -> str | None:
+    """The address of a worker's start (Started)."""
+    return started["address"] if isinstance(started, dict) else started
+
+
 def describe_error(error: grpc.aio.AioRpcError, timeout: float) -> str:
     """A worker call's failure for the operator: its code and detail; a call that ran past the worker timeout
     names router.worker_timeout_s (a stalled worker, torn down as a dead one is)."""
@@ -376,8 +388,8 @@ def describe_error(error: grpc.aio.AioRpcError, timeout: float) -> str:
 class DraftClient(WorkerClient):
     FAILED_NOTE = "restarting it; rounds draft by n-gram (or K = 0 where none matches) until it is back"
 
-    def __init__(self, address: str | None, timeout: float = 30.0, recover: Callable[[], str] | None = None,
-                 tls: TlsConfig | None = None, load: Callable[[], str] | None = None, name: str = ""):
+    def __init__(self, address: Started | None, timeout: float = 30.0, recover: Callable[[], Started] | None = None,
+                 tls: TlsConfig | None = None, load: Callable[[], Started] | None = None, name: str = ""):
         super().__init__(address, worker_pb2_grpc.DraftWorkerStub, ("ProposeStream", worker_pb2.ProposeRequest),
                          timeout, recover, tls, load, name)
 
@@ -402,20 +414,19 @@ class DraftClient(WorkerClient):
         return synced_answers(self.stream.answers, make, tokens, synced, timeout)
 
 
-
 class TargetClient(WorkerClient):
     FAILED_NOTE = "tearing its group down and restarting it; its requests wait for it (router.target_recovery_s)"
 
-    def __init__(self, address: str, timeout: float = 30.0, recover: Callable[[], str] | None = None,
+    def __init__(self, address: Started, timeout: float = 30.0, recover: Callable[[], Started] | None = None,
                  tls: TlsConfig | None = None, name: str = ""):
         self.handoffs: HandoffStream | None = None             # the router's copies of handed-off drafts
         super().__init__(address, worker_pb2_grpc.TargetWorkerStub, ("VerifyStream", worker_pb2.VerifyRequest),
                          timeout, recover, tls, name=name)
 
-    def _connect(self, address: str) -> None:
+    def _connect(self, started: Started) -> None:
         if self.handoffs is not None:
             self.handoffs.close()
-        super()._connect(address)
+        super()._connect(started)
         self.handoffs = HandoffStream(self.stub.HandDrafts)
 
     async def close(self) -> None:

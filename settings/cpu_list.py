@@ -2,6 +2,7 @@
 takes them. Pinning itself is engine/pinning.py.
 
     parse_cpus("0-3,8")     # [0, 1, 2, 3, 8]
+    format_cpus([0, 1, 2, 3, 8])   # "0-3,8"
 """
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ def _cpu_range(part: str) -> range:
     if not first.isdigit() or (dash and not last.isdigit()) or (dash and int(last) < int(first)):
         raise ValueError(f"{part!r} is not a CPU id or range such as '0-3'")
     return range(int(first), int(last if dash else first) + 1)
+
+
+def format_cpus(ids) -> str:
+    """A Linux CPU list string of `ids`, runs of consecutive ids as ranges: [0, 1, 2, 3, 8] -> "0-3,8"."""
+    runs: list[list[int]] = []
+    for n in sorted(ids):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

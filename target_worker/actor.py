@@ -74,7 +74,8 @@ class TargetRank(EngineActor):
 
         self._engine = await asyncio.to_thread(
             _build_engine, self._config, self._draft, self._rank, self._world_size, master)
-        info = {"pid": os.getpid(), "rank": self._rank, "model_path": resolve_model(self._config["model"]),
+        info = {"pid": os.getpid(), "rank": self._rank, "cpus": self.cpus(),
+                "model_path": resolve_model(self._config["model"]),
                 **model_info(self._engine.model)}
         if self._rank > 0:
             tensor_parallel.start_follower(self._engine)

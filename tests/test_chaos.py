@@ -181,6 +181,7 @@ def test_handed_off_rounds_survive_a_killed_worker_with_identical_tokens(tp2, re
 def test_workers_restarted_after_the_kills_above_are_pinned_again(tp2):
     model_rounds_again(tp2)                  # the draft killed last has loaded (and pinned itself) again
     assert_pinned(tp2)
+    assert worker_cpus(tp2) == {"target 0": CPUS, "draft 0": CPUS[:1]}     # as their recoveries reported them
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +196,14 @@ def test_auto_gives_the_target_then_the_draft_a_cpu_of_its_own(small):
     threads = pinned_cpus(small)                       # draft, then the target's one rank
     assert threads[1] and all(s == {CPUS[0]} for s in threads[1])
     assert threads[0] and all(s == {CPUS[1]} for s in threads[0])
+    assert worker_cpus(small) == {"target 0": [CPUS[0]], "draft 0": [CPUS[1]]}     # what specpool status shows
+
+
+def worker_cpus(service) -> dict:
+    """Each worker's CPUs as Admin.GetStatus reports them (from its start: the draft's load, the target's launch,
+    or either's recovery)."""
+    workers = service.service.router.status()["workers"]
+    return {worker["name"]: worker.get("cpus") for pool in ("target", "draft") for worker in workers[pool]}
 
 
 def active_sessions(service):

@@ -8,7 +8,7 @@ import pytest
 
 from engine.pinning import auto_cpus, pin_process, pin_worker, rank_slice
 from router import launch
-from settings.cpu_list import parse_cpus
+from settings.cpu_list import format_cpus, parse_cpus
 from settings.errors import ConfigError
 from settings.schema import config_from_dict
 
@@ -19,6 +19,12 @@ needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason
                                        ("0-3,8", [0, 1, 2, 3, 8]), (" 2 , 4-5", [2, 4, 5])])
 def test_cpu_lists_read_as_taskset_reads_them(spec, ids):
     assert parse_cpus(spec) == ids
+
+
+@pytest.mark.parametrize("ids, text", [([], ""), ([0], "0"), ([8, 0, 1, 2, 3], "0-3,8"), ([1, 3, 5], "1,3,5"),
+                                      ([4, 5], "4-5")])
+def test_cpu_lists_are_shown_as_taskset_takes_them(ids, text):
+    assert format_cpus(ids) == text and parse_cpus(text) == sorted(ids)
 
 
 @pytest.mark.parametrize("spec", ["x", "3-1", "0,,1", "-1", "0-", [0, 0], "1,1", [-1], [True], [1.0], {"a": 1}])

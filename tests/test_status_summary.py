@@ -17,7 +17,7 @@ def stats(targets: list[dict], drafts: list[dict], samples=(12, 7, 0, 0)) -> dic
             "prefix_cache": {"target": {"looked_up": 12345, "found": 4096}, "draft": {"looked_up": 0, "found": 0}}}
 
 
-READY = {"name": "target 0", "state": "ready", "address": "10.0.0.5:40001"}
+READY = {"name": "target 0", "state": "ready", "address": "10.0.0.5:40001", "cpus": [0, 1, 2, 3]}
 
 
 def test_a_serving_router_in_a_dozen_lines():
@@ -32,7 +32,7 @@ def test_a_serving_router_in_a_dozen_lines():
         "prefix cache, context tokens found of those looked up at session starts: target 4,096 of 12,345 (33 %), "
         "draft 0 of 0",
         "workers:",
-        "  target 0: ready at 10.0.0.5:40001, 3 session(s)",
+        "  target 0: ready at 10.0.0.5:40001 on CPU(s) 0-3, 3 session(s)",
         "  draft 0: loading",
         FOOTER]
 
