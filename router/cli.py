@@ -197,7 +197,10 @@ def run_generate(args, out=None) -> int:
                 tokens += len(response.token_ids)
         except (grpc.RpcError, grpc.FutureCancelledError) as exc:
             if not interrupts.interrupted:
-                print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+                if response is not None:
+                    print(file=out)           # end the line of the completion so far
+                hint = tls_hint(exc, args.address) if response is None else ""
+                print(f"error: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)
                 return 1
     if interrupts.interrupted:
         if response is not None:
@@ -267,10 +270,18 @@ def admin_hint(exc: grpc.RpcError, args) -> str:
                   "--config's router.admin_host:admin_port" if getattr(args, "config", None) else "the default")
         return (f" (nothing listens at {address}, from {source}: is specpool serve running, with Admin there? serve "
                 f"--admin-port moves it)")
-    if any(failure in details for failure in TLS_FAILURES):
-        return (f" (the TLS handshake with {address} failed: with tls.enabled give --tls-ca, under tls.client_auth "
-                f"--tls-cert and --tls-key too, and --tls-server-name if the certificate does not name {address})")
-    return ""
+    return tls_hint(exc, address)
+
+
+def tls_hint(exc: grpc.RpcError, address: str) -> str:
+    """What a client command's failure to reach a server at `address` likely means when it reads as a failed TLS
+    handshake."""
+    details = (exc.details() or "").lower()
+    if exc.code() != grpc.StatusCode.UNAVAILABLE or not any(failure in details for failure in TLS_FAILURES):
+        return ""
+    return (f" (the TLS handshake with {address} failed: where the server's tls.cert is set give --tls-ca, under "
+            f"tls.client_auth --tls-cert and --tls-key too, and --tls-server-name if the certificate does not name "
+            f"{address})")
 
 
 def int_in(low: int, high: int):

@@ -34,8 +34,9 @@ def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
     candidates = [s for s, ok in ((MODEL, model), (NGRAM, found is not None)) if ok]
     if not candidates:
         return (MODEL if state.method != "ngram" else NGRAM), 0
-    # A request with its own K takes n-gram drafts whenever they match: a rule that depends only on the tokens,
-    # so a seeded request in sampled-draft mode (whose K is pinned for that reason) still gives one output.
+    # A request with its own K takes n-gram drafts whenever they match: a rule that depends only on the tokens
+    # (and on whether the draft worker is up), so a seeded request in sampled-draft mode (whose K is pinned for
+    # that reason) gives one output while its draft worker serves.
     pick = len(candidates) > 1 and state.fixed_k is None
     source = policy.choose_source(state, candidates, found.size) if pick else candidates[-1]
     k = planned if source == MODEL and planned is not None else choose_k(state, policy, source)

@@ -250,6 +250,7 @@ class Router:
                                                                                 # `k` gauge), from which controller
                 "pool": self.k_selector.pool.snapshot(), "pools": self.k_selector.snapshot(),
                 "active_requests": len(self.k_selector.active), "queued_requests": self.queued,
+                "draining": self.draining,                                  # shutting down: new requests refused
                 "outstanding_sessions": {"draft": [c.outstanding for c in self.drafts],
                                          "target": [c.outstanding for c in self.targets]},
                 "workers": {"draft": [c.describe() for c in self.drafts],

@@ -49,6 +49,19 @@ def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None, m
                   scale_up=scale_up, overrides=overrides, metrics=metrics)
 
 
+class WorkerUnreachable(RuntimeError):
+    """A target replica loaded but its channel cannot reach it: the start fails rather than serve every request an
+    error while health says SERVING."""
+
+
+async def reachable(targets: list) -> None:
+    """WorkerUnreachable naming the first target replica that does not answer a first call
+    (WorkerClient.unreachable)."""
+    for problem in await asyncio.gather(*(target.unreachable() for target in targets)):
+        if problem:
+            raise WorkerUnreachable(problem)
+
+
 class Service:
     """A running specpool: public server up at once (NOT_SERVING), pools launched, SERVING once the targets have
     loaded (the drafts join as they load)."""
@@ -85,6 +98,7 @@ class Service:
             self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s,
                                                  self.owns_ray)
             self.router = build_router(self.config, self.pools, self.overrides, self.metrics)
+            await reachable(self.router.targets)
             await mark_ready(servicer, self.health, self.router)
         except BaseException:
             self.owns_ray = self.owns_ray or (connecting and launch.local(self.config))   # half up: it goes too
@@ -127,9 +141,10 @@ class Service:
         from openai_api.app import create_app
         from openai_api.server import HttpServer
         self.http = HttpServer(create_app(self.config.http, lambda: servicer.router, servicer.loading_message),
-                               self.config.router.host, self.config.http.port)
+                               self.config.router.host, self.config.http.port, self.config.tls)
         self.http_port = await self.http.start()
-        say(f"OpenAI-compatible HTTP on http://{host_port(self.config.router.host, self.http_port)}/v1")
+        scheme = "https" if self.config.tls.enabled else "http"
+        say(f"OpenAI-compatible HTTP on {scheme}://{host_port(self.config.router.host, self.http_port)}/v1")
 
     async def stop(self, grace: float = 5.0) -> None:
         """Health NOT_SERVING, refuse new requests, give in-flight ones `grace` seconds, stop the pools. The public

@@ -18,10 +18,12 @@ def summary(config: dict, stats: dict) -> str:
 
 
 def serving_line(stats: dict) -> str:
-    """Whether it serves (a target replica is ready, as health says) and the requests in it."""
+    """Whether it serves (a target replica is ready and it is not shutting down, as health says) and the requests
+    in it."""
     targets = stats["workers"]["target"]
     ready = sum(worker["state"] == "ready" for worker in targets)
-    state = "SERVING" if ready else "NOT_SERVING (no target replica is ready)"
+    state = ("NOT_SERVING (shutting down: the requests in it drain, new ones are refused)" if stats.get("draining")
+             else "SERVING" if ready else "NOT_SERVING (no target replica is ready)")
     return (f"{state}: {ready} of {len(targets)} target replica(s) ready; {stats['active_requests']} request(s) "
             f"generating, {stats['queued_requests']} queued")
 

@@ -296,6 +296,11 @@ class WorkerClient:
         finally:
             self._recovering = None
         self._connect(started)
+        self.error = await self.unreachable()
+        if self.error:
+            self._set_state("failed")
+            say(f"{self.name} loaded but stays out of the pool (restart to retry): {self.error}")
+            return
         self._set_state("ready")
         self.joined()
 
@@ -362,6 +367,19 @@ class WorkerClient:
         if self.channel is None:          # still loading (or never loaded): it holds no session
             return
         await self.stub.Release(worker_pb2.ReleaseRequest(session_id=session_id), timeout=self.timeout)
+
+    async def unreachable(self) -> str:
+        """"" if the worker answers a first call over its channel (a Release of no session), else why not, in one
+        line. A worker its channel cannot reach (over TLS: a certificate that does not name the worker's address,
+        say) would fail every request while reading as ready."""
+        try:
+            await self.release(0)             # session ids are random 63-bit numbers: 0 is nobody's
+        except grpc.aio.AioRpcError as exc:
+            tls = (" (tls.internal: the workers' certificate, tls.cert, must name the address they are dialled at "
+                   "in its subjectAltName, or set tls.server_name to a name it has)") if self._tls and \
+                self._tls.enabled and self._tls.internal else ""
+            return f"{self.name} at {self.address} does not answer: {exc.code().name}: {exc.details()}{tls}"
+        return ""
 
     async def close(self) -> None:
         """Stop any recovery in progress and close the channel (the router is shutting down)."""

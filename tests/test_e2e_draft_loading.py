@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
+from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, worker_pb2, worker_pb2_grpc
 from router.worker_client import DraftClient, least_loaded
 from tests.conftest import RunningService, service_config
 
@@ -97,16 +97,33 @@ def check_identical(responses, prompts, reference_generate) -> set:
     return sources
 
 
+class Releases(worker_pb2_grpc.DraftWorkerServicer):
+    """A stand-in draft worker that answers Release, the first call a loaded client makes (WorkerClient.unreachable)."""
+
+    async def Release(self, request, context):
+        return worker_pb2.ReleaseResponse()
+
+
 def test_a_loading_client_joins_once_loaded_and_one_that_fails_stays_out():
     """The client's states without Ray: loading (not healthy, not chosen while a ready replica exists), then ready
-    at the address its load returned; a failed load stays out, with the error, and is not recovered."""
+    at the address its load returned, once it answers a first call there; a failed load stays out, with the error,
+    and is not recovered, and so does one that loaded where its channel cannot reach it (nothing listens there:
+    over TLS, a certificate that does not name the address)."""
     def broken() -> str:
         raise RuntimeError("draft 1: no model")
 
     async def main():
+        server = grpc.aio.server()
+        worker_pb2_grpc.add_DraftWorkerServicer_to_server(Releases(), server)
+        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
         gate = threading.Event()
-        joins = DraftClient(None, load=lambda: "127.0.0.1:9" if gate.wait(60) else "", name="draft 0")
+        joins = DraftClient(None, load=lambda: address if gate.wait(60) else "", name="draft 0")
         fails = DraftClient(None, recover=lambda: "127.0.0.1:9", load=broken, name="draft 1")
+        unreachable = DraftClient(None, 5.0, load=lambda: {"address": "127.0.0.1:9", "cpus": [0]}, name="draft 2")
+        await unreachable.wait_recovered(10)
+        assert (unreachable.state, unreachable.healthy) == ("failed", False)
+        assert unreachable.describe()["error"].startswith("draft 2 at 127.0.0.1:9 does not answer: UNAVAILABLE: ")
         assert (joins.state, joins.healthy, joins.address) == ("loading", False, "")
         await fails.wait_recovered(10)
         assert (fails.state, fails.healthy, fails.describe()["error"]) == ("failed", False, "draft 1: no model")
@@ -114,10 +131,11 @@ def test_a_loading_client_joins_once_loaded_and_one_that_fails_stays_out():
         assert fails.state == "failed" and least_loaded([fails, joins]) is fails   # neither healthy: the first
         gate.set()
         await joins.wait_recovered(10)
-        assert (joins.state, joins.healthy, joins.address) == ("ready", True, "127.0.0.1:9")
+        assert (joins.state, joins.healthy, joins.address) == ("ready", True, address)
         assert least_loaded([fails, joins]) is joins
         await fails.release(1)                                     # holds no session: nothing to call
-        await asyncio.gather(joins.close(), fails.close())
+        await asyncio.gather(joins.close(), fails.close(), unreachable.close())
+        await server.stop(0)
     asyncio.run(main())
 
 

@@ -51,6 +51,13 @@ def test_no_ready_target_reads_not_serving_and_says_why_each_worker_is_out():
     assert lines[6] == "  draft 0: failed to load, out of the pool until a restart: OSError: no model folder"
 
 
+def test_a_draining_router_reads_not_serving_as_health_does():
+    draining = {**stats([READY], []), "draining": True}
+    assert summary(CONFIG, draining).splitlines()[0] == (
+        "NOT_SERVING (shutting down: the requests in it drain, new ones are refused): 1 of 1 target replica(s) "
+        "ready; 3 request(s) generating, 1 queued")
+
+
 def test_the_prefix_cache_line_names_only_the_pools_that_keep_one():
     only_target = {**CONFIG, "draft": {"method": "ngram", "prefix_cache_tokens": 8192}}
     assert "prefix cache, context tokens found of those looked up at session starts: target 4,096 of 12,345 (33 %)" \

@@ -11,8 +11,9 @@ from settings.schema import ConfigError, config_from_dict
 from tests.conftest import service_config
 
 
-def make_certs(directory):
-    """A CA and one certificate for 127.0.0.1/localhost, usable as server and as client."""
+def make_certs(directory, with_ip: bool = True):
+    """A CA and one certificate for 127.0.0.1/localhost (`with_ip` False: localhost only), usable as server and as
+    client."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -29,8 +30,8 @@ def make_certs(directory):
     leaf = (x509.CertificateBuilder().subject_name(name("localhost")).issuer_name(ca.subject)
             .public_key(key.public_key()).serial_number(2).not_valid_before(now)
             .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")] + (
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))] if with_ip else [])), False)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                            False)
             .sign(ca_key, hashes.SHA256()))
@@ -49,7 +50,7 @@ def certs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(start_service, byte_pair, certs):
-    config = service_config(byte_pair, speculation={"hand_off": True, "overlap": False})
+    config = service_config(byte_pair, speculation={"hand_off": True, "overlap": False}, http={"port": 0})
     config["tls"] = {**certs, "client_auth": True, "internal": True}
     return start_service(config)
 
@@ -112,7 +113,9 @@ def test_admin_commands_over_tls_and_what_a_failed_handshake_says(service, certs
         assert main(["status", *address, *client]) == 1
         err = capsys.readouterr().err
         assert err.startswith("error: UNAVAILABLE: ") and f"(the TLS handshake with {service.admin_address} " \
-            "failed: with tls.enabled give --tls-ca" in err, err
+            "failed: where the server's tls.cert is set give --tls-ca" in err, err
+    assert main(["generate", "--address", service.address, "--max-new-tokens", "2", "x"]) == 1   # plaintext
+    assert "(the TLS handshake with" in capsys.readouterr().err
 
 
 def test_tls_config_errors_name_the_key(certs):
@@ -122,3 +125,38 @@ def test_tls_config_errors_name_the_key(certs):
         config_from_dict({"tls": {"cert": certs["cert"], "key": certs["key"]}})
     with pytest.raises(ConfigError, match=r"tls\.cert: no such file"):
         config_from_dict({"tls": {"cert": "/nonexistent.pem", "key": certs["key"], "ca": certs["ca"]}})
+
+
+def test_the_http_api_speaks_https_and_asks_for_a_client_certificate(service, certs):
+    """With tls.cert set the OpenAI API is HTTPS, under tls.client_auth mutual TLS, as the gRPC ports are (it stayed
+    plain HTTP and served a client with no certificate while the gRPC ports refused it)."""
+    import ssl
+
+    import httpx
+    url = f"https://127.0.0.1:{service.service.http_port}/v1/models"
+    mutual = ssl.create_default_context(cafile=certs["ca"])
+    mutual.load_cert_chain(certs["cert"], certs["key"])
+    assert httpx.get(url, verify=mutual, timeout=30).status_code == 200
+    for refused in ({"verify": ssl.create_default_context(cafile=certs["ca"])}, {"url": url.replace("https:", "http:")}):
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(refused.pop("url", url), timeout=30, **refused).raise_for_status()
+
+
+def test_workers_whose_certificate_does_not_name_their_address_fail_the_start_in_one_line(ray_local, byte_pair,
+                                                                                          tmp_path):
+    """The router dials the workers at 127.0.0.1, which this certificate does not name: every request failed with
+    UNAUTHENTICATED while health said SERVING and nothing was logged. A first call to each target now fails the
+    start, naming the replica and what the certificate needs."""
+    from benchmarks.service import LoopThread
+    from router.cli import StartFailed, start_service
+    config = service_config(byte_pair)
+    config["tls"] = {**make_certs(tmp_path, with_ip=False), "internal": True}
+    background = LoopThread()
+    try:
+        with pytest.raises(StartFailed) as failed:
+            background.run(start_service(config_from_dict(config)), 600)
+    finally:
+        background.close()
+    message = str(failed.value)
+    assert message.startswith("WorkerUnreachable: target 0 at 127.0.0.1:") and "subjectAltName" in message, message
+    assert "\n" not in message
