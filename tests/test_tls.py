@@ -114,8 +114,15 @@ def test_admin_commands_over_tls_and_what_a_failed_handshake_says(service, certs
         err = capsys.readouterr().err
         assert err.startswith("error: UNAVAILABLE: ") and f"(the TLS handshake with {service.admin_address} " \
             "failed: where the server's tls.cert is set give --tls-ca" in err, err
-    assert main(["generate", "--address", service.address, "--max-new-tokens", "2", "x"]) == 1   # plaintext
-    assert "(the TLS handshake with" in capsys.readouterr().err
+    import os
+    import subprocess
+    import sys
+    env = {key: value for key, value in os.environ.items() if key != "GRPC_VERBOSITY"}   # as a user's shell has it
+    done = subprocess.run([sys.executable, "-m", "router.cli", "generate", "--address", service.address, *tls,
+                           "--tls-server-name", "elsewhere.example", "--max-new-tokens", "2", "x"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: UNAVAILABLE: ") and "(the TLS handshake with" in done.stderr
 
 
 def test_tls_config_errors_name_the_key(certs):
