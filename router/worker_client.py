@@ -217,6 +217,8 @@ def _settle(waiting: asyncio.Future | asyncio.Queue, outcome) -> None:
         waiting.set_exception(outcome) if isinstance(outcome, Exception) else waiting.set_result(outcome)
 
 
+NOBODY = 1 << 63        # a session id no request has (the router's are random 63-bit numbers); not 0, whose Release
+                        # message is empty, which a target's TP ranks cannot broadcast
 Started = Union[str, dict]     # a worker's start: its address, or its start info {"address", "cpus": [...]}
 
 
@@ -285,21 +287,18 @@ class WorkerClient:
                 **({"error": self.error} if self.error else {})}
 
     async def _load(self, load: Callable[[], Started]) -> None:
-        """Wait (off the event loop) for the first start to load; then connect, or stay out with the error."""
+        """Wait (off the event loop) for the first start to load; then connect and make a first call
+        (unreachable), or stay out with the error. Until then it is loading (wait_recovered waits for it)."""
         try:
-            started = await in_daemon_thread(load)
+            self._connect(await in_daemon_thread(load))
+            self.error = await self.unreachable()
         except Exception as exc:  # noqa: BLE001 - whatever it was, the pool serves on without this worker
             self.error = str(exc)
-            self._set_state("failed")
-            say(f"{self.name} did not load and stays out of the pool (restart to retry): {exc}")
-            return
         finally:
             self._recovering = None
-        self._connect(started)
-        self.error = await self.unreachable()
         if self.error:
             self._set_state("failed")
-            say(f"{self.name} loaded but stays out of the pool (restart to retry): {self.error}")
+            say(f"{self.name} did not load and stays out of the pool (restart to retry): {self.error}")
             return
         self._set_state("ready")
         self.joined()
@@ -373,7 +372,7 @@ class WorkerClient:
         line. A worker its channel cannot reach (over TLS: a certificate that does not name the worker's address,
         say) would fail every request while reading as ready."""
         try:
-            await self.release(0)             # session ids are random 63-bit numbers: 0 is nobody's
+            await self.release(NOBODY)
         except grpc.aio.AioRpcError as exc:
             tls = (" (tls.internal: the workers' certificate, tls.cert, must name the address they are dialled at "
                    "in its subjectAltName, or set tls.server_name to a name it has)") if self._tls and \
