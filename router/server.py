@@ -227,14 +227,20 @@ class Router:
                     raise RestartRequired(f"{name}.replicas: this router cannot start replicas")
                 factories = await asyncio.to_thread(self._scale_up, name, extra)
                 for make in factories:
-                    self._add_replica(name, clients, make())
+                    await self._add_replica(name, clients, make())
         self.k_selector.update_config(new.speculation, new.draft.ngram_max_tokens, new.draft.method)
         self.config = new
 
-    def _add_replica(self, pool: str, clients: list, client) -> None:
-        """A replica a reload started (loaded already) joins its pool, as the first ones did."""
+    async def _add_replica(self, pool: str, clients: list, client) -> None:
+        """A replica a reload started (loaded already) joins its pool, as the first ones did, once it answers a first
+        call (WorkerClient.unreachable: a new node whose address the TLS certificate does not name, say); else it
+        stays out, failed, with the error in status and the log."""
         clients.append(client)
         self._watch(pool, client)
+        problem = await client.unreachable()
+        if problem:
+            client.stay_out(problem)
+            return
         client.joined()
         if pool == "target":
             self._worker_changed(pool, client)

@@ -297,11 +297,17 @@ class WorkerClient:
         finally:
             self._recovering = None
         if self.error:
-            self._set_state("failed")
-            say(f"{self.name} did not load and stays out of the pool (restart to retry): {self.error}")
+            self.stay_out(self.error)
             return
         self._set_state("ready")
         self.joined()
+
+    def stay_out(self, error: str) -> None:
+        """It did not load, or its channel cannot reach it: out of the pool until a restart, with `error` in status
+        and the log."""
+        self.error = error
+        self._set_state("failed")
+        say(f"{self.name} did not load and stays out of the pool (restart to retry): {error}")
 
     def joined(self) -> None:
         """The operator's line for a replica that has loaded (at start-up, or added by a reload)."""

@@ -365,3 +365,23 @@ def test_a_draining_service_answers_health_checks_refuses_new_requests_and_finis
     assert tokens >= 999
     log = capsys.readouterr().out
     assert "draining 1 request(s) (grace 30s)" in log and log.rstrip().endswith("[specpool] stopped")
+
+
+def test_a_replica_a_reload_adds_that_does_not_answer_stays_out_failed_and_the_pool_serves_on(capsys):
+    """A replica grown by a reload joins once it answers a first call; one whose channel cannot reach it (nothing
+    listens at its address here; over TLS, a new node the certificate does not name) stays out, failed, with the
+    error in status and the log, and health and requests stay on the replica that answers."""
+    async def body(service):
+        service.router._scale_up = lambda pool, count: [
+            lambda: TargetClient("127.0.0.1:9", 5.0, name="target 1") for _ in range(count)]
+        document = {"router": {"host": "127.0.0.1", "port": 0, "worker_timeout_s": 30.0},
+                    "draft": {"method": "ngram"}, "target": {"replicas": 2}}
+        await service.router.reload(document)
+        answers = [chunk async for chunk in service.stub.GenerateStream(plain(8))]
+        return service.router.status()["workers"]["target"], await health(service), answers
+    workers, serving, answers = run(body)
+    assert [worker["state"] for worker in workers] == ["ready", "failed"]
+    assert workers[1]["error"].startswith("target 1 at 127.0.0.1:9 does not answer: UNAVAILABLE: ")
+    assert serving == SERVING and sum(len(chunk.token_ids) for chunk in answers) == 8
+    assert "target 1 did not load and stays out of the pool (restart to retry): target 1 at 127.0.0.1:9" \
+        in capsys.readouterr().out
