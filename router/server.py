@@ -234,10 +234,11 @@ class Router:
     async def _add_replica(self, pool: str, clients: list, client) -> None:
         """A replica a reload started (loaded already) joins its pool, as the first ones did, once it answers a first
         call (WorkerClient.unreachable: a new node whose address the TLS certificate does not name, say); else it
-        stays out, failed, with the error in status and the log."""
+        stays out, failed, with the error in status and the log. The call is made before it is in the pool, so that no
+        request goes to it meanwhile."""
+        problem = await client.unreachable()
         clients.append(client)
         self._watch(pool, client)
-        problem = await client.unreachable()
         if problem:
             client.stay_out(problem)
             return

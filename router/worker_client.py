@@ -291,13 +291,13 @@ class WorkerClient:
         (unreachable), or stay out with the error. Until then it is loading (wait_recovered waits for it)."""
         try:
             self._connect(await in_daemon_thread(load))
-            self.error = await self.unreachable()
+            error = await self.unreachable()
         except Exception as exc:  # noqa: BLE001 - whatever it was, the pool serves on without this worker
-            self.error = str(exc)
+            error = str(exc)
         finally:
             self._recovering = None
-        if self.error:
-            self.stay_out(self.error)
+        if error:
+            self.stay_out(error)
             return
         self._set_state("ready")
         self.joined()
