@@ -84,7 +84,8 @@ class RoundTimings:
     """What one round cost (seconds) and the target's load, as the router measured them."""
     draft_seconds: float = 0.0               # the draft worker's compute for this round's drafts
     draft_tokens: int | None = None          # tokens that compute drafted (None: K; a pre-draft drafts K + 1)
-    draft_rtt_seconds: float | None = None   # the rest of the draft call (None: same as rtt_seconds)
+    draft_rtt_seconds: float | None = None   # the rest of the draft call (None: same as rtt_seconds; negative for
+                                             # drafts handed off, where drafting hid behind the verify's way)
     verify_seconds: float = 0.0              # the target's compute for the verify pass
     rtt_seconds: float = 0.0                 # the rest of the verify call (router <-> target round trip)
     batch_size: int = 1                      # rows of the target forward that verified this round

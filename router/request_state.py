@@ -64,7 +64,7 @@ class Proposal:
     tokens: list[int] = field(default_factory=list)
     hidden: bytes = b""
     seconds: float = 0.0             # the draft worker's compute
-    rtt_seconds: float = 0.0         # the rest of the call
+    rtt_seconds: float = 0.0         # the rest of the call (handed off: its wait on the target less `seconds`)
     worker_seconds: float = 0.0      # ... of which the worker spent queued or handing over to its engine thread
     source: int = MODEL              # where the tokens came from (MODEL or NGRAM)
     runner_ups: list[int] = field(default_factory=list)   # the draft's runner-up at each draft (model drafts)

@@ -46,15 +46,16 @@ def round_parts(wall: float, proposal: Proposal, ready: bool, timings: RoundTimi
 def split_handed(proposal: Proposal, verdict: worker_pb2.VerifyResponse) -> tuple[float, float, float]:
     """split_time of a handed-off call: its compute; the rest of its own round trip (transport, and its worker side
     less the wait for the handoff); that worker side. Also sets the proposal's handoff_wait, the drafts' part of the
-    round (router -> draft, drafting, draft -> target, less router -> target), and its rtt_seconds, that wait beyond
+    round (router -> draft, drafting, draft -> target, less router -> target), and its rtt_seconds, that wait less
     the draft's compute. Where the call reached the target after the draft began (this machine's contention), the
-    drafting before it is hidden behind the call's way there: the parts still add up to the round's wall time
-    (draft_parts), while the K controller's cost (draft compute + both rtts) counts that overlap twice."""
+    drafting before it is hidden behind the call's way there, and rtt_seconds is negative: the K controller's
+    draft path (draft compute + rtt_seconds) is then the wait, as the round's critical path paid it, and never counts
+    the hidden drafting twice."""
     compute = verdict.compute_us / 1e6
     handler = max(verdict.handler_us / 1e6, compute)
     wait = proposal.handoff_wait = min(verdict.handoff_wait_us / 1e6, handler - compute)
     worker = handler - wait - compute
-    proposal.rtt_seconds = max(wait - proposal.seconds, 0.0)
+    proposal.rtt_seconds = wait - proposal.seconds
     return compute, max(time.perf_counter() - proposal.handed_at - handler, 0.0) + worker, worker
 
 

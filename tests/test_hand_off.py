@@ -5,11 +5,17 @@ handoff is what the target verifies (the router's copy only stands in when it ne
 goes away withdraws the waiting call, a target that lost the session takes the handoff again when the call is
 repeated from position 0, and the target's waiting room keeps the first copy of each handoff."""
 import asyncio
+import random
+import time
 
 import grpc
 
 from engine.handoff import HandoffStream, WaitingRoom
 from protos.specpool.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
+from router.controller import KController, RoundTimings
+from router.request_state import Proposal
+from router.round_timing import draft_parts, split_handed
+from tests.test_controller import sequential
 from tests.test_overlap import FixedK
 from tests.test_staged_rounds import serve_loop, unary_verify
 
@@ -238,3 +244,21 @@ def test_a_handoff_stream_opens_again_after_its_call_ends_and_loses_nothing_queu
             await server.stop(None)
         return target.got
     assert asyncio.run(scenario()) == [1, 2, 3, 4, 5]
+
+
+def test_drafting_hidden_behind_the_verify_calls_way_is_counted_once_in_the_k_controllers_draft_path():
+    """A handed-off call that reached the target 4 ms after the 6 ms of drafting began waited 2 ms there for the
+    drafts: the round's critical path paid 2 ms for drafting, not 6, and so does the controller's draft path."""
+    proposal = Proposal([7, 8, 9], seconds=0.006, worker_seconds=0.0005,
+                        handed_at=time.perf_counter() - 0.020, staged=asyncio.Future())
+    verdict = worker_pb2.VerifyResponse(compute_us=10_000, handler_us=13_000, handoff_wait_us=2_000)
+    compute, _, _ = split_handed(proposal, verdict)
+    assert compute == 0.010 and proposal.handoff_wait == 0.002
+    assert sum(draft_parts(proposal, ready=False)) == 0.002
+    controller = KController(sequential(k=3, k_max=8), random.Random(0))
+    for _ in range(40):
+        controller.observe(3, 0, RoundTimings(draft_seconds=proposal.seconds, draft_rtt_seconds=proposal.rtt_seconds,
+                                              verify_seconds=compute, rtt_seconds=0.001))
+    costs = controller.costs()
+    draft_path = costs["draft_fixed"] + 3 * costs["t_draft"] + costs["rtt_draft"]
+    assert abs(draft_path - 0.002) < 1e-9, draft_path
