@@ -249,8 +249,10 @@ def test_a_handoff_stream_opens_again_after_its_call_ends_and_loses_nothing_queu
 def test_drafting_hidden_behind_the_verify_calls_way_is_counted_once_in_the_k_controllers_draft_path():
     """A handed-off call that reached the target 4 ms after the 6 ms of drafting began waited 2 ms there for the
     drafts: the round's critical path paid 2 ms for drafting, not 6, and so does the controller's draft path."""
+    loop = asyncio.new_event_loop()
     proposal = Proposal([7, 8, 9], seconds=0.006, worker_seconds=0.0005,
-                        handed_at=time.perf_counter() - 0.020, staged=asyncio.Future())
+                        handed_at=time.perf_counter() - 0.020, staged=loop.create_future())    # the waiting call
+    loop.close()
     verdict = worker_pb2.VerifyResponse(compute_us=10_000, handler_us=13_000, handoff_wait_us=2_000)
     compute, _, _ = split_handed(proposal, verdict)
     assert compute == 0.010 and proposal.handoff_wait == 0.002
