@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import re
-import time
 import uuid
 from pathlib import Path
 from typing import AsyncIterator, Callable
@@ -24,6 +23,7 @@ from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest,
                                  completion_prompt, generate_request, http_error, with_seed)
 from openai_api.responses import FINISH, ChatCompletions, Completions, envelope, spec_stats, usage
 from router.failures import worker_failure
+from router.request_log import ClientRequest
 from router.server import Overloaded, Router
 from router.stopping import output_chunks
 from router.validation import RequestError
@@ -109,7 +109,8 @@ class Api:
         wrong key, invalid fields, overload, a failed worker."""
         router = self._get_router()
         if router is not None and request.url.path in GENERATION_ROUTES:
-            count(router, error.grpc_code or GRPC_CODES.get(error.status, "UNKNOWN"))
+            router.ended(client_request(request), error.grpc_code or GRPC_CODES.get(error.status, "UNKNOWN"),
+                         str(error))
         return JSONResponse(error.body(), status_code=error.status)
 
     async def api_error(self, request: Request, exc: ApiError) -> JSONResponse:
@@ -213,15 +214,24 @@ async def admit(router: Router, generate, body: SamplingBody) -> list:
         raise http_error(exc, body.params()) from exc
 
 
+def client_request(request: Request) -> ClientRequest:
+    """The HTTP request as the request log sees it (Router.ended): made once, kept on the request's state."""
+    if not hasattr(request.state, "client_request"):
+        peer = f"{request.client.host}:{request.client.port}" if request.client else ""
+        request.state.client_request = ClientRequest(request.url.path, peer)
+    return request.state.client_request
+
+
 async def answer(request: Request, router: Router, body: SamplingBody, generate, kind: Completions,
                  model: str) -> Response:
-    states = await admit(router, generate, body)
-    request_id, started = uuid.uuid4().hex, time.perf_counter()
+    client = client_request(request)
+    client.states = states = await admit(router, generate, body)
+    request_id = uuid.uuid4().hex
+    client.request_id = kind.id_prefix + request_id              # the "id" its client sees
     chunks = choice_chunks(router, states)
     if body.stream:
-        first = await until_disconnected(request, tracked(router, next_chunk(chunks), started, final=False))
-        return StreamingResponse(sse(router, states, chunks, first, kind, request_id, model, body.include_usage,
-                                     started),
+        first = await until_disconnected(request, tracked(router, next_chunk(chunks), client, final=False))
+        return StreamingResponse(sse(router, client, chunks, first, kind, request_id, model, body.include_usage),
                                  media_type="text/event-stream")
     texts, entries = [[] for _ in states], [[] for _ in states]
 
@@ -229,7 +239,7 @@ async def answer(request: Request, router: Router, body: SamplingBody, generate,
         async for index, chunk in chunks:
             texts[index].append(chunk.text)
             entries[index].extend(chunk.logprobs)
-    await until_disconnected(request, tracked(router, collect(), started))
+    await until_disconnected(request, tracked(router, collect(), client))
     logprobs = [e if generate.HasField("logprobs") else None for e in entries]
     choices = [kind.choice(i, "".join(texts[i]), logprobs[i], FINISH.get(s.finish_reason)) for i, s in enumerate(states)]
     return JSONResponse({**envelope(kind, request_id, model, choices), "usage": usage(states),
@@ -287,27 +297,20 @@ def failure(exc: BaseException) -> tuple[str, ApiError | None]:
     return "UNKNOWN", None
 
 
-def count(router: Router, code: str, started: float | None = None) -> None:
-    """specpool_requests_total by the gRPC code the request would have had; latency of those that succeed."""
-    router.metrics.requests.labels(code).inc()
-    if code == "OK":
-        router.metrics.e2e.observe(time.perf_counter() - started)
-
-
-async def tracked(router: Router, awaitable, started: float, final: bool = True):
-    """Await a request's work, turning router errors into API errors (429 overload, 503 worker failure: counted
-    where they are answered, Api.refused) and counting the request once it is over (`final`), or if it ends
-    otherwise (cancelled)."""
+async def tracked(router: Router, awaitable, client: ClientRequest, final: bool = True):
+    """Await a request's work, turning router errors into API errors (429 overload, 503 worker failure: ended
+    where they are answered, Api.refused) and ending the request (Router.ended: counted under the gRPC code it
+    would have had, and logged) once it is over (`final`), or if it ends otherwise (cancelled)."""
     try:
         result = await awaitable
     except BaseException as exc:
         code, error = failure(exc)
         if error is not None:
             raise error from exc
-        count(router, code)
+        router.ended(client, code)
         raise
     if final:
-        count(router, "OK", started)
+        router.ended(client, "OK")
     return result
 
 
@@ -334,15 +337,15 @@ def event(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
-async def sse(router: Router, states: list, chunks, first: tuple, kind: Completions, request_id: str, model: str,
-              include_usage: bool, started: float) -> AsyncIterator[str]:
+async def sse(router: Router, client: ClientRequest, chunks, first: tuple, kind: Completions, request_id: str,
+              model: str, include_usage: bool) -> AsyncIterator[str]:
     """Server-sent events: a chunk per piece of output of each choice, then usage if asked, then [DONE]. A
     failure after the first chunk is sent as an error event (the status line has gone)."""
-    usage_field = {"usage": None} if include_usage else {}
+    usage_field, states = {"usage": None} if include_usage else {}, client.states
 
     def chunk_event(choice: dict) -> str:
         return event({**envelope(kind, request_id, model, [choice], chunk=True), **usage_field})
-    code = "OK"
+    code, detail = "OK", ""
     try:
         async with contextlib.aclosing(chunks):
             for index in range(len(states)):
@@ -357,9 +360,10 @@ async def sse(router: Router, states: list, chunks, first: tuple, kind: Completi
         code, error = failure(exc)
         if error is None:
             raise
+        detail = str(error)
         yield event(error.body())
     finally:
-        count(router, code, started)
+        router.ended(client, code, detail)
     if include_usage:
         yield event({**envelope(kind, request_id, model, [], chunk=True), "usage": usage(states),
                      "specpool": spec_stats(states)})

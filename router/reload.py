@@ -23,11 +23,13 @@ class RestartRequired(ValueError):
 def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool | None = None,
                      document: dict | None = None) -> None:
     """Raise RestartRequired naming the first key a reload cannot change, with the running value and the new one
-    (replicas may only grow; draft.method may change, to a method that uses the draft model only if a draft pool
+    (replicas may only grow; router.log_requests may change; draft.method may change, to a method that uses the draft model only if a draft pool
     runs: `draft_pool`, by default whether the old method started one). `document`: the reloaded YAML, to say
     when the new value is a default because the key is absent from it."""
     for section in ("router", "ray", "draft", "target", "tls", "http"):
         before, after = getattr(old, section), getattr(new, section)
+        if section == "router":
+            after = dataclasses.replace(after, **{key: getattr(before, key) for key in ROUTER_RELOADABLE})
         if section in ("draft", "target"):
             if after.replicas < before.replicas:
                 raise RestartRequired(f"{section}.replicas: scaling down needs a restart (running "
@@ -75,6 +77,7 @@ async def logged_reload(router: "Router", read: Callable[[], dict], config_dir: 
 
 
 DRAFT_RELOADABLE = ("method", "ngram_min", "ngram_max", "ngram_max_tokens")   # router-side: apply to new requests
+ROUTER_RELOADABLE = ("log_requests",)                                          # read as each request ends
 
 
 def with_overrides(config: SpecpoolConfig, overrides: dict) -> SpecpoolConfig:

@@ -31,6 +31,7 @@ from router.metrics import Metrics
 from router.oplog import say
 from router.reload import RestartRequired, check_reloadable, logged_reload, reload_document, with_overrides
 from engine.ngram import NgramIndex
+from router.request_log import ClientRequest, request_line
 from router.request_state import DRAFT_MODES, RequestState
 from router.speculation import generate, releases_done
 from router.stopping import output_chunks
@@ -189,6 +190,15 @@ class Router:
                     self._count_sessions(workers, -1)
         finally:
             self.in_flight -= 1
+
+    def ended(self, request: ClientRequest, code: str, detail: str = "") -> None:
+        """Count a client request under its final gRPC status (its latency, if it succeeded) and, with
+        router.log_requests, log it (router/request_log.py): `detail`, what a failed one's client was told."""
+        self.metrics.requests.labels(code).inc()
+        if code == "OK":
+            self.metrics.e2e.observe(time.perf_counter() - request.started)
+        if self.config.router.log_requests:
+            say(request_line(request, code, detail))
 
     async def drained(self, timeout: float, poll_s: float = 0.05) -> bool:
         """Wait until no request is in flight (True), or `timeout` seconds (False): the shutdown's grace."""
@@ -357,8 +367,9 @@ class GenerationServicer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"request: not a specpool.v1.GenerateRequest ({exc})")
 
-    async def _admit(self, context, streamed: bool) -> tuple[Router, RequestState, str]:
+    async def _admit(self, context, streamed: bool, client: ClientRequest) -> tuple[Router, RequestState, str]:
         request = await self._read(context)
+        client.request_id = request.request_id
         router = self.router
         if router is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.loading_message())
@@ -371,42 +382,41 @@ class GenerationServicer:
         remaining = context.time_remaining()
         if remaining is not None:
             state.deadline = time.monotonic() + remaining
-        return router, state, request.request_id or uuid.uuid4().hex
+        client.request_id, client.states = request.request_id or uuid.uuid4().hex, [state]
+        return router, state, client.request_id
 
     @contextlib.asynccontextmanager
-    async def _tracked(self, context):
-        """Count the request by its final status; a worker failure becomes UNAVAILABLE (or DEADLINE_EXCEEDED, if
-        the client's deadline is what cut the worker's call short)."""
-        code, started = "OK", time.perf_counter()
+    async def _tracked(self, context, route: str):
+        """The request (a ClientRequest), ended under its final status (Router.ended); a worker failure becomes
+        UNAVAILABLE (or DEADLINE_EXCEEDED, if the client's deadline is what cut the worker's call short)."""
+        client, code, detail = ClientRequest(route, context.peer()), "OK", ""
         try:
-            yield
+            yield client
         except grpc.aio.AioRpcError as exc:
             code, detail = worker_failure(exc, _ended(context) == "DEADLINE_EXCEEDED")
             await context.abort(grpc.StatusCode[code], detail)
         except Overloaded as exc:
-            code = "RESOURCE_EXHAUSTED"
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            code, detail = "RESOURCE_EXHAUSTED", str(exc)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, detail)
         except (asyncio.CancelledError, GeneratorExit):     # grpc.aio closes a cancelled stream's generator
             code = _ended(context)
             raise
         except BaseException:
-            code = context.code().name if context.code() else "UNKNOWN"
+            code, detail = (context.code().name, context.details() or "") if context.code() else ("UNKNOWN", "")
             raise
         finally:
             if self.router is not None:
-                self.router.metrics.requests.labels(code).inc()
-                if code == "OK":
-                    self.router.metrics.e2e.observe(time.perf_counter() - started)
+                self.router.ended(client, code, detail)
 
     async def GenerateStream(self, request_iterator, context):
-        async with self._tracked(context):
-            router, state, request_id = await self._admit(context, streamed=True)
+        async with self._tracked(context, "GenerateStream") as client:
+            router, state, request_id = await self._admit(context, True, client)
             async for chunk in output_chunks(router.run(state), state, router.tokenizer):
                 yield _response(state, request_id, chunk.token_ids, chunk.text, chunk.logprobs)
 
     async def Generate(self, request_iterator, context):
-        async with self._tracked(context):
-            router, state, request_id = await self._admit(context, streamed=False)
+        async with self._tracked(context, "Generate") as client:
+            router, state, request_id = await self._admit(context, False, client)
             text = [chunk.text async for chunk in output_chunks(router.run(state), state, router.tokenizer)]
             return _response(state, request_id, state.tokens[state.prompt_len:], "".join(text), state.logprobs)
 

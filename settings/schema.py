@@ -273,6 +273,7 @@ class RouterConfig:
     prefix_affinity_slack: int = 4   # a request whose prompt begins as an earlier one's goes to the replica that
                                      # served it (its prefix cache holds those blocks) while that one holds at most
                                      # this many sessions more than the least loaded (-1: always the least loaded)
+    log_requests: bool = False       # a line per client request on serve's log once it is over (hot-reloadable)
 
     def validate(self, section: str = "router") -> None:
         for key in ("port", "metrics_port", "admin_port"):

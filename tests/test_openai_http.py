@@ -12,6 +12,7 @@ import types
 from pathlib import Path
 from typing import Iterator
 
+import grpc
 import httpx
 import openai
 import pytest
@@ -718,8 +719,11 @@ def test_401_503_and_no_chat_template(byte_pair):
                                             headers={"Authorization": "Bearer wrong", "Content-Type": "application/json"})
                 assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
         from router.metrics import Metrics
+        from router.server import Router
+        from settings.schema import SpecpoolConfig
         no_template = types.SimpleNamespace(model_info={"model_path": byte_pair[1]}, eos_ids=frozenset(),
-                                            tokenizer=None, draining=False, metrics=Metrics())
+                                            tokenizer=None, draining=False, metrics=Metrics(), config=SpecpoolConfig())
+        no_template.ended = types.MethodType(Router.ended, no_template)
         async with asgi_client({}, no_template) as client:
             response = await client.post("/v1/chat/completions", json={
                 "model": Path(byte_pair[1]).name, "messages": [{"role": "user", "content": "hi"}]})
@@ -792,3 +796,36 @@ def test_cli_generate_from_stdin_and_status_from_config(served, target, tmp_path
     path.write_text(yaml.safe_dump({"router": {"port": served.service.port, "admin_port": served.service.admin_port}}))
     assert cli.main(["status", "--config", str(path)]) == 0
     assert "request(s) generating" in capsys.readouterr().out      # the summary (--full: every statistic)
+
+
+def logged_requests(out: str) -> list[str]:
+    return [line.split("[specpool] ", 1)[1] for line in out.splitlines() if "[specpool] request " in line]
+
+
+def test_the_request_log_a_reload_turns_on_has_one_line_per_request_grpc_and_http_until_turned_off(served, capsys):
+    before = served.reload(router={"log_requests": True})
+    try:
+        capsys.readouterr()
+        request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=8, request_id="log-me")
+        request.speculation.k = 3
+        served.stub.Generate(request)
+        with pytest.raises(grpc.RpcError):
+            served.stub.Generate(generation_pb2.GenerateRequest(prompt=PROMPT))
+        completion = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=4, temperature=0)
+        refused = httpx.post(f"{served.base_url}/completions", json={"model": served.model, "prompt": PROMPT,
+                                                                     "max_tokens": -1})
+        assert refused.status_code == 400
+        lines = logged_requests(capsys.readouterr().out)
+    finally:
+        served.reload(**before)
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("request log-me Generate from ipv4:127.0.0.1:")
+    assert ": OK in " in lines[0] and " + 8 new tokens (length), " in lines[0] and "drafts accepted" in lines[0]
+    assert lines[1].startswith("request ") and " Generate from " in lines[1]
+    assert ": INVALID_ARGUMENT in " in lines[1] and "max_new_tokens" in lines[1]
+    assert lines[2].startswith(f"request {completion.id} /v1/completions from 127.0.0.1:")    # the id its client saw
+    assert ": OK in " in lines[2] and "+ 4 new tokens" in lines[2]
+    assert lines[3].startswith("request - /v1/completions from 127.0.0.1:")
+    assert ": INVALID_ARGUMENT in " in lines[3] and lines[3].endswith(refused.json()["error"]["message"])
+    served.stub.Generate(request)
+    assert logged_requests(capsys.readouterr().out) == []
