@@ -69,6 +69,7 @@ _MIN_SLOPE_SHARE = 0.25  # the drafting slope stays >= this share of seconds per
 _CATCH_UP = {"draft": 2, "target": 1}   # more than this many tokens to absorb first (a prompt's prefill, a draft
                                         # back after rounds at K = 0): the call's time says nothing of a round's
 _BUSY_RIDGE = 0.002    # ... for the busy term of t_verify (a share of plain rounds near 4 % is enough to see it)
+PLAN_LOAD_CAP = 4        # under load the policy plans and probes less often, by the load up to this factor
 _PLAIN_PROBE_EVERY = 3  # every 3rd probe (from K > 0) is a K = 0 probe, so T(0) is measured, not extrapolated,
 _PLAIN_PROBE_WORTH = 0.6  # ... when plain decoding's modeled goodput is at least this share of K's (else a probe
                           # costs more than a doubt about T(0) could be worth)
@@ -262,7 +263,7 @@ class KController:
         self._probes = 0
         self._hold_plain = False
         self._calls = 0
-        self._next_probe = 0
+        self._probed_at, self._probe_gap = 0, 0   # the call of the last probe, and the calls to wait after it (at load 1)
         self._rounds = 0
         self._warm_from = 0                    # the round the last warm-up at `k` began (0, or a reload of k)
         self._drafting = 0                     # rounds observed with K > 0
@@ -487,10 +488,18 @@ class KController:
             self._k = best
 
     def _probe_due(self) -> bool:
+        """Whether this call probes: about every probe_every calls (jittered), times the target's load now (rows per
+        forward, up to PLAN_LOAD_CAP), as plain decode runs grow with it. Under load a probe costs more (its request
+        leaves the batch for a draft call and its own verify, and the streams it delays finish in smaller batches:
+        8 demo-pair streams made 12-20 % more target forwards with probes than without) while the pool plans for
+        load times as many requests, so it learns as much from fewer probes each; once the load falls, the gap
+        already waited is measured against the lower load, and probing resumes at once."""
         every = self.config.probe_every
-        if every == 0 or self._warm_rounds < self.config.warmup_rounds or self._calls < self._next_probe:
+        if every == 0 or self._warm_rounds < self.config.warmup_rounds:
             return False
-        self._next_probe = self._calls + self._rng.randint(max(1, every // 2), every + every // 2)
+        if self._calls - self._probed_at < self._probe_gap * min(max(round(self.load), 1), PLAN_LOAD_CAP):
+            return False
+        self._probed_at, self._probe_gap = self._calls, self._rng.randint(max(1, every // 2), every + every // 2)
         return True
 
     def _probe_k(self) -> int:

@@ -33,13 +33,12 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from router.controller import KController
+from router.controller import PLAN_LOAD_CAP, KController
 from settings.schema import ControllerConfig
 from router.metrics import Metrics
 from router.request_state import MODEL, NGRAM, SOURCE_NAMES, RequestState, Round
 
 REGIMES = ("greedy", "sampled")
-_PLAIN_RUN_LOAD_CAP = 4      # plain decode runs grow with the load up to this many times decode_steps
 
 
 def regime(state: RequestState) -> str:
@@ -223,9 +222,9 @@ class KSelector:
     def plain_run_steps(self, state: RequestState) -> int:
         """The most tokens a plain decode run (K = 0, no lookup) commits before the policy plans again:
         decode_steps, times the target's load (rows per forward, from the request's controller) up to
-        _PLAIN_RUN_LOAD_CAP. Under load a run's end costs its request a step of the batch and K = 0 is what the
+        PLAN_LOAD_CAP. Under load a run's end costs its request a step of the batch and K = 0 is what the
         model favours anyway, so the policy plans (and probes) less often per token; alone, it plans as before."""
-        load = min(max(round(self.controller(state).load), 1), _PLAIN_RUN_LOAD_CAP)
+        load = min(max(round(self.controller(state).load), 1), PLAN_LOAD_CAP)
         return self.config.decode_steps * load
 
     def answer_delay_s(self, state: RequestState) -> float:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from router.controller import (KController, RoundTimings, branch_plan, expected_curve, expected_tokens,
-                               overlap_chances, round_time)
+from router.controller import (PLAN_LOAD_CAP, KController, RoundTimings, branch_plan, expected_curve,
+                               expected_tokens, overlap_chances, round_time)
 from settings.schema import ControllerConfig
 
 
@@ -442,6 +442,28 @@ def test_load_shrinks_k_to_zero_when_the_target_is_compute_bound():
     run_loaded(controller, 1, 100, rng)                  # load falls: speculation comes back
     assert controller.k >= 1
     assert run_loaded(controller, 1, 400, rng) >= 0.95 * loaded_goodput(1, best[1])
+
+
+def probes_in(controller: KController, load: int, rounds: int, rng: random.Random) -> int:
+    """run_loaded's rounds, counting those that were probes."""
+    probes = 0
+    for _ in range(rounds):
+        run_loaded(controller, load, 1, rng)
+        probes += controller.probing
+    return probes
+
+
+def test_under_load_probes_thin_out_by_the_load_up_to_four_times_and_resume_as_soon_as_it_falls():
+    """A probe under load delays its request and the batch's tail, while the pool plans for load times as many
+    requests: probes come about load times (at most PLAN_LOAD_CAP times) less often, and once the load falls,
+    the next one is due within probe_every's jittered gap."""
+    config = sequential(k=0, k_max=K_MAX, probe_every=8, random_probe=0.0, warmup_rounds=0)
+    controller, rng = KController(config, random.Random(0)), random.Random(1)
+    alone = probes_in(controller, 1, 800, rng)
+    loaded = probes_in(controller, 16, 800, rng)
+    assert 80 <= alone <= 120 and 16 <= loaded <= 34, (alone, loaded)     # 800 / 8 = 100; / 4 = 25
+    assert probes_in(controller, 1, 12, rng) >= 1                          # the load fell: a probe within 12 rounds
+    assert PLAN_LOAD_CAP == 4
 
 
 def test_expected_tokens_formula():
