@@ -46,8 +46,9 @@ acceptance rate since its last step is above `raise_above`, down when below `low
 `k` for `warmup_rounds` (and so does each policy again after a reload that changes `k`, its statistics kept),
 then takes the argmax of goodput(K) over [k_min, k_max], switching only when the best
 beats the current K by the `hysteresis` fraction. Both adaptive policies probe roughly every `probe_every`
-rounds (jittered by the injected RNG): K+1 (K-1 at k_max), or with chance `random_probe` a uniformly random
-other K, so stale statistics refresh and a phase change is noticed even at K = 0. The goodput policy makes every
+rounds (jittered by the injected RNG; under load, times the load up to PLAN_LOAD_CAP): K+1 (K-1 at k_max), or with
+chance `random_probe` a uniformly random other K, so stale statistics refresh and a phase change is noticed even
+at K = 0. The goodput policy makes every
 third probe from K > 0 a K = 0 probe while plain decoding is modeled within 60 % of K (so T(0) is measured, not
 extrapolated); with overlap it lasts two rounds, since only the second runs with no pre-draft beside it.
 """
