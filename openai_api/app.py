@@ -26,7 +26,7 @@ from router.failures import worker_failure
 from router.request_log import ClientRequest
 from router.server import Overloaded, Router
 from router.stopping import output_chunks
-from router.validation import RequestError
+from router.validation import MAX_REQUEST_ID_CHARS, RequestError
 from settings.schema import HttpConfig
 
 GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED",
@@ -222,17 +222,28 @@ def client_request(request: Request) -> ClientRequest:
     return request.state.client_request
 
 
+def request_id_header(request: Request) -> str:
+    """The client's X-Request-Id, as vLLM takes it ("" without one): the response's id is then the kind's prefix
+    and it, and the header comes back on the response, so that a client's id finds its line in the request log."""
+    value = request.headers.get("x-request-id", "")
+    if len(value) > MAX_REQUEST_ID_CHARS:
+        raise ApiError(400, f"X-Request-Id: must be at most {MAX_REQUEST_ID_CHARS} characters (got {len(value)})",
+                       "X-Request-Id")
+    return value
+
+
 async def answer(request: Request, router: Router, body: SamplingBody, generate, kind: Completions,
                  model: str) -> Response:
     client = client_request(request)
+    request_id = request_id_header(request) or uuid.uuid4().hex
     client.states = states = await admit(router, generate, body)
-    request_id = uuid.uuid4().hex
     client.request_id = kind.id_prefix + request_id              # the "id" its client sees
+    headers = {"X-Request-Id": request_id}
     chunks = choice_chunks(router, states)
     if body.stream:
         first = await until_disconnected(request, tracked(router, next_chunk(chunks), client, final=False))
         return StreamingResponse(sse(router, client, chunks, first, kind, request_id, model, body.include_usage),
-                                 media_type="text/event-stream")
+                                 media_type="text/event-stream", headers=headers)
     texts, entries = [[] for _ in states], [[] for _ in states]
 
     async def collect():
@@ -243,7 +254,7 @@ async def answer(request: Request, router: Router, body: SamplingBody, generate,
     logprobs = [e if generate.HasField("logprobs") else None for e in entries]
     choices = [kind.choice(i, "".join(texts[i]), logprobs[i], FINISH.get(s.finish_reason)) for i, s in enumerate(states)]
     return JSONResponse({**envelope(kind, request_id, model, choices), "usage": usage(states),
-                         "specpool": spec_stats(states)})
+                         "specpool": spec_stats(states)}, headers=headers)
 
 
 async def choice_chunks(router: Router, states: list) -> AsyncIterator[tuple]:

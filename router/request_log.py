@@ -11,6 +11,7 @@ is over, whatever its end, so that an on-call engineer can match a client's comp
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -41,7 +42,16 @@ def request_line(request: ClientRequest, code: str, detail: str = "", now: float
     parts = [tokens_part(request.states, seconds, code == "OK")] if request.states else []
     if request.states and any(state.stats.target_passes for state in request.states):
         parts.append(rounds_part(request.states))
-    return head + (f", {'; '.join(parts)}" if parts else "") + (f": {detail}" if detail else "")
+    return one_line(head + (f", {'; '.join(parts)}" if parts else "") + (f": {detail}" if detail else ""))
+
+
+_BREAKS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """`text` with its control characters and line breaks escaped (`\\n`): a client's id or a message quoting its
+    input never starts a line of its own that would read as serve's."""
+    return _BREAKS.sub(lambda match: repr(match.group())[1:-1], text)
 
 
 def tokens_part(states: list, seconds: float, finished: bool) -> str:

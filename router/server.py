@@ -36,7 +36,7 @@ from router.request_state import DRAFT_MODES, RequestState
 from router.speculation import generate, releases_done
 from router.stopping import output_chunks
 from router.text import encode, max_token_chars
-from router.validation import ModelLimits, RequestError, check_prompt_text, validate
+from router.validation import MAX_REQUEST_ID_CHARS, ModelLimits, RequestError, check_prompt_text, validate
 from router.affinity import PrefixAffinity
 from router.worker_client import DraftClient, TargetClient
 
@@ -369,7 +369,8 @@ class GenerationServicer:
 
     async def _admit(self, context, streamed: bool, client: ClientRequest) -> tuple[Router, RequestState, str]:
         request = await self._read(context)
-        client.request_id = request.request_id
+        if len(request.request_id) <= MAX_REQUEST_ID_CHARS:      # else refused below, and logged without it
+            client.request_id = request.request_id
         router = self.router
         if router is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.loading_message())

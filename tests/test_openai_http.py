@@ -811,6 +811,8 @@ def test_the_request_log_a_reload_turns_on_has_one_line_per_request_grpc_and_htt
         served.stub.Generate(request)
         with pytest.raises(grpc.RpcError):
             served.stub.Generate(generation_pb2.GenerateRequest(prompt=PROMPT))
+        with pytest.raises(grpc.RpcError):     # an id over the bound is refused, and not written out
+            served.stub.Generate(generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=1, request_id="x" * 300))
         completion = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=4, temperature=0)
         refused = httpx.post(f"{served.base_url}/completions", json={"model": served.model, "prompt": PROMPT,
                                                                      "max_tokens": -1})
@@ -818,14 +820,34 @@ def test_the_request_log_a_reload_turns_on_has_one_line_per_request_grpc_and_htt
         lines = logged_requests(capsys.readouterr().out)
     finally:
         served.reload(**before)
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
     assert lines[0].startswith("request log-me Generate from ipv4:127.0.0.1:")
     assert ": OK in " in lines[0] and " + 8 new tokens (length), " in lines[0] and "drafts accepted" in lines[0]
-    assert lines[1].startswith("request ") and " Generate from " in lines[1]
+    assert lines[1].startswith("request - Generate from ")
     assert ": INVALID_ARGUMENT in " in lines[1] and "max_new_tokens" in lines[1]
+    long_id = lines.pop(2)
+    assert long_id.startswith("request - Generate from ") and ": INVALID_ARGUMENT in " in long_id
+    assert "request_id: must be at most 256 characters" in long_id and "xxxx" not in long_id
     assert lines[2].startswith(f"request {completion.id} /v1/completions from 127.0.0.1:")    # the id its client saw
     assert ": OK in " in lines[2] and "+ 4 new tokens" in lines[2]
     assert lines[3].startswith("request - /v1/completions from 127.0.0.1:")
     assert ": INVALID_ARGUMENT in " in lines[3] and lines[3].endswith(refused.json()["error"]["message"])
     served.stub.Generate(request)
     assert logged_requests(capsys.readouterr().out) == []
+
+
+def test_a_clients_x_request_id_is_the_responses_id_and_comes_back_streamed_or_not(served):
+    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 3, "temperature": 0}
+    whole = httpx.post(f"{served.base_url}/completions", json=body, headers={"X-Request-Id": "trace-42"})
+    assert whole.json()["id"] == "cmpl-trace-42" and whole.headers["x-request-id"] == "trace-42"
+    with httpx.stream("POST", f"{served.base_url}/chat/completions", headers={"X-Request-Id": "trace-43"},
+                      json={"model": served.model, "max_tokens": 3, "stream": True,
+                            "messages": [{"role": "user", "content": "hi"}]}) as streamed:
+        assert streamed.headers["x-request-id"] == "trace-43"
+        events = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+    assert events and all(event["id"] == "chatcmpl-trace-43" for event in events)
+    anonymous = httpx.post(f"{served.base_url}/completions", json=body)
+    assert anonymous.json()["id"] == "cmpl-" + anonymous.headers["x-request-id"]     # made up, and said
+    error = openai_error(httpx.post(f"{served.base_url}/completions", json=body,
+                                    headers={"X-Request-Id": "x" * 257}), 400)
+    assert error["param"] == "X-Request-Id" and "at most 256 characters" in error["message"]

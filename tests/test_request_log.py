@@ -57,3 +57,11 @@ def test_a_reload_may_turn_the_request_log_on_but_no_other_router_key():
     moved = dataclasses.replace(on, router=dataclasses.replace(on.router, max_active_requests=3))
     with pytest.raises(RestartRequired, match="router.max_active_requests"):
         check_reloadable(old, moved)
+
+
+def test_a_clients_line_breaks_and_control_characters_are_escaped_so_the_line_stays_one():
+    request = ClientRequest("Generate", started=0.0, request_id="evil\n2026-11-26 [specpool] stopped\x1b[2J")
+    line = request_line(request, "INVALID_ARGUMENT", "model: 'a\u2028b' is not served", now=0.0)
+    assert "\n" not in line and "\x1b" not in line and "\u2028" not in line
+    assert line == ("request evil\\n2026-11-26 [specpool] stopped\\x1b[2J Generate: INVALID_ARGUMENT in 0.000 s: "
+                    "model: 'a\\u2028b' is not served")
