@@ -221,10 +221,13 @@ class KSelector:
 
     def plain_run_steps(self, state: RequestState) -> int:
         """The most tokens a plain decode run (K = 0, no lookup) commits before the policy plans again:
-        decode_steps, times the target's load (rows per forward, from the request's controller) up to
-        PLAN_LOAD_CAP. Under load a run's end costs its request a step of the batch and K = 0 is what the
-        model favours anyway, so the policy plans (and probes) less often per token; alone, it plans as before."""
-        load = min(max(round(self.controller(state).load), 1), PLAN_LOAD_CAP)
+        decode_steps, times the target's load up to PLAN_LOAD_CAP. Under load a run's end costs its request a step
+        of the batch and K = 0 is what the model favours anyway, so the policy plans (and probes) less often per
+        token; alone, it plans as before. The load is the larger of the rows per forward the request's controller
+        has seen and the sessions open on its target now: the former lags a burst of requests by its window, and
+        a burst's first runs, cut short, each cost their row some 8 forwards of 8 demo-pair streams in leaving the
+        batch and joining it again."""
+        load = min(max(round(max(self.controller(state).load, state.target_sessions)), 1), PLAN_LOAD_CAP)
         return self.config.decode_steps * load
 
     def answer_delay_s(self, state: RequestState) -> float:

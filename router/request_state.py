@@ -47,6 +47,7 @@ class RequestState:
     stop_strings: tuple = ()               # matched on the decoded output by router.stopping
     top_logprobs: int | None = None        # set: the target answers each committed token's logprobs
     streamed: bool = True                  # the client reads the output as it comes (False: whole, at the end)
+    target_sessions: int = 1               # sessions open on its target replica when its last round was planned
     logprobs: list = field(default_factory=list)   # ... generation_pb2.TokenLogprob per output token
 
     @property

@@ -199,6 +199,7 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
         while not state.finish_reason:
             between = None if ended is None else time.perf_counter() - ended
             source, k = (MODEL, len(ready.tokens)) if ready else plan_round(state, draft, policy, planned)
+            state.target_sessions = target.outstanding
             steps, lookup = (1, None) if ready else run_plan(state, draft, policy, source, k)
             if steps > 1:
                 run = resilient_run(state, target, steps, recovery_s, source, policy.answer_delay_s(state), lookup)

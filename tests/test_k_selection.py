@@ -379,6 +379,18 @@ def test_plain_runs_grow_with_the_target_load_up_to_four_times_decode_steps():
         assert selector.plain_run_steps(state) == steps, rows
 
 
+def test_a_plain_run_is_as_long_as_the_sessions_open_on_its_target_ask_before_the_load_estimate_catches_up():
+    """A burst of requests: the rows per forward the controller has seen are still 1, but the request's target
+    already holds 3 sessions, so its run is planned for 3 rows (up to 4x decode_steps)."""
+    from settings.schema import ControllerConfig
+    selector = KSelector(ControllerConfig(decode_steps=32), Metrics(), random.Random(0))
+    state = request_state(0, worker_pb2.DRAFT_MODE_GREEDY)
+    selector.attach(state)
+    for sessions, steps in ((1, 32), (3, 96), (9, 128)):
+        state.target_sessions = sessions
+        assert selector.plain_run_steps(state) == steps, sessions
+
+
 def test_streamed_answers_wait_longer_under_load_up_to_answer_delay_max_ms():
     """Alone, a streamed run's answers wait at most answer_delay_ms; under load (rows per target forward) that
     many times longer, up to answer_delay_max_ms; 0 stays 0 (each answer at once), and a cap at or below

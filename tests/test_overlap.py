@@ -71,7 +71,7 @@ def down() -> grpc.aio.AioRpcError:
 
 class FakeWorker:
     """A worker's session caches, the position contract, and what the router asked of it."""
-    timeout = 5.0
+    timeout, outstanding = 5.0, 1       # outstanding: sessions the router holds there (WorkerClient's)
 
     def __init__(self):
         self.held: dict[int, list[int]] = {}

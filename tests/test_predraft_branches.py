@@ -104,7 +104,7 @@ def test_a_branch_point_past_the_context_fails_that_request_alone(draft):
 
 class EngineClient:
     """A worker client in front of an engine: the position contract as the real client speaks it."""
-    timeout, healthy = 30.0, True
+    timeout, healthy, outstanding = 30.0, True, 1
 
     def __init__(self, engine):
         self.engine = engine
