@@ -264,7 +264,7 @@ class KController:
         self._probes = 0
         self._hold_plain = False
         self._calls = 0
-        self._probed_at, self._probe_gap = 0, 0   # the call of the last probe, and the calls to wait after it (at load 1)
+        self._probed_at, self._probe_gap = 0, 0   # the last probe's call, and the calls to wait after it at load 1
         self._rounds = 0
         self._warm_from = 0                    # the round the last warm-up at `k` began (0, or a reload of k)
         self._drafting = 0                     # rounds observed with K > 0

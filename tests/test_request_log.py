@@ -46,7 +46,8 @@ def test_a_request_that_failed_mid_way_says_how_far_it_got_and_what_its_client_w
 def test_a_refused_request_has_no_id_and_says_why():
     line = request_line(ClientRequest("/v1/completions", "127.0.0.1:4000", started=0.0), "INVALID_ARGUMENT",
                         "max_tokens: must be >= 1", now=0.001)
-    assert line == "request - /v1/completions from 127.0.0.1:4000: INVALID_ARGUMENT in 0.001 s: max_tokens: must be >= 1"
+    assert line == ("request - /v1/completions from 127.0.0.1:4000: INVALID_ARGUMENT in 0.001 s: "
+                    "max_tokens: must be >= 1")
 
 
 def test_a_reload_may_turn_the_request_log_on_but_no_other_router_key():
