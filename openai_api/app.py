@@ -234,9 +234,10 @@ def request_id_header(request: Request) -> str:
 
 async def answer(request: Request, router: Router, body: SamplingBody, generate, kind: Completions,
                  model: str) -> Response:
-    client = client_request(request)
-    request_id = request_id_header(request) or uuid.uuid4().hex
+    client, given = client_request(request), request_id_header(request)
+    client.request_id = kind.id_prefix + given if given else ""   # a refusal below is logged under the client's id
     client.states = states = await admit(router, generate, body)
+    request_id = given or uuid.uuid4().hex
     client.request_id = kind.id_prefix + request_id              # the "id" its client sees
     headers = {"X-Request-Id": request_id}
     chunks = choice_chunks(router, states)

@@ -182,12 +182,12 @@ def _round_path(k: int, costs: dict, hit: float | None, settle: float) -> float:
     if k == 0:
         plain_a = costs.get("plain_a", costs["t_verify_a"])
         return max(plain_a + costs["t_verify_b"] * load, 0.0) + costs.get("rtt_plain", costs["rtt_target"])
-    fixed = costs.get("draft_fixed", 0.0) + costs["rtt_draft"]
-    draft = fixed + k * costs["t_draft"]
+    fixed = costs.get("draft_fixed", 0.0) + costs["rtt_draft"]      # rtt_draft < 0: drafting hidden (handed off)
+    draft = max(fixed + k * costs["t_draft"], 0.0)
     verify = max(costs["t_verify_a"] + costs["t_verify_b"] * load * (k + 1), 0.0) + costs["rtt_target"]
     if hit is None:
         return draft + verify
-    predraft = fixed + (k + 1) * costs["t_draft"]
+    predraft = max(fixed + (k + 1) * costs["t_draft"], 0.0)
     return verify + settle * max(predraft - verify, 0.0) + (1.0 - hit) * draft
 
 
@@ -195,7 +195,8 @@ def readable_costs(costs: dict) -> dict:
     """costs() as status shows them: seconds as milliseconds to 3 decimals, each key saying so (t_draft_ms and
     t_verify_b_ms are per token), the load (rows per target forward) to 2 decimals. t_verify_a_ms and plain_a_ms
     are the verify line's intercepts, extrapolated to a forward of no tokens, and may be negative: only
-    a + b * tokens at the sizes the target runs is a time (round_time floors it at 0)."""
+    a + b * tokens at the sizes the target runs is a time (round_time floors it at 0). So may rtt_draft_ms, where
+    handed-off drafting hid behind the verify call's way to the target (round_time floors the draft path at 0)."""
     return {key if key == "load" else f"{key}_ms": round(value, 2) + 0.0 if key == "load"
             else round(value * 1000, 3) + 0.0 for key, value in costs.items()}       # + 0.0: no -0.0
 

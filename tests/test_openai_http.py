@@ -817,10 +817,16 @@ def test_the_request_log_a_reload_turns_on_has_one_line_per_request_grpc_and_htt
         refused = httpx.post(f"{served.base_url}/completions", json={"model": served.model, "prompt": PROMPT,
                                                                      "max_tokens": -1})
         assert refused.status_code == 400
+        too_many = httpx.post(f"{served.base_url}/completions", headers={"X-Request-Id": "trace-n"},
+                              json={"model": served.model, "prompt": PROMPT, "n": 3})    # over the 2 slots: refused
+        assert too_many.status_code == 400
         lines = logged_requests(capsys.readouterr().out)
     finally:
         served.reload(**before)
-    assert len(lines) == 5, lines
+    assert len(lines) == 6, lines
+    refused_by_router = lines.pop()              # past the body's checks: under the client's X-Request-Id
+    assert refused_by_router.startswith("request cmpl-trace-n /v1/completions from 127.0.0.1:")
+    assert ": INVALID_ARGUMENT in " in refused_by_router and too_many.json()["error"]["message"] in refused_by_router
     assert lines[0].startswith("request log-me Generate from ipv4:127.0.0.1:")
     assert ": OK in " in lines[0] and " + 8 new tokens (length), " in lines[0] and "drafts accepted" in lines[0]
     assert lines[1].startswith("request - Generate from ")
