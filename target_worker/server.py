@@ -6,7 +6,8 @@ TP rank), each row rejection-sampled on its own.
 A decode run (VerifyRequest.decode_steps > 1, no drafts) is plain decoding of several tokens in one call, each
 answered as soon as it is sampled. While it is all the worker has to do, its steps run back to back on the engine
 thread (no event-loop or thread hop between them); while other calls or runs wait, each step goes through the
-Batcher, so it batches with them.
+Batcher, so it batches with them. Plain runs (no lookup) that the Batcher batches only with each other step
+together on the engine thread in the same way until one ends or another call waits (_steps_together).
 
 A staged call (VerifyRequest.staged, target_worker/staging.py) waits for the verdict of the round it follows and
 then verifies the candidate drafts that guessed it, as the router would have asked on seeing the verdict. A
@@ -127,6 +128,8 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         self._runner = EngineRunner(inline_max_s)
         self._batcher = Batcher(self._verify_batch, max_batch, max_wait_s)
         self._runs = 0                    # decode runs in progress
+        self._plain: dict[int, tuple[DecodeRun, threading.Event]] = {}   # id() of a plain run's step waiting in the
+                                          # Batcher -> its run (and its withdrawn flag), for _steps_together
         self._verdicts = Verdicts()       # recent verify calls' verdicts, for the staged calls that follow them
         self._handoffs = WaitingRoom()    # drafts handed straight here, for the calls that wait for them
 
@@ -136,6 +139,9 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         return self._runs == 1 and not self._batcher.waiting
 
     async def _verify_batch(self, requests: list, gone=None) -> list:
+        runs = [self._plain.get(id(request)) for request in requests]
+        if len(runs) > 1 and all(runs):
+            return await self._runner.run(self._steps_together, runs)
         batch = worker_pb2.VerifyBatch(requests=requests)
         # A staged round never runs inline: the verdict it follows must go out while it runs.
         inline = all(request.position and not request.HasField("staged") for request in requests)
@@ -188,8 +194,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
                 if self._alone:
                     await self._runner.run(self._steps_alone, run, withdrawn)
                 else:
-                    started = time.perf_counter()
-                    run.advance(await self._batcher.submit(run.request), started)
+                    await self._step(run, withdrawn)
         except LookupMissed:
             run.end(worker_pb2.VerifyResponse(missed=True))
         except asyncio.CancelledError:
@@ -198,6 +203,36 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         finally:
             self._runs -= 1
         return run.last
+
+    async def _step(self, run: DecodeRun, withdrawn: threading.Event) -> None:
+        """A run's next step through the Batcher, batched with whatever else waits; a plain run's, batched only with
+        other plain runs, may take several there (_steps_together), which advanced the run already."""
+        started, request = time.perf_counter(), run.request
+        if run.lookup is None and not request.HasField("lookup"):
+            self._plain[id(request)] = (run, withdrawn)
+        try:
+            response = await self._batcher.submit(request)
+        finally:
+            self._plain.pop(id(request), None)
+        if response is not None:
+            run.advance(response, started)
+
+    def _steps_together(self, runs: list[tuple[DecodeRun, threading.Event]]) -> list:
+        """On the engine thread: several plain runs' steps back to back, each step one batched forward of them all,
+        with no event-loop or thread hop between steps (as _steps_alone for one run), until a run ends, fails or
+        is withdrawn, or another call waits to join. Each row's result: None (its run advanced here) or the
+        exception its row raised."""
+        while True:
+            started = time.perf_counter()
+            batch = worker_pb2.VerifyBatch(requests=[run.request for run, _ in runs])
+            responses = timed(lead, self._engine, VERIFY_BATCH, batch, self._world_size)
+            for (run, _), response in zip(runs, responses):
+                if not isinstance(response, Exception):
+                    run.advance(response, started)
+            results = [response if isinstance(response, Exception) else None for response in responses]
+            if any(results) or any(run.last is not None or withdrawn.is_set() for run, withdrawn in runs) \
+                    or self._batcher.waiting > len(runs):
+                return results
 
     def _steps_alone(self, run: DecodeRun, withdrawn: threading.Event) -> None:
         """On the engine thread: the run's steps back to back until it ends, is withdrawn or another call waits."""

@@ -128,6 +128,48 @@ def test_runs_batch_with_each_other_and_match_themselves_alone(engine):
     assert rows == 3 * STEPS and passes < rows                   # steps of different runs shared forwards
 
 
+def test_plain_runs_step_together_on_the_engine_thread_and_each_matches_itself_alone(engine):
+    """Plain runs of different lengths, batched only with each other, take several steps at a time on the engine
+    thread (_steps_together): each still commits what it would alone, the shorter ones end on time, and the
+    others go on."""
+    async def scenario():
+        servicer = TargetServicer(engine, 1, max_batch=4)
+        alone = [await decode(servicer, start(40 + i, 0.9, steps=steps)) for i, steps in enumerate((5, 9, 14))]
+        stepped, together = [], servicer._steps_together
+
+        def counted(runs):
+            results = together(runs)
+            stepped.append(len(runs))
+            return results
+        servicer._steps_together = counted
+        runs = await asyncio.gather(*(decode(servicer, start(50 + i, 0.9, steps=steps))
+                                      for i, steps in enumerate((5, 9, 14))))
+        return alone, runs, stepped
+    alone, together, stepped = asyncio.run(scenario())
+    tokens = lambda answers: [a.next_token_id for a in answers]   # noqa: E731
+    assert [tokens(a) for a in together] == [tokens(a) for a in alone]
+    assert [len(tokens(a)) for a in together] == [5, 9, 14]
+    assert stepped and max(stepped) == 3                           # all three runs' steps together
+
+
+def test_a_call_that_arrives_while_runs_step_together_joins_their_next_forward(engine):
+    """Two 300-step runs stepping together leave the engine thread as soon as another call waits: a plain verify
+    call sent meanwhile is answered long before the runs end."""
+    async def scenario():
+        servicer = TargetServicer(engine, 1, max_batch=4)
+        runs = [asyncio.ensure_future(decode(servicer, start(60 + i, 0.0, steps=300))) for i in range(2)]
+        await asyncio.sleep(0.05)
+        request = worker_pb2.VerifyRequest(session_id=70, position=0, new_token_ids=PROMPT,
+                                           sampling=generation_pb2.SamplingParams(top_p=1.0))
+        verdict = await servicer._submit(request, None)
+        done_when_answered = [run.done() for run in runs]
+        await asyncio.gather(*runs)
+        return verdict, done_when_answered, [len(run.result()) for run in runs]
+    verdict, done_when_answered, lengths = asyncio.run(scenario())
+    assert verdict.next_token_id >= 0 and done_when_answered == [False, False]
+    assert all(length >= 1 for length in lengths)
+
+
 class GatedEngine:
     """The engine, each forward after the first waiting for `gate` (so a test decides when steps may go on)."""
 
