@@ -120,6 +120,19 @@ class DecodeRun:
         self.last = self.with_held(response)
 
 
+def advanced(run: DecodeRun, response, started: float, queued: int) -> Exception | None:
+    """A step of TargetServicer._steps_together taken by its run (None), or the exception its row raised or its run
+    met (that run's failure, not its neighbours')."""
+    if isinstance(response, Exception):
+        return response
+    response.queue_depth = queued
+    try:
+        run.advance(response, started)
+    except Exception as exc:  # noqa: BLE001 - handed to this run's caller alone
+        return exc
+    return None
+
+
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
     def __init__(self, engine, world_size: int, max_batch: int = 1, max_wait_s: float = 0.0,
                  inline_max_s: float = 0.0):
@@ -130,6 +143,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         self._runs = 0                    # decode runs in progress
         self._plain: dict[int, tuple[DecodeRun, threading.Event]] = {}   # id() of a plain run's step waiting in the
                                           # Batcher -> its run (and its withdrawn flag), for _steps_together
+        self._releasing = 0               # Release calls waiting for the engine (they do not go through the Batcher)
         self._verdicts = Verdicts()       # recent verify calls' verdicts, for the staged calls that follow them
         self._handoffs = WaitingRoom()    # drafts handed straight here, for the calls that wait for them
 
@@ -220,19 +234,18 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
     def _steps_together(self, runs: list[tuple[DecodeRun, threading.Event]]) -> list:
         """On the engine thread: several plain runs' steps back to back, each step one batched forward of them all,
         with no event-loop or thread hop between steps (as _steps_alone for one run), until a run ends, fails or
-        is withdrawn, or another call waits to join. Each row's result: None (its run advanced here) or the
+        is withdrawn, or another call (a Release too) waits. Each row's result: None (its run advanced here) or the
         exception its row raised."""
         while True:
             started = time.perf_counter()
             batch = worker_pb2.VerifyBatch(requests=[run.request for run, _ in runs])
             responses = timed(lead, self._engine, VERIFY_BATCH, batch, self._world_size)
-            for (run, _), response in zip(runs, responses):
-                if not isinstance(response, Exception):
-                    run.advance(response, started)
-            results = [response if isinstance(response, Exception) else None for response in responses]
+            queued = max(self._batcher.waiting - len(runs), 0)                    # as the Batcher stamps it
+            results = [advanced(run, response, started, queued) for (run, _), response in zip(runs, responses)]
             if any(results) or any(run.last is not None or withdrawn.is_set() for run, withdrawn in runs) \
-                    or self._batcher.waiting > len(runs):
+                    or self._batcher.waiting > len(runs) or self._releasing:
                 return results
+
 
     def _steps_alone(self, run: DecodeRun, withdrawn: threading.Event) -> None:
         """On the engine thread: the run's steps back to back until it ends, is withdrawn or another call waits."""
@@ -266,5 +279,9 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         return worker_pb2.HandoffAck()
 
     async def Release(self, request, context):
-        await self._runner.call(context, lead, self._engine, RELEASE, request, self._world_size)
+        self._releasing += 1                  # runs stepping together let it in at their next step
+        try:
+            await self._runner.call(context, lead, self._engine, RELEASE, request, self._world_size)
+        finally:
+            self._releasing -= 1
         return worker_pb2.ReleaseResponse()

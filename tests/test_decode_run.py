@@ -149,7 +149,8 @@ def test_plain_runs_step_together_on_the_engine_thread_and_each_matches_itself_a
     tokens = lambda answers: [a.next_token_id for a in answers]   # noqa: E731
     assert [tokens(a) for a in together] == [tokens(a) for a in alone]
     assert [len(tokens(a)) for a in together] == [5, 9, 14]
-    assert stepped and max(stepped) == 3                           # all three runs' steps together
+    assert stepped and max(stepped) == 3                           # all three runs' steps together,
+    assert len(stepped) <= 4, stepped                              # several steps per trip to the engine thread
 
 
 def test_a_call_that_arrives_while_runs_step_together_joins_their_next_forward(engine):
