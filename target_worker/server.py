@@ -222,7 +222,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         """A run's next step through the Batcher, batched with whatever else waits; a plain run's, batched only with
         other plain runs, may take several there (_steps_together), which advanced the run already."""
         started, request = time.perf_counter(), run.request
-        if run.lookup is None and not request.HasField("lookup"):
+        if run.lookup is None:                # a plain run (a lookup run's first request sets run.lookup)
             self._plain[id(request)] = (run, withdrawn)
         try:
             response = await self._batcher.submit(request)
@@ -245,7 +245,6 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             if any(results) or any(run.last is not None or withdrawn.is_set() for run, withdrawn in runs) \
                     or self._batcher.waiting > len(runs) or self._releasing:
                 return results
-
 
     def _steps_alone(self, run: DecodeRun, withdrawn: threading.Event) -> None:
         """On the engine thread: the run's steps back to back until it ends, is withdrawn or another call waits."""
