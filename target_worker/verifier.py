@@ -124,7 +124,8 @@ class TargetEngine:
         last, self._batch = self._batch, None       # a forward that raises leaves no batch to run on again
         logits, batch = extend_batch(self.model, [session for _, session in rows], tokens,
                                      [len(row_drafts) + 1 for row_drafts in drafts], last)
-        self._batch = batch if len(rows) > 1 else last   # a row alone (a prefill) leaves the batch of many intact
+        # A forward of one row or of session starts alone leaves the decode rows' batch to run on again.
+        self._batch = batch if any(requests[i].position for i, _ in rows) and len(rows) > 1 else last
         for i, session in rows:
             if requests[i].position == 0:
                 self.prefixes.remember(session, requests[i].new_token_ids)

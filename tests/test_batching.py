@@ -15,7 +15,8 @@ import pytest
 import ray
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from engine.batching import Batcher
+from engine.batching import START_SHARE, START_SLACK, Batcher, start_groups
+from engine.prefix_cache import BLOCK
 from engine.sessions import SessionLost
 from tests.conftest import service_config
 
@@ -92,6 +93,34 @@ def test_rounds_that_reject_drafts_roll_back_in_their_batch_and_run_on_it(engine
     assert wasteful == alone and False in reused[2:]
 
 
+def test_session_starts_share_forwards_within_the_padding_bound_and_match_each_alone(engines):
+    """Prefills batched among themselves (engine.batching.start_groups): fewer forwards than starts, each row's
+    verdict as if alone."""
+    starts = [worker_pb2.VerifyRequest(session_id=i, new_token_ids=p, sampling=sampling(0, 0))
+              for i, p in enumerate(PROMPTS)]
+    _, together = engines()
+    verdicts = together.verify_batch(starts)
+    _, alone = engines()
+    assert [(v.num_accepted, v.next_token_id) for v in verdicts] == \
+        [(v.num_accepted, v.next_token_id) for v in (alone.verify(start) for start in starts)]
+    groups = start_groups([(i, None) for i in range(len(starts))], starts)
+    assert together.stats.forward_passes == len(groups) < len(PROMPTS)
+    assert sorted(i for group in groups for i, _ in group) == list(range(len(PROMPTS)))
+
+
+def test_start_groups_bound_padding_and_put_a_shared_first_block_in_a_later_forward():
+    lengths = [3, 40, 5, 4, 38, 2, 36, 90]
+    calls = [worker_pb2.VerifyRequest(new_token_ids=list(range(100 + i, 100 + i + n))) for i, n in enumerate(lengths)]
+    calls.append(worker_pb2.VerifyRequest(new_token_ids=list(calls[1].new_token_ids[:BLOCK]) + [7] * 30))
+    groups = [[i for i, _ in group] for group in start_groups([(i, None) for i in range(len(calls))], calls)]
+    # shortest first; 8 (46 tokens) would fit beside 6, 4 and 1 but begins with 1's first block, so it runs after
+    # it; 90 tokens would pad the 36-40s too much, not 8's 46
+    assert groups == [[5, 0, 3, 2], [6, 4, 1], [8, 7]]
+    for group in groups:
+        held = [len(calls[i].new_token_ids) for i in group]
+        assert max(held) * len(held) - sum(held) <= START_SLACK + START_SHARE * max(held) * len(held)
+
+
 def test_a_lost_session_fails_only_its_row(engines):
     _, target = engines()
     start = [worker_pb2.VerifyRequest(session_id=i, position=0, new_token_ids=PROMPTS[i], sampling=sampling(0, 0))
@@ -116,7 +145,7 @@ def test_a_draft_row_whose_caller_went_away_stops_drafting(engines):
     alone = [alone_draft.propose(call) for call in calls]
     assert len(results[1].draft_token_ids) == 1
     assert [list(results[i].draft_token_ids) for i in (0, 2)] == [list(alone[i].draft_token_ids) for i in (0, 2)]
-    assert draft.stats.forward_passes == 6 + 1 + 6            # session starts run alone: 6 steps, 1, 6
+    assert draft.stats.forward_passes == 6                    # the three starts share each of the 6 steps' forwards
 
 
 def decode(engines, batched: bool, temperature: float) -> tuple[dict, list]:

@@ -141,8 +141,9 @@ def test_engines_answer_the_same_with_and_without_the_cache(byte_pair, temperatu
 
 
 def test_a_session_start_finds_what_one_before_it_in_the_same_batch_put_there(byte_pair):
-    """The n choices of one request arrive together: each start in a batch runs as its own forward, after the one
-    before it has put its blocks in, on the draft and on the target alike."""
+    """The n choices of one request arrive together: a start whose first block another start of the batch begins
+    with runs in a forward after that one's, once it has put its blocks in (engine.batching.start_groups), on the
+    draft and on the target alike."""
     from draft_worker.proposer import DraftEngine
     from target_worker.verifier import TargetEngine
     draft_path, target_path = byte_pair
