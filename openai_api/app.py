@@ -22,6 +22,7 @@ from openai_api.chat import ChatTemplate, find_chat_template, no_template_error
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, SamplingBody,
                                  completion_prompt, generate_request, http_error, with_seed)
 from openai_api.responses import FINISH, ChatCompletions, Completions, envelope, spec_stats, usage
+from router.bearer import allowed
 from router.failures import worker_failure
 from router.request_log import ClientRequest
 from router.server import Overloaded, Router
@@ -63,8 +64,7 @@ class Api:
         return self.http.model_name or Path(router.model_info["model_path"]).name
 
     def authorize(self, request: Request) -> None:
-        keys = self.http.api_keys
-        if keys and request.headers.get("authorization", "") not in {f"Bearer {key}" for key in keys}:
+        if not allowed(self.http.api_keys, request.headers.get("authorization")):
             raise ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)", kind="authentication_error",
                            code="invalid_api_key")
 

@@ -30,6 +30,7 @@ from router.reload import not_empty, with_overrides  # noqa: E402
 from router.service import Service, reload_from_file  # noqa: E402
 from router import status_summary  # noqa: E402
 from router.addresses import dial  # noqa: E402
+from router.bearer import ADMIN_KEY_ENV  # noqa: E402
 from settings.schema import (ConfigError, RouterConfig, SpecpoolConfig, config_from_dict, load_config,  # noqa: E402
                              read_yaml)
 from settings.yaml_doc import parse_yaml  # noqa: E402
@@ -223,6 +224,9 @@ async def _demo(config: SpecpoolConfig, args, overrides: dict) -> int:
 
 def run_admin(args) -> int:
     """`specpool reload` / `specpool status` against a running server's Admin service."""
+    key = os.environ.get(ADMIN_KEY_ENV) or next(iter(router_section(args.config).admin_keys
+                                                     if getattr(args, "config", None) else ()), None)
+    metadata = (("authorization", f"Bearer {key}"),) if key else None
     with open_channel(args) as channel:
         stub = admin_pb2_grpc.AdminStub(channel)
         try:
@@ -230,11 +234,13 @@ def run_admin(args) -> int:
                 text = Path(args.config).read_text()
                 not_empty(parse_yaml(text, args.config), args.config)   # refused here, naming the file
                 response = stub.Reload(admin_pb2.ReloadRequest(config_yaml=text,
-                                                               config_dir=str(Path(args.config).resolve().parent)))
+                                                               config_dir=str(Path(args.config).resolve().parent)),
+                                       metadata=metadata)
                 print(f"reloaded: {', '.join(response.changes) or 'no change'}\n"
                       f"speculation now:\n{response.speculation_yaml}")
             else:
-                print(status_text(stub.GetStatus(admin_pb2.GetStatusRequest()), args.full, args.json))
+                print(status_text(stub.GetStatus(admin_pb2.GetStatusRequest(), metadata=metadata), args.full,
+                                  args.json))
         except grpc.RpcError as exc:
             print(f"error: {exc.code().name}: {exc.details()}{admin_hint(exc, args)}", file=sys.stderr)
             return 1
@@ -369,13 +375,14 @@ def admin_address(args) -> str:
 
 
 def router_section(path: str) -> RouterConfig:
-    """The config file's router addresses (host, port, admin_host, admin_port: a RouterConfig), checked, and nothing
-    else of it: an admin command only needs to reach the server, and a copy of a config away from its model folders
-    must still do that (the server checks the document that `reload` sends, and names a bad key itself)."""
+    """The config file's router addresses and Admin's keys (host, port, admin_host, admin_port, admin_keys: a
+    RouterConfig), checked, and nothing else of it: an admin command only needs to reach the server, and a copy of a
+    config away from its model folders must still do that (the server checks the document that `reload` sends, and
+    names a bad key itself)."""
     data = read_yaml(path)
     router = data.get("router") if isinstance(data, dict) else None
     router = router if isinstance(router, dict) else {}
-    keys = ("host", "port", "admin_host", "admin_port")
+    keys = ("host", "port", "admin_host", "admin_port", "admin_keys")
     return config_from_dict({"router": {key: router[key] for key in keys if key in router}}).router
 
 

@@ -23,7 +23,7 @@ class RestartRequired(ValueError):
 def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool | None = None,
                      document: dict | None = None) -> None:
     """Raise RestartRequired naming the first key a reload cannot change, with the running value and the new one
-    (replicas may only grow; router.log_requests may change; draft.method may change, to a method that uses the
+    (replicas may only grow; router.log_requests and admin_keys may change; draft.method may change, to a method that uses the
     draft model only if a draft pool runs: `draft_pool`, by default whether the old method started one).
     `document`: the reloaded YAML, to say when the new value is a default because the key is absent from it."""
     for section in ("router", "ray", "draft", "target", "tls", "http"):
@@ -77,7 +77,7 @@ async def logged_reload(router: "Router", read: Callable[[], dict], config_dir: 
 
 
 DRAFT_RELOADABLE = ("method", "ngram_min", "ngram_max", "ngram_max_tokens")   # router-side: apply to new requests
-ROUTER_RELOADABLE = ("log_requests",)                                          # read as each request ends
+ROUTER_RELOADABLE = ("log_requests", "admin_keys")          # read as each request ends, as each Admin call comes
 
 
 def with_overrides(config: SpecpoolConfig, overrides: dict) -> SpecpoolConfig:

@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2
 from settings.schema import ConfigError, SpecpoolConfig, config_to_yaml, parse_config
 from router.addresses import cannot_listen, host_port, port_taken
+from router.bearer import ADMIN_REFUSED, allowed, metadata_authorization
 from router.failures import worker_failure
 from router.k_selection import KSelector
 from router.metrics import Metrics
@@ -434,15 +435,21 @@ def add_generation(servicer: GenerationServicer, server: grpc.aio.Server) -> Non
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
-    """Hot reload of the speculation section, and a read-back of config and live statistics."""
+    """Hot reload of the speculation section, and a read-back of config and live statistics. With router.admin_keys
+    set, a call must carry one of them (router/bearer.py): the keys serve started with until the router is up, then
+    its running config's, so a reload may rotate them."""
 
-    def __init__(self, generation: GenerationServicer):
-        self._generation = generation
+    def __init__(self, generation: GenerationServicer, admin_keys: list[str] = ()):
+        self._generation, self._admin_keys = generation, list(admin_keys)
 
     async def _router(self, context) -> Router:
-        if self._generation.router is None:
+        router = self._generation.router
+        keys = router.config.router.admin_keys if router is not None else self._admin_keys
+        if not allowed(keys, metadata_authorization(context.invocation_metadata())):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, ADMIN_REFUSED)
+        if router is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, self._generation.loading_message())
-        return self._generation.router
+        return router
 
     async def Reload(self, request, context):
         router = await self._router(context)
@@ -483,15 +490,15 @@ def bind(server: grpc.aio.Server, key: str, host: str, port: int, credentials: g
 
 
 async def start_public_server(host: str, port: int, credentials: grpc.ServerCredentials | None = None,
-                              with_admin: bool = False
+                              with_admin: bool = False, admin_keys: list[str] = ()
                               ) -> tuple[grpc.aio.Server, int, GenerationServicer, health_async.HealthServicer]:
-    """Start Generation + health (NOT_SERVING) + reflection, and Admin too `with_admin` (router.admin_port -1);
-    attach a Router later. With `credentials` the port speaks TLS."""
+    """Start Generation + health (NOT_SERVING) + reflection, and Admin too `with_admin` (router.admin_port -1, its
+    calls carrying one of `admin_keys` if any); attach a Router later. With `credentials` the port speaks TLS."""
     server = grpc_server()
     servicer = GenerationServicer()
     add_generation(servicer, server)
     if with_admin:
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(servicer), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(servicer, admin_keys), server)
     health = health_async.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     services = (GENERATION, *((ADMIN,) if with_admin else ()), HEALTH, reflection.SERVICE_NAME)
@@ -503,11 +510,12 @@ async def start_public_server(host: str, port: int, credentials: grpc.ServerCred
 
 
 async def start_admin_server(generation: GenerationServicer, host: str, port: int,
-                             credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.aio.Server, int]:
+                             credentials: grpc.ServerCredentials | None = None,
+                             admin_keys: list[str] = ()) -> tuple[grpc.aio.Server, int]:
     """Start Admin (Reload, GetStatus) + reflection on a port of its own (router.admin_host:admin_port), away from
-    the port clients reach: Admin has no credentials of its own beyond the port's TLS."""
+    the port clients reach; its calls carry one of `admin_keys` (router.admin_keys) if any."""
     server = grpc_server()
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(generation), server)
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(generation, admin_keys), server)
     reflection.enable_server_reflection((ADMIN, reflection.SERVICE_NAME), server)
     bound = bind(server, "router.admin_port", host, port, credentials)
     await server.start()

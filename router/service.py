@@ -85,7 +85,7 @@ class Service:
 
         credentials, router = server_credentials(self.config.tls, self.config.tls.client_auth), self.config.router
         self.server, self.port, servicer, self.health = await start_public_server(
-            router.host, router.port, credentials, with_admin=router.admin_port < 0)
+            router.host, router.port, credentials, with_admin=router.admin_port < 0, admin_keys=router.admin_keys)
         servicer.ready_timeout_s = router.ready_timeout_s
         say(f"gRPC on {host_port(router.host, self.port)} (NOT_SERVING until the target pool is ready)")
         connecting = True
@@ -127,7 +127,7 @@ class Service:
             say(f"admin (specpool reload / status) on the public port {self.port}")
             return
         self.admin_server, self.admin_port = await start_admin_server(servicer, router.admin_host, router.admin_port,
-                                                                      credentials)
+                                                                      credentials, router.admin_keys)
         say(f"admin (specpool reload / status) on {host_port(router.admin_host, self.admin_port)}")
 
     async def drafts_loaded(self) -> None:

@@ -274,6 +274,8 @@ class RouterConfig:
                                      # served it (its prefix cache holds those blocks) while that one holds at most
                                      # this many sessions more than the least loaded (-1: always the least loaded)
     log_requests: bool = False       # a line per client request on serve's log once it is over (hot-reloadable)
+    admin_keys: list = field(default_factory=list, metadata={"secret": True})   # bearer keys Admin calls must carry
+                                     # ([]: none needed; hot-reloadable); never shown
 
     def validate(self, section: str = "router") -> None:
         for key in ("port", "metrics_port", "admin_port"):
@@ -286,6 +288,8 @@ class RouterConfig:
         for key in ("max_queued_requests", "max_prompt_tokens", "max_new_tokens"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{section}.{key}: must be >= 0 (got {getattr(self, key)!r})")
+        if not isinstance(self.admin_keys, list) or not all(isinstance(key, str) and key for key in self.admin_keys):
+            raise ConfigError(f"{section}.admin_keys: must be a list of non-empty strings (got {REDACTED})")
         if self.prefix_affinity_slack < -1:
             raise ConfigError(f"{section}.prefix_affinity_slack: must be >= -1 (-1: off) "
                               f"(got {self.prefix_affinity_slack!r})")
@@ -516,7 +520,8 @@ def with_model_paths_from(data, folder: Path):
 
 
 def config_to_yaml(config) -> str:
-    """A config (or one section) as YAML for an admin client, secrets (http.api_keys) shown as REDACTED."""
+    """A config (or one section) as YAML for an admin client, secrets (http.api_keys, router.admin_keys) shown as
+    REDACTED."""
     return yaml.safe_dump(_shown_fields(config), sort_keys=False)
 
 

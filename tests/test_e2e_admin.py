@@ -332,3 +332,53 @@ def test_admin_reload_leaves_one_line_in_serves_log_saying_what_changed_or_why_i
                      "reloaded by Admin.Reload (specpool reload): no change",
                      "reload by Admin.Reload (specpool reload) refused, running config kept: ray.namespace: changing "
                      "this needs a restart (running 'specpool', this document 'elsewhere')"]
+
+
+def test_admin_keys_turned_on_rotated_and_off_by_reload_and_sent_by_the_admin_commands(service, admin, config,
+                                                                                        config_file, tmp_path,
+                                                                                        monkeypatch, capsys):
+    """router.admin_keys (hot-reloadable): once a reload sets them, an Admin call without one of them is
+    UNAUTHENTICATED; `specpool status` sends $SPECPOOL_ADMIN_KEY, else the first of --config's keys; GetStatus shows
+    them redacted; a reload rotates them (the old key refused at once) and one without them turns the check off.
+    Generation needs no key."""
+    from router.bearer import ADMIN_KEY_ENV, ADMIN_REFUSED
+    from router.cli import main
+
+    def keyed(key):
+        return (("authorization", f"Bearer {key}"),)
+
+    def with_keys(keys):
+        return {**config, "router": {**config["router"], "admin_keys": keys}}
+    monkeypatch.delenv(ADMIN_KEY_ENV, raising=False)
+    reload(admin, with_keys(["first-key"]), config_file, k=1)
+    try:
+        for metadata in (None, keyed("wrong")):
+            with pytest.raises(grpc.RpcError) as info:
+                admin.GetStatus(admin_pb2.GetStatusRequest(), metadata=metadata, timeout=30)
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAUTHENTICATED, ADMIN_REFUSED)
+        status = yaml.safe_load(admin.GetStatus(admin_pb2.GetStatusRequest(), metadata=keyed("first-key"),
+                                                timeout=30).config_yaml)
+        assert status["router"]["admin_keys"] == "<redacted>"
+        capsys.readouterr()
+        assert main(["status", "--address", service.admin_address]) == 1
+        assert capsys.readouterr().err == f"error: UNAUTHENTICATED: {ADMIN_REFUSED}\n"
+        copied = tmp_path / "with-key.yaml"
+        write_config(copied, {**with_keys(["first-key"]), "router": {**with_keys(["first-key"])["router"],
+                                                                     "admin_port": service.service.admin_port}})
+        assert main(["status", "--config", str(copied)]) == 0
+        monkeypatch.setenv(ADMIN_KEY_ENV, "first-key")
+        assert main(["status", "--address", service.admin_address]) == 0
+        admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(with_keys(["second-key"])),
+                                             config_dir=str(config_file.parent)), metadata=keyed("first-key"))
+        with pytest.raises(grpc.RpcError) as info:
+            admin.GetStatus(admin_pb2.GetStatusRequest(), metadata=keyed("first-key"), timeout=30)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert first_round_k(service) == 1                                  # generation needs no key
+        admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(config), config_dir=str(config_file.parent)),
+                     metadata=keyed("second-key"))
+    finally:
+        if service.service.router.config.router.admin_keys:                  # a failed step leaves no key behind
+            service.service.router.config = dataclasses.replace(
+                service.service.router.config,
+                router=dataclasses.replace(service.service.router.config.router, admin_keys=[]))
+    assert_k_in_force(service, admin, 1)                                     # no key needed again
