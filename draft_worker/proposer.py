@@ -97,7 +97,7 @@ class DraftEngine:
         next step."""
         results: list = [None] * len(requests)
         opened = [(i, s) for i, s in open_sessions(self.sessions, requests, results) if requests[i].k > 0]
-        run_isolated(forward_groups(opened, requests, self.batched),
+        run_isolated(forward_groups(opened, requests, self.batched, self.prefixes.max_blocks > 0),
                      lambda group: self._propose_group(group, requests, results, gone or (lambda i: False)),
                      results, lambda i: self.sessions.release(requests[i].session_id))
         for i, request in enumerate(requests):

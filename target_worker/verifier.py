@@ -85,7 +85,7 @@ class TargetEngine:
         """
         results: list = [None] * len(requests)
         rows = open_sessions(self.sessions, requests, results)
-        groups = forward_groups(rows, requests, self.batched)
+        groups = forward_groups(rows, requests, self.batched, self.prefixes.max_blocks > 0)
         run_isolated(groups, lambda group: self._verify_rows(group, requests, results), results,
                      lambda i: self.sessions.release(requests[i].session_id), self.isolate)
         return results

@@ -15,7 +15,7 @@ import pytest
 import ray
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from engine.batching import START_SHARE, START_SLACK, Batcher, start_groups
+from engine.batching import START_SPREAD, Batcher, start_groups
 from engine.prefix_cache import BLOCK
 from engine.sessions import SessionLost
 from tests.conftest import service_config
@@ -108,17 +108,21 @@ def test_session_starts_share_forwards_within_the_padding_bound_and_match_each_a
     assert sorted(i for group in groups for i, _ in group) == list(range(len(PROMPTS)))
 
 
-def test_start_groups_bound_padding_and_put_a_shared_first_block_in_a_later_forward():
-    lengths = [3, 40, 5, 4, 38, 2, 36, 90]
+def test_start_groups_bound_the_length_spread_and_put_a_shared_first_block_in_a_later_forward():
+    lengths = [3, 40, 5, 4, 38, 2, 36, 90, 12]
     calls = [worker_pb2.VerifyRequest(new_token_ids=list(range(100 + i, 100 + i + n))) for i, n in enumerate(lengths)]
-    calls.append(worker_pb2.VerifyRequest(new_token_ids=list(calls[1].new_token_ids[:BLOCK]) + [7] * 30))
+    calls.append(worker_pb2.VerifyRequest(new_token_ids=list(calls[1].new_token_ids[:BLOCK]) + [7] * 28))
     groups = [[i for i, _ in group] for group in start_groups([(i, None) for i in range(len(calls))], calls)]
-    # shortest first; 8 (46 tokens) would fit beside 6, 4 and 1 but begins with 1's first block, so it runs after
-    # it; 90 tokens would pad the 36-40s too much, not 8's 46
-    assert groups == [[5, 0, 3, 2], [6, 4, 1], [8, 7]]
+    # shortest first, lengths within START_SPREAD of the group's shortest: 12 is 10 past 2; 9 (44 tokens) would fit
+    # beside 6, 4 and 1 but begins with 1's first block, so it runs after it
+    assert groups == [[5, 0, 3, 2], [8], [6, 4, 1], [9], [7]]
+    uncached = start_groups([(i, None) for i in range(len(calls))], calls, prefix_cached=False)
+    assert [[i for i, _ in group] for group in uncached] == [[5, 0, 3, 2], [8], [6, 4, 1, 9], [7]]  # nothing to find
     for group in groups:
         held = [len(calls[i].new_token_ids) for i in group]
-        assert max(held) * len(held) - sum(held) <= START_SLACK + START_SHARE * max(held) * len(held)
+        assert max(held) - min(held) <= START_SPREAD
+    many = [worker_pb2.VerifyRequest(new_token_ids=list(range(i, i + 1000))) for i in range(9)]   # 4 of 1,000 at most
+    assert [len(group) for group in start_groups([(i, None) for i in range(9)], many)] == [4, 4, 1]
 
 
 def test_a_lost_session_fails_only_its_row(engines):
@@ -145,7 +149,7 @@ def test_a_draft_row_whose_caller_went_away_stops_drafting(engines):
     alone = [alone_draft.propose(call) for call in calls]
     assert len(results[1].draft_token_ids) == 1
     assert [list(results[i].draft_token_ids) for i in (0, 2)] == [list(alone[i].draft_token_ids) for i in (0, 2)]
-    assert draft.stats.forward_passes == 6                    # the three starts share each of the 6 steps' forwards
+    assert draft.stats.forward_passes == 6 + 1    # starts 0 and 2 share 6 steps; 1, 10 tokens longer, stops after 1
 
 
 def decode(engines, batched: bool, temperature: float) -> tuple[dict, list]:
