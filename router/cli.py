@@ -224,8 +224,7 @@ async def _demo(config: SpecpoolConfig, args, overrides: dict) -> int:
 
 def run_admin(args) -> int:
     """`specpool reload` / `specpool status` against a running server's Admin service."""
-    key = os.environ.get(ADMIN_KEY_ENV) or next(iter(router_section(args.config).admin_keys
-                                                     if getattr(args, "config", None) else ()), None)
+    key = admin_key(args)
     metadata = (("authorization", f"Bearer {key}"),) if key else None
     with open_channel(args) as channel:
         stub = admin_pb2_grpc.AdminStub(channel)
@@ -372,6 +371,13 @@ def admin_address(args) -> str:
         key = "router.port" if on_public else "router.admin_port"
         raise ConfigError(f"{key} is 0 (any free port): give --address (serve's log says which port it took)")
     return dial(host, port)
+
+
+def admin_key(args) -> str | None:
+    """The key an admin command sends: $SPECPOOL_ADMIN_KEY, else the first of --config's router.admin_keys."""
+    if os.environ.get(ADMIN_KEY_ENV) or not getattr(args, "config", None):
+        return os.environ.get(ADMIN_KEY_ENV)
+    return next(iter(router_section(args.config).admin_keys), None)
 
 
 def router_section(path: str) -> RouterConfig:

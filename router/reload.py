@@ -25,8 +25,7 @@ def check_reloadable(old: SpecpoolConfig, new: SpecpoolConfig, draft_pool: bool 
     """Raise RestartRequired naming the first key a reload cannot change, with the running value and the new one
     (replicas may only grow; router.log_requests and admin_keys may change; draft.method may change, to a method
     that uses the draft model only if a draft pool runs: `draft_pool`, by default whether the old method started
-    one).
-    `document`: the reloaded YAML, to say when the new value is a default because the key is absent from it."""
+    one). `document`: the reloaded YAML, to say when the new value is a default because the key is absent from it."""
     for section in ("router", "ray", "draft", "target", "tls", "http"):
         before, after = getattr(old, section), getattr(new, section)
         if section == "router":

@@ -288,8 +288,7 @@ class RouterConfig:
         for key in ("max_queued_requests", "max_prompt_tokens", "max_new_tokens"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{section}.{key}: must be >= 0 (got {getattr(self, key)!r})")
-        if not isinstance(self.admin_keys, list) or not all(isinstance(key, str) and key for key in self.admin_keys):
-            raise ConfigError(f"{section}.admin_keys: must be a list of non-empty strings (got {REDACTED})")
+        check_keys(self.admin_keys, f"{section}.admin_keys")
         if self.prefix_affinity_slack < -1:
             raise ConfigError(f"{section}.prefix_affinity_slack: must be >= -1 (-1: off) "
                               f"(got {self.prefix_affinity_slack!r})")
@@ -330,6 +329,12 @@ class RayConfig:
 REDACTED = "<redacted>"      # a secret's value (a field whose metadata says "secret") in a message or the log
 
 
+def check_keys(keys: list, key: str) -> None:
+    """Bearer keys (http.api_keys, router.admin_keys) are non-empty strings; a refusal never shows them."""
+    if not all(isinstance(value, str) and value for value in keys):
+        raise ConfigError(f"{key}: must be a list of non-empty strings (got {REDACTED})")
+
+
 def shown(section, key: str, form=repr) -> str:
     """The value of `key` of a config section (a dataclass) for a message or the log: form(value), or REDACTED for
     a secret that is set (http.api_keys: bearer keys must reach neither serve's log nor an admin client; that none
@@ -350,8 +355,7 @@ class HttpConfig:
     def validate(self, section: str = "http") -> None:
         if not -1 <= self.port <= 65535:
             raise ConfigError(f"{section}.port: must be a port number or -1 (got {self.port!r})")
-        if not all(isinstance(key, str) and key for key in self.api_keys):
-            raise ConfigError(f"{section}.api_keys: must be a list of non-empty strings (got {REDACTED})")
+        check_keys(self.api_keys, f"{section}.api_keys")
         if self.chat_template and not Path(self.chat_template).is_file():
             raise ConfigError(f"{section}.chat_template: no such file (got {self.chat_template!r})")
 
