@@ -380,22 +380,23 @@ def _cpu_list_error(spec) -> str | None:
     return None
 
 
-def _coerce(value, kind, key: str):
-    """Check one scalar against its dataclass field type; ints are accepted where floats are."""
+def _coerce(value, kind, key: str, show=repr):
+    """Check one scalar against its dataclass field type; ints are accepted where floats are. A refusal shows the
+    value as show(value) (a secret's: REDACTED)."""
     origin = typing.get_origin(kind) or kind
     if origin is types.UnionType:
         if not any(isinstance(value, option) for option in typing.get_args(kind)):
             raise ConfigError(f"{key}: must be {' or '.join(t.__name__ for t in typing.get_args(kind))} "
-                              f"(got {value!r})")
+                              f"(got {show(value)})")
         return value
     if origin is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: must be a mapping (got {value!r})")
+            raise ConfigError(f"{key}: must be a mapping (got {show(value)})")
         return dict(value)
     if not isinstance(value, origin) or (origin is int and isinstance(value, bool)):
-        raise ConfigError(f"{key}: must be {origin.__name__} (got {value!r})")
+        raise ConfigError(f"{key}: must be {origin.__name__} (got {show(value)})")
     return value
 
 
@@ -410,7 +411,7 @@ def _build(cls, data: dict, prefix: str):
     if unknown:
         raise ConfigError(f"{prefix}{unknown[0]}: unknown key{_did_you_mean(unknown[0], names)} "
                           f"(known: {', '.join(names)})")
-    kwargs = {}
+    kwargs, secrets = {}, {f.name for f in dataclasses.fields(cls) if f.metadata.get("secret")}
     for name, value in data.items():
         kind = hints[name]
         if dataclasses.is_dataclass(kind):
@@ -418,7 +419,7 @@ def _build(cls, data: dict, prefix: str):
                 raise ConfigError(f"{prefix}{name}: empty; leave the section out for its defaults")
             kwargs[name] = _build(kind, value, f"{prefix}{name}.")
         else:
-            kwargs[name] = _coerce(value, kind, prefix + name)
+            kwargs[name] = _coerce(value, kind, prefix + name, (lambda _: REDACTED) if name in secrets else repr)
     return cls(**kwargs)
 
 

@@ -120,3 +120,15 @@ def test_the_config_an_admin_client_sees_shows_no_bearer_key():
     shown = yaml.safe_load(config_to_yaml(keyed))
     assert "sk-secret" not in config_to_yaml(keyed) and shown["http"]["api_keys"] == "<redacted>"
     assert yaml.safe_load(config_to_yaml(plain)) == dataclasses.asdict(plain)
+
+
+@pytest.mark.parametrize("section, key", [("http", "api_keys"), ("router", "admin_keys")])
+@pytest.mark.parametrize("value", ["sk-secret", {"key": "sk-secret"}, ["sk-secret", ""]],
+                         ids=["scalar", "mapping", "an empty key"])
+def test_a_bearer_key_of_the_wrong_shape_is_refused_without_showing_it(section, key, value):
+    """A key written as a scalar (`admin_keys: sk-secret`) or a mapping is refused by the type check, which showed
+    the value (`must be list (got 'sk-secret')`) in serve's log and the reload's answer; now it says <redacted>."""
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({section: {key: value}})
+    assert str(info.value).startswith(f"{section}.{key}: must be ") and "sk-secret" not in str(info.value)
+    assert "<redacted>" in str(info.value)
