@@ -35,9 +35,8 @@ class BatchStats:
         return {"forward_passes": self.forward_passes, "rows": self.rows, "max_batch": self.max_batch}
 
 
-START_SPREAD = 8         # session starts share a forward only if their lengths are within this many tokens: the
-                         # forward keeps every row's logits from the shortest row's last token on (extend_batch)
-START_TOKENS = 4096      # the most tokens (padding included) a forward of several session starts takes
+START_SLACK, START_SHARE = 32, 0.25   # padding a forward of session starts may carry: tokens, plus a share of it
+START_TOKENS = 4096                   # the most tokens (padding included) a forward of several session starts takes
 
 
 def forward_groups(rows: list, requests: list, batched: bool, prefix_cached: bool = False) -> list[list]:
@@ -53,27 +52,32 @@ def forward_groups(rows: list, requests: list, batched: bool, prefix_cached: boo
 
 
 def start_groups(starts: list, requests: list, prefix_cached: bool = True) -> list[list]:
-    """Session starts in as few forwards as their lengths allow: shortest first, each start joining the forward being
-    formed while the forward's lengths stay within START_SPREAD tokens of each other and START_TOKENS in all (each row
-    right-padded to the longest). With a prefix cache, a start whose first block another start of that forward begins
-    with goes in a later one, so that it finds the block cached (engine/prefix_cache.py) instead of computing it
-    again (the n choices of a prompt)."""
+    """Session starts in as few forwards as padding allows: shortest first, each start joining the forward being
+    formed while its padding (each row right-padded to the longest) stays within START_SLACK tokens plus START_SHARE
+    of the forward, and START_TOKENS in all. Each row keeps only its own logits (extend_batch). With a prefix cache,
+    a start whose first block another start of that forward begins with goes in a later one, so that it finds the
+    block cached (engine/prefix_cache.py) instead of computing it again (the n choices of a prompt)."""
     groups, pending = [], sorted(starts, key=lambda row: len(requests[row[0]].new_token_ids))
     while pending:
-        group, leads, later = [], set(), []
-        shortest = len(requests[pending[0][0]].new_token_ids)
+        group, lengths, leads, later = [], [], set(), []
         for row in pending:
             tokens = requests[row[0]].new_token_ids
             lead = tuple(tokens[:BLOCK]) if prefix_cached and len(tokens) > BLOCK else None
-            if group and ((lead is not None and lead in leads) or len(tokens) - shortest > START_SPREAD
-                          or len(tokens) * (len(group) + 1) > START_TOKENS):
+            if group and ((lead is not None and lead in leads) or not _padding_fits(lengths + [len(tokens)])):
                 later.append(row)
                 continue
             group.append(row)
+            lengths.append(len(tokens))
             leads.add(lead)
         groups.append(group)
         pending = later
     return groups
+
+
+def _padding_fits(lengths: list[int]) -> bool:
+    """Whether session starts of these lengths may share a forward (each right-padded to the longest)."""
+    padded = max(lengths) * len(lengths)
+    return padded <= START_TOKENS and padded - sum(lengths) <= START_SLACK + START_SHARE * padded
 
 
 def run_isolated(groups: list[list], run_group: Callable[[list], None], results: list, drop: Callable[[int], None],

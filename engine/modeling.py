@@ -180,8 +180,9 @@ class RaggedBatch:
                 out[i, :, past - session.length:] = getattr(session.cache.layers[index], kind)[0]
         return out
 
-    def forward(self, token_lists: list[list[int]], decoder_only: bool = False, keep: int = 0):
-        """Append token_lists[i] to row i (an empty list: nothing for that row) in one forward."""
+    def forward(self, token_lists: list[list[int]], decoder_only: bool = False, keep: int | torch.Tensor = 0):
+        """Append token_lists[i] to row i (an empty list: nothing for that row) in one forward; `keep` is the model's
+        `logits_to_keep` (extend_batch)."""
         if self.mask is not None and windowed(self.model) and self._gapped(token_lists):
             self.unpack()
             self._pack()
@@ -191,7 +192,7 @@ class RaggedBatch:
         inputs.update({cache_keyword(type(self.model)): self.cache, "use_cache": True})
         if decoder_only:
             return self.model.get_decoder()(**inputs).last_hidden_state          # [B, n_new, hidden]
-        return self.model(**inputs, logits_to_keep=keep).logits                  # [B, keep or n_new, vocab]
+        return self.model(**inputs, logits_to_keep=keep).logits                  # [B, kept, vocab] or [kept, vocab]
 
     def _padded_inputs(self, token_lists: list[list[int]]) -> dict:
         """Right-padded input ids, the grown attention mask and each row's own position ids."""
@@ -307,9 +308,37 @@ def extend_batch(model, sessions: list[Session], token_lists: list[list[int]], k
     while it holds the same sessions as they were left (RaggedBatch.holds). Pass no `last` after a forward that
     raised: its batch may be half-updated."""
     batch = last if last is not None and last.holds(sessions) else RaggedBatch(model, sessions, runs_on=True)
-    n_new = max(len(t) for t in token_lists)
-    keep = n_new - min(len(t) - k for t, k in zip(token_lists, keeps))   # the columns any row needs
-    logits = batch.forward(token_lists, keep=keep)
+    ends = [len(t) for t in token_lists]                     # each row's new tokens end at its own column
+    if len(set(ends)) == 1:                                  # one end column: keep the last max(keeps) columns
+        logits = batch.forward(token_lists, keep=max(keeps))  # [B, max(keeps), vocab]
+        rows = [logits[i, logits.shape[1] - k:] for i, k in enumerate(keeps)]
+    elif takes_row_masks(type(model)):                       # ragged ends: exactly each row's columns
+        logits = batch.forward(token_lists, keep=_kept_mask(ends, keeps, model.device))  # [sum(keeps), vocab]
+        rows = list(logits.split(keeps))
+    else:                                                    # an older model: the union of the rows' columns
+        columns = sorted({c for end, k in zip(ends, keeps) for c in range(end - k, end)})
+        logits = batch.forward(token_lists, keep=torch.tensor(columns, device=model.device))  # [B, U, vocab]
+        rows = [logits[i, columns.index(end - k):columns.index(end - k) + k] if k else logits[i, :0]
+                for i, (end, k) in enumerate(zip(ends, keeps))]
     batch.unpack()
-    offset = n_new - keep
-    return [logits[i, len(t) - k - offset:len(t) - offset] for i, (t, k) in enumerate(zip(token_lists, keeps))], batch
+    return rows, batch
+
+
+def _kept_mask(ends: list[int], keeps: list[int], device) -> torch.Tensor:   # [B, n_new] bool
+    """True on row i's last keeps[i] new columns, which end at column ends[i] (rows are right-padded)."""
+    column = torch.arange(max(ends), device=device)
+    end, keep = torch.tensor(ends, device=device)[:, None], torch.tensor(keeps, device=device)[:, None]
+    return (column < end) & (column >= end - keep)
+
+
+@functools.lru_cache(maxsize=None)
+def takes_row_masks(model_class: type) -> bool:
+    """Whether a model class's forward takes `logits_to_keep` as a per-row mask [B, n_new] (and returns the kept
+    positions' logits flattened, [kept, vocab]): it slices its hidden states with transformers'
+    slice_logits_to_keep, in a release that takes boolean masks. The model's own post-processing of its logits
+    (Gemma's soft-capping, say) then applies as usual."""
+    helper = getattr(inspect.getmodule(model_class), "slice_logits_to_keep", None)
+    try:
+        return helper is not None and tuple(helper(torch.zeros(1, 2, 1), torch.tensor([[False, True]])).shape) == (1, 1)
+    except Exception:                                        # noqa: BLE001 - a release that takes no masks
+        return False

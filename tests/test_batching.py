@@ -13,11 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 import ray
+import torch
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from engine.batching import START_SPREAD, Batcher, start_groups
+from engine import modeling
+from engine.batching import START_SHARE, START_SLACK, Batcher, start_groups
 from engine.prefix_cache import BLOCK
-from engine.sessions import SessionLost
+from engine.sampling import Sampling
+from engine.sessions import Session, SessionLost
 from tests.conftest import service_config
 
 PROMPTS = [[72, 101, 108], [10, 200, 3, 77, 150, 42, 9, 1, 2, 3, 4, 5, 6], [33], [5, 6, 7, 8, 9, 10, 11],
@@ -108,21 +111,43 @@ def test_session_starts_share_forwards_within_the_padding_bound_and_match_each_a
     assert sorted(i for group in groups for i, _ in group) == list(range(len(PROMPTS)))
 
 
-def test_start_groups_bound_the_length_spread_and_put_a_shared_first_block_in_a_later_forward():
+def test_start_groups_bound_the_padding_and_put_a_shared_first_block_in_a_later_forward():
     lengths = [3, 40, 5, 4, 38, 2, 36, 90, 12]
     calls = [worker_pb2.VerifyRequest(new_token_ids=list(range(100 + i, 100 + i + n))) for i, n in enumerate(lengths)]
     calls.append(worker_pb2.VerifyRequest(new_token_ids=list(calls[1].new_token_ids[:BLOCK]) + [7] * 28))
     groups = [[i for i, _ in group] for group in start_groups([(i, None) for i in range(len(calls))], calls)]
-    # shortest first, lengths within START_SPREAD of the group's shortest: 12 is 10 past 2; 9 (44 tokens) would fit
-    # beside 6, 4 and 1 but begins with 1's first block, so it runs after it
-    assert groups == [[5, 0, 3, 2], [8], [6, 4, 1], [9], [7]]
+    # shortest first, padding within START_SLACK + START_SHARE of the forward: 6 (36 tokens) would pad the first
+    # group's 5 starts by 154; 9 (44 tokens) would fit beside 6, 4 and 1 but begins with 1's first block, so it
+    # runs after it, and 7 (90 tokens) would pad 6, 4 and 1 by 156
+    assert groups == [[5, 0, 3, 2, 8], [6, 4, 1], [9, 7]]
     uncached = start_groups([(i, None) for i in range(len(calls))], calls, prefix_cached=False)
-    assert [[i for i, _ in group] for group in uncached] == [[5, 0, 3, 2], [8], [6, 4, 1, 9], [7]]  # nothing to find
+    assert [[i for i, _ in group] for group in uncached] == [[5, 0, 3, 2, 8], [6, 4, 1, 9], [7]]  # nothing to find
     for group in groups:
         held = [len(calls[i].new_token_ids) for i in group]
-        assert max(held) - min(held) <= START_SPREAD
+        assert max(held) * len(held) - sum(held) <= START_SLACK + START_SHARE * max(held) * len(held)
     many = [worker_pb2.VerifyRequest(new_token_ids=list(range(i, i + 1000))) for i in range(9)]   # 4 of 1,000 at most
     assert [len(group) for group in start_groups([(i, None) for i in range(9)], many)] == [4, 4, 1]
+
+
+@pytest.mark.parametrize("row_masks", [True, False], ids=["per-row mask", "union of columns"])
+def test_rows_ending_at_different_columns_get_exactly_their_own_logits_as_alone(byte_pair, monkeypatch, row_masks):
+    """extend_batch over rows of 1-20 new tokens keeping 1-5 positions each: each row's logits are its own last
+    positions', as computed alone. With a per-row mask the forward computes only those (sum of keeps); the union
+    of the rows' columns is the fallback for a model class that takes no mask."""
+    model = modeling.load_model(byte_pair[1])
+    assert modeling.takes_row_masks(type(model))        # this transformers and this family take masks
+    monkeypatch.setattr(modeling, "takes_row_masks", lambda model_class: row_masks)
+    kept = []
+    original = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **kw: kept.append(kw["logits_to_keep"]) or original(*a, **kw))
+    prompts, keeps = [PROMPTS[i] for i in (0, 1, 2, 6)], [1, 5, 1, 3]
+    together, _ = modeling.extend_batch(model, [Session(sampling=Sampling()) for _ in prompts], prompts, keeps)
+    for prompt, keep, logits in zip(prompts, keeps, together):
+        alone, _ = modeling.extend_batch(model, [Session(sampling=Sampling())], [prompt], [keep])
+        assert logits.shape == alone[0].shape == (keep, model.config.vocab_size)
+        torch.testing.assert_close(logits, alone[0], rtol=1e-4, atol=1e-4)
+    if row_masks:
+        assert kept[0].dtype == torch.bool and int(kept[0].sum()) == sum(keeps)
 
 
 def test_a_lost_session_fails_only_its_row(engines):
@@ -149,7 +174,8 @@ def test_a_draft_row_whose_caller_went_away_stops_drafting(engines):
     alone = [alone_draft.propose(call) for call in calls]
     assert len(results[1].draft_token_ids) == 1
     assert [list(results[i].draft_token_ids) for i in (0, 2)] == [list(alone[i].draft_token_ids) for i in (0, 2)]
-    assert draft.stats.forward_passes == 6 + 1    # starts 0 and 2 share 6 steps; 1, 10 tokens longer, stops after 1
+    assert draft.stats.forward_passes == 6        # the three starts share 6 steps, 1 only the first
+    assert draft.stats.rows == 3 + 2 * 5
 
 
 def decode(engines, batched: bool, temperature: float) -> tuple[dict, list]:
