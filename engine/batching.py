@@ -37,15 +37,22 @@ class BatchStats:
 
 START_SLACK, START_SHARE = 32, 0.25   # padding a forward of session starts may carry: tokens, plus a share of it
 START_TOKENS = 4096                   # the most tokens (padding included) a forward of several session starts takes
+PREFILL_TOKENS = 32                   # a call appending more tokens than this (a long prompt's later chunks, a draft
+                                      # far behind) runs with the session starts, not beside the decode rows
+
+
+def prefills(request) -> bool:
+    """Whether a call runs with the session starts: it starts its session, or appends more than PREFILL_TOKENS."""
+    return request.position == 0 or len(request.new_token_ids) > PREFILL_TOKENS
 
 
 def forward_groups(rows: list, requests: list, batched: bool, prefix_cached: bool = False) -> list[list]:
-    """How an engine runs a batch's opened rows [(index, session, ...)]: session starts (prefills of a whole
-    context) in forwards of their own (start_groups; `prefix_cached`: the engine has a prefix cache), so a long
+    """How an engine runs a batch's opened rows [(index, session, ...)]: session starts and other long appends
+    (prefills) in forwards of their own (start_groups; `prefix_cached`: the engine has a prefix cache), so a long
     prompt never pads the decode rows, then the decode rows together; every row alone for a model whose cache
     cannot be padded."""
-    starts = [row for row in rows if requests[row[0]].position == 0]
-    decode = [row for row in rows if requests[row[0]].position != 0]
+    starts = [row for row in rows if prefills(requests[row[0]])]
+    decode = [row for row in rows if not prefills(requests[row[0]])]
     if not batched:
         return [[row] for row in starts + decode]
     return start_groups(starts, requests, prefix_cached) + ([decode] if decode else [])

@@ -14,6 +14,8 @@ from typing import Callable
 
 from engine.sampling import Sampling
 
+PREFILL_IDLE_S = 60.0     # a session mid-prefill (Session.chunked) is passed over by eviction unless idle this long
+
 
 class SessionLost(Exception):
     """The worker does not hold the tokens the router expects it to hold."""
@@ -28,6 +30,7 @@ class Session:
     settled: int = 0               # of those, the ones the router has committed, as far as this worker knows: what
                                    # its release leaves in the prefix cache (engine.prefix_cache.PrefixCache.keep)
     ngram: object = None           # the target's prompt-lookup index of the committed tokens (engine.ngram)
+    chunked: bool = False          # the target holds part of its prompt, computed in chunks (prefill_chunks.py)
     _own: object = field(default=None, repr=False)     # its own DynamicCache, as last handed back
     _batch: object = field(default=None, repr=False)   # the RaggedBatch it was left in, not handed back yet
     _row: int = field(default=0, repr=False)           # its row there
@@ -94,9 +97,26 @@ class SessionStore:
             session.crop(position)
         self._sessions.move_to_end(session_id)
         session.last_used = self._clock()
-        while len(self._sessions) > self._max_sessions:
-            self._sessions.popitem(last=False)
+        while len(self._sessions) > self._max_sessions and self._evict(session_id):
+            pass
         return session
+
+    def _evict(self, opened: int) -> bool:
+        """Drop the least recently used session but the one just `opened`, passing over those mid-prefill: the rest
+        of their prompt follows at once (Session.chunked), and dropped in between they would start again (unless
+        idle PREFILL_IDLE_S: their caller is gone). False: every other session is mid-prefill."""
+        now = self._clock()
+        for session_id, session in self._sessions.items():
+            if session_id != opened and (not session.chunked or now - session.last_used > PREFILL_IDLE_S):
+                del self._sessions[session_id]
+                return True
+        return False
+
+    def hold(self, session_id: int, session: Session) -> None:
+        """Hold `session` again if the batch it runs in evicted it (it opened more sessions than max_sessions): a
+        session mid-prefill (Session.chunked), whose next chunk follows at once."""
+        if self._sessions.setdefault(session_id, session) is session:
+            self._sessions.move_to_end(session_id)
 
     def release(self, session_id: int) -> bool:
         return self.take(session_id) is not None

@@ -96,11 +96,16 @@ class PoolConfig:
 class TargetConfig(PoolConfig):
     model: str = "builtin:random-pair/target"
     tensor_parallel_size: int = 1   # ranks per target replica, packed on one node
+    prefill_chunk_tokens: int = 512  # a prompt longer than this is computed in forwards of at most this many tokens,
+                                    # each its own batch, so other requests' rounds run between them (0: in one)
 
     def validate(self, section: str = "target") -> None:
         super().validate(section)
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"{section}.tensor_parallel_size: must be >= 1 (got {self.tensor_parallel_size!r})")
+        if self.prefill_chunk_tokens < 0:
+            raise ConfigError(f"{section}.prefill_chunk_tokens: must be >= 0 (0: a prompt in one forward) "
+                              f"(got {self.prefill_chunk_tokens!r})")
         cpus = len(parse_cpus(self.cpus))
         if 0 < cpus < self.tensor_parallel_size:
             raise ConfigError(f"{section}.cpus: {cpus} CPU(s) for {self.tensor_parallel_size} ranks; give each rank "

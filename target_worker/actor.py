@@ -40,7 +40,8 @@ def _build_engine(config: dict, draft: dict, rank: int, world_size: int, master:
           f"{config['device']}) ...", flush=True)
     engine = TargetEngine(model, draft_model, config["dtype"], config["device"], draft["dtype"],
                           tp_plan="auto" if world_size > 1 else None, max_sessions=config["max_sessions"],
-                          prefix_cache_tokens=config["prefix_cache_tokens"])
+                          prefix_cache_tokens=config["prefix_cache_tokens"],
+                          prefill_chunk_tokens=config["prefill_chunk_tokens"])
     print(f"[specpool] target rank {rank}: loaded in {time.monotonic() - started:.1f}s", flush=True)
     return engine
 

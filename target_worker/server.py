@@ -23,11 +23,12 @@ from typing import Callable
 import grpc
 
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
-from engine.batching import Batcher, only_answer
+from engine.batching import Batcher, only_answer, prefills
 from engine.handoff import WaitingRoom
 from engine.ngram import LookupMissed
 from engine.sessions import SessionLost
 from engine.worker_server import EngineRunner, answer, serve_stream, timed
+from target_worker.prefill_chunks import Prefilled
 from target_worker.staging import Verdicts, deliver, follow_up, round_key
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
 
@@ -84,9 +85,17 @@ class DecodeRun:
         self.held_since = 0.0                               # when the oldest of them was ready
         self.sent = request.position != 0                   # a session's start answers its first token at once
         self.last: worker_pb2.VerifyResponse | None = None
+        self.start = None                                   # a chunked start's prefix-cache lookup, for its answer
 
-    def advance(self, response: worker_pb2.VerifyResponse, started: float) -> None:
-        """Take one step's answer (its handler time counted from `started`); set `last` when the run ends."""
+    def advance(self, response: worker_pb2.VerifyResponse | Prefilled, started: float) -> None:
+        """Take one step's answer (its handler time counted from `started`); set `last` when the run ends. A long
+        prompt's chunk (Prefilled) commits nothing: the run goes on with the rest of its prompt."""
+        if isinstance(response, Prefilled):
+            self.request, self.start = response.rest, self.start or response.prefix_cache
+            return
+        if self.start is not None:
+            response.prefix_cache.CopyFrom(self.start)
+            self.start = None
         now = self.clock()
         response.handler_us = int((now - started) * 1e6)
         tokens = committed(response)
@@ -157,18 +166,30 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         if len(runs) > 1 and all(runs):
             return await self._runner.run(self._steps_together, runs)
         batch = worker_pb2.VerifyBatch(requests=requests)
-        # A staged round never runs inline: the verdict it follows must go out while it runs.
-        inline = all(request.position and not request.HasField("staged") for request in requests)
+        # A staged round never runs inline: the verdict it follows must go out while it runs; nor does a prefill
+        # (a session start or a long prompt's chunk), which the calls arriving meanwhile should not wait behind.
+        inline = all(not prefills(request) and not request.HasField("staged") for request in requests)
         return await self._runner.run(lead, self._engine, VERIFY_BATCH, batch, self._world_size, inline=inline)
 
     async def _verified(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         """A verify call, its verdict kept for the staged call that may follow it."""
         verdict, future = None, self._verdicts.expect(round_key(request))
         try:
-            verdict = await self._batcher.submit(request)
+            verdict = await self._whole(request)
             return verdict
         finally:
             deliver(future, verdict)
+
+    async def _whole(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
+        """A call's answer through the Batcher; a long prompt's chunks (Prefilled) go one after another, so that
+        the calls waiting meanwhile run between them."""
+        verdict, start = await self._batcher.submit(request), None
+        while isinstance(verdict, Prefilled):
+            start = start or verdict.prefix_cache
+            verdict = await self._batcher.submit(verdict.rest)
+        if start is not None:
+            verdict.prefix_cache.CopyFrom(start)
+        return verdict
 
     async def _staged(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         """A staged call: once the round it follows has its verdict, verify the candidate that guessed it (its
@@ -266,7 +287,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         refused = stream_only(request)
         if refused:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{refused}; send it on VerifyStream")
-        return await answer(context, self._batcher.submit(request))
+        return await answer(context, self._whole(request))
 
     async def VerifyStream(self, requests, context):
         async for response in serve_stream(requests, self._submit, worker_pb2.VerifyResponse):

@@ -9,12 +9,13 @@ from __future__ import annotations
 import torch
 
 from protos.specpool.v1 import worker_pb2
-from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
+from engine.batching import BatchStats, forward_groups, only_answer, prefills, run_isolated
 from engine.ngram import LookupMissed, NgramIndex
 from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
 from engine.prefix_cache import PrefixCache, lookup_stats
 from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample, token_logprobs
 from engine.sessions import SessionStore, open_sessions
+from target_worker.prefill_chunks import Prefilled, rest_of
 
 
 def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, sampling: Sampling) -> torch.Tensor:
@@ -60,12 +61,13 @@ class TargetEngine:
 
     def __init__(self, model_path: str, draft_model_path: str, dtype: str = "float32", device: str = "cpu",
                  draft_dtype: str = "float32", tp_plan: str | None = None, max_sessions: int = 256,
-                 prefix_cache_tokens: int = 0):
+                 prefix_cache_tokens: int = 0, prefill_chunk_tokens: int = 0):
         self.model = load_model(model_path, dtype, device, tp_plan)
         self.draft_head = load_lm_head(draft_model_path, draft_dtype, device if not tp_plan else self.model.device)
         self.sessions = SessionStore(max_sessions)
         self.batched = batchable(self.model)
         self.prefixes = PrefixCache(prefix_cache_tokens if self.batched else 0)   # only caches that crop and concat
+        self.prefill_chunk = prefill_chunk_tokens   # 0: a call's new tokens in one forward, however many
         self.isolate = not tp_plan        # a TP group's ranks must stay in step: a failed forward is the group's
         self.stats = BatchStats()
         self._batch = None                # the last forward's RaggedBatch: the next one may run on it (holds())
@@ -91,14 +93,23 @@ class TargetEngine:
         return results
 
     def _verify_rows(self, rows: list, requests: list, results: list) -> None:
-        """One forward over rows [(index, session)], then the rejection sampler per row."""
-        rows, drafts = self._drafts(rows, requests, results)
+        """One forward over rows [(index, session)], then the rejection sampler per row. A session start takes the
+        beginning of its context from the prefix cache where it is there; a row with more new tokens left than
+        prefill_chunk computes only the next chunk of them, and answers Prefilled."""
+        found = {i: self.prefixes.attach(self.model, session, requests[i].new_token_ids) for i, session in rows}
+        ends = {i: skip + self.prefill_chunk for i, skip in found.items()      # where a chunked row's forward ends
+                if self.prefill_chunk and len(requests[i].new_token_ids) - skip > self.prefill_chunk}
+        rows, drafts = self._drafts(rows, requests, results, ends)
         if not rows:
             return
-        starts = [session.length + len(requests[i].new_token_ids) for i, session in rows]
-        logits, found, batch_tokens = self._forward(rows, requests, drafts)
+        starts = [session.length - found[i] + len(requests[i].new_token_ids) for i, session in rows]
+        logits, batch_tokens = self._forward(rows, requests, drafts, found, ends)
         self.stats.record(len(rows))
-        for (i, session), row_drafts, row_logits, start, skip in zip(rows, drafts, logits, starts, found):
+        for (i, session), row_drafts, row_logits, start in zip(rows, drafts, logits, starts):
+            if i in ends:
+                self.sessions.hold(requests[i].session_id, session)
+                results[i] = self._prefilled(requests[i], session, found[i])
+                continue
             try:
                 results[i] = self._sample_row(requests[i], row_drafts, session, row_logits, start)
                 add_logprobs(results[i], requests[i], row_drafts, row_logits, session.sampling)
@@ -108,38 +119,48 @@ class TargetEngine:
             results[i].batch_size, results[i].batch_tokens = len(rows), batch_tokens
             session.settled = start + results[i].num_accepted
             if requests[i].position == 0:
-                results[i].prefix_cache.CopyFrom(lookup_stats(requests[i].new_token_ids, skip))
+                results[i].prefix_cache.CopyFrom(lookup_stats(requests[i].new_token_ids, found[i]))
             if requests[i].HasField("lookup"):
                 results[i].draft_token_ids.extend(row_drafts)
 
-    def _forward(self, rows: list, requests: list, drafts: list) -> tuple[list, list[int], int]:
-        """One forward over each row's new tokens and drafts, a session start taking the beginning of its context
-        from the prefix cache where it is there (and putting its full blocks there after): (logits per row
-        [K + 1, vocab], the tokens each row found cached, the tokens the forward computed)."""
-        found = [self.prefixes.attach(self.model, session, requests[i].new_token_ids) for i, session in rows]
-        tokens = [list(requests[i].new_token_ids)[skip:] + row_drafts
-                  for (i, _), row_drafts, skip in zip(rows, drafts, found)]
+    @staticmethod
+    def _prefilled(request, session, found: int) -> Prefilled:
+        """A chunked row's answer: the call for the rest of its new tokens."""
+        session.settled = session.length
+        start = lookup_stats(request.new_token_ids, found) if request.position == 0 else None
+        return Prefilled(rest_of(request, session.length), start)
+
+    def _forward(self, rows: list, requests: list, drafts: list, found: dict, ends: dict) -> tuple[list, int]:
+        """One forward over each row's new tokens (past the `found` ones the prefix cache gave it; a chunked row's
+        up to its end) and drafts; a session start or chunk puts its full blocks in the prefix cache after: (logits
+        per row [K + 1, vocab], the tokens the forward computed)."""
+        tokens = [list(requests[i].new_token_ids)[found[i]:ends.get(i)] + row_drafts
+                  for (i, _), row_drafts in zip(rows, drafts)]
         for (_, session), row_drafts in zip(rows, drafts):
             session.tokens.extend(row_drafts)
         last, self._batch = self._batch, None       # a forward that raises leaves no batch to run on again
         logits, batch = extend_batch(self.model, [session for _, session in rows], tokens,
                                      [len(row_drafts) + 1 for row_drafts in drafts], last)
-        # A forward of one row or of session starts alone leaves the decode rows' batch to run on again.
-        self._batch = batch if any(requests[i].position for i, _ in rows) and len(rows) > 1 else last
-        for i, session in rows:
-            if requests[i].position == 0:
+        # A forward of one row or of prefills alone leaves the decode rows' batch to run on again.
+        self._batch = batch if not all(prefills(requests[i]) for i, _ in rows) and len(rows) > 1 else last
+        for (i, session), row_drafts in zip(rows, drafts):
+            if i in ends or session.chunked:      # a long prompt's chunk or its last: all the session holds so far
+                self.prefixes.remember(session, session.tokens[:len(session.tokens) - len(row_drafts)])
+                session.chunked = i in ends
+            elif requests[i].position == 0:
                 self.prefixes.remember(session, requests[i].new_token_ids)
-        return logits, found, sum(len(t) for t in tokens)
+        return logits, sum(len(t) for t in tokens)
 
     @staticmethod
-    def _drafts(rows: list, requests: list, results: list) -> tuple[list, list]:
-        """The rows that run and their drafts (own_drafts, after the call's new tokens); a row whose lookup missed
-        (end_on_miss) leaves the forward untouched, with LookupMissed as its result."""
+    def _drafts(rows: list, requests: list, results: list, ends: dict) -> tuple[list, list]:
+        """The rows that run and their drafts (own_drafts, after the call's new tokens; none for a chunked row,
+        whose tokens end at its chunk's end); a row whose lookup missed (end_on_miss) leaves the forward untouched,
+        with LookupMissed as its result."""
         kept, drafts = [], []
         for i, session in rows:
-            session.tokens.extend(requests[i].new_token_ids)
+            session.tokens.extend(requests[i].new_token_ids[:ends.get(i)])
             try:
-                drafts.append(own_drafts(requests[i], session))
+                drafts.append([] if i in ends else own_drafts(requests[i], session))
                 kept.append((i, session))
             except LookupMissed as exc:
                 del session.tokens[session.length:]

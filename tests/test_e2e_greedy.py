@@ -1,6 +1,6 @@
 """End to end through gRPC, Ray actors and the router: greedy output is token-for-token identical
-to transformers generate() of the target alone, for K in {1, 3, 6}, TP=1 and TP=2, streaming and
-unary, and under concurrency with sessions evicted (re-prefill), also where prompts share a prefix that both
+to transformers generate() of the target alone, for K in {1, 3, 6}, TP=1 and TP=2 (prompts in chunks),
+streaming and unary, and under concurrency with sessions evicted (re-prefill), also where prompts share a prefix that both
 pools' prefix caches hold (the ranks of a TP group finding the same blocks)."""
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,9 +18,11 @@ MAX_NEW = 24
 @pytest.fixture(scope="module", params=[(1, False), (2, True)], ids=["tp1-in-turn", "tp2-overlap"])
 def service(request, start_service, byte_pair):
     # max_sessions=2 makes workers evict sessions under concurrency, exercising re-prefill. TP 1 drafts and
-    # verifies in turn, TP 2 overlaps them (speculation.overlap, the default).
+    # verifies in turn, TP 2 overlaps them (speculation.overlap, the default) and computes every prompt and
+    # re-prefill longer than 4 tokens in chunks of 4 (target.prefill_chunk_tokens), on both ranks.
     tp, overlap = request.param
-    return start_service(service_config(byte_pair, target={"tensor_parallel_size": tp, "max_sessions": 2},
+    target = {"tensor_parallel_size": tp, "max_sessions": 2, "prefill_chunk_tokens": 4 if tp == 2 else 0}
+    return start_service(service_config(byte_pair, target=target,
                                         draft={"max_sessions": 2}, speculation={"k": 3, "overlap": overlap}))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from engine.sessions import SessionLost
+from target_worker.prefill_chunks import Prefilled
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from tests.model_families import FAMILIES, NO_TP_PLAN, SLIDING, WINDOW, reference
 
@@ -51,6 +52,9 @@ def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: i
                                              draft_hidden_states=d.draft_hidden_states)
                     for call, d in zip(calls, drafted)]
         verdicts = target.verify_batch(verifies) if batched else [target.verify(v) for v in verifies]
+        while rests := [(n, v.rest) for n, v in enumerate(verdicts) if isinstance(v, Prefilled)]:  # prefill chunks
+            for (n, _), verdict in zip(rests, target.verify_batch([rest for _, rest in rests])):
+                verdicts[n] = verdict
         for i, d, v in zip(live, drafted, verdicts):
             assert isinstance(v, worker_pb2.VerifyResponse), v
             rounds.append((list(d.draft_token_ids), v.num_accepted))
@@ -76,6 +80,21 @@ def test_batched_speculation_is_identical_to_the_target_alone(family_models, fam
     accepted, drafted = sum(n for _, n in rounds), sum(len(d) for d, _ in rounds)
     assert 0 < accepted < drafted                 # some drafts accepted, some rolled back
     assert speculate(*engines(), PROMPTS, KS, MAX_NEW, batched=False) == (out, rounds)   # every row as if alone
+
+
+@pytest.mark.parametrize("family", sorted(SLIDING))
+def test_prompts_in_chunks_across_the_window_are_identical_to_the_target_alone(family_models, family):
+    """Prompts of 3-30 tokens computed in chunks of 6 (target.prefill_chunk_tokens), longer than the window of 8
+    only together: chunks of different rows batched, the window spanning chunks."""
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+
+    draft_path, target_path = family_models[family]
+    chunked, plain = (TargetEngine(target_path, draft_path, prefill_chunk_tokens=chunk) for chunk in (6, 0))
+    out, rounds = speculate(DraftEngine(draft_path), chunked, PROMPTS, KS, MAX_NEW)
+    assert out == reference(target_path, PROMPTS, MAX_NEW)
+    assert speculate(DraftEngine(draft_path), plain, PROMPTS, KS, MAX_NEW) == (out, rounds)
+    assert chunked.stats.forward_passes == plain.stats.forward_passes + 4    # the 30-token prompt: 5 chunks
 
 
 @pytest.mark.parametrize("mode", [worker_pb2.DRAFT_MODE_GREEDY, worker_pb2.DRAFT_MODE_SAMPLED],
