@@ -14,7 +14,9 @@ from typing import Callable
 
 from engine.sampling import Sampling
 
-PREFILL_IDLE_S = 60.0     # a session mid-prefill (Session.chunked) is passed over by eviction unless idle this long
+PREFILL_STALE_OPENS = 1024   # a session mid-prefill (Session.chunked) is passed over by eviction unless the worker
+                             # opened this many sessions since its last chunk (counted, not timed: a TP group's
+                             # ranks must evict alike)
 
 
 class SessionLost(Exception):
@@ -31,6 +33,7 @@ class Session:
                                    # its release leaves in the prefix cache (engine.prefix_cache.PrefixCache.keep)
     ngram: object = None           # the target's prompt-lookup index of the committed tokens (engine.ngram)
     chunked: bool = False          # the target holds part of its prompt, computed in chunks (prefill_chunks.py)
+    opened: int = 0                # the store's open count when it was last opened (SessionStore._evict)
     _own: object = field(default=None, repr=False)     # its own DynamicCache, as last handed back
     _batch: object = field(default=None, repr=False)   # the RaggedBatch it was left in, not handed back yet
     _row: int = field(default=0, repr=False)           # its row there
@@ -77,6 +80,7 @@ class SessionStore:
         self._max_sessions = max_sessions
         self._clock = clock
         self.started = 0               # sessions (re)started here, for load-balancing checks
+        self._opens = 0                # sessions opened here (SessionStore._evict)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -97,6 +101,8 @@ class SessionStore:
             session.crop(position)
         self._sessions.move_to_end(session_id)
         session.last_used = self._clock()
+        self._opens += 1
+        session.opened = self._opens
         while len(self._sessions) > self._max_sessions and self._evict(session_id):
             pass
         return session
@@ -104,10 +110,9 @@ class SessionStore:
     def _evict(self, opened: int) -> bool:
         """Drop the least recently used session but the one just `opened`, passing over those mid-prefill: the rest
         of their prompt follows at once (Session.chunked), and dropped in between they would start again (unless
-        idle PREFILL_IDLE_S: their caller is gone). False: every other session is mid-prefill."""
-        now = self._clock()
+        stale, PREFILL_STALE_OPENS: their caller is gone). False: every other session is mid-prefill."""
         for session_id, session in self._sessions.items():
-            if session_id != opened and (not session.chunked or now - session.last_used > PREFILL_IDLE_S):
+            if session_id != opened and (not session.chunked or self._opens - session.opened > PREFILL_STALE_OPENS):
                 del self._sessions[session_id]
                 return True
         return False

@@ -112,18 +112,17 @@ def test_a_chunk_runs_with_the_session_starts_not_beside_the_decode_rows(engines
 
 
 def test_eviction_passes_over_a_session_mid_prefill_and_a_batch_that_evicts_it_holds_it_again(engines):
-    from engine.sessions import PREFILL_IDLE_S, Session, SessionStore
+    from engine.sessions import PREFILL_STALE_OPENS, Session, SessionStore
     from engine.sampling import Sampling
-    now = [0.0]
-    store = SessionStore(2, clock=lambda: now[0])
+    store = SessionStore(2)
     first = store.open(1, 0, Sampling())
     store.open(2, 0, Sampling())
     first.chunked = True
     store.open(3, 0, Sampling())                          # evicts 2, the least recently used not mid-prefill
     assert sorted(store._sessions) == [1, 3]
-    now[0] += PREFILL_IDLE_S + 1                          # idle that long, its caller is gone
-    store.open(4, 0, Sampling())
-    assert sorted(store._sessions) == [3, 4]
+    for session_id in range(10, 10 + PREFILL_STALE_OPENS):  # that many sessions opened since: its caller is gone
+        store.open(session_id, 0, Sampling())
+    assert 1 not in store._sessions and len(store) == 2
     evicted = Session(sampling=Sampling())
     store.hold(5, evicted)
     assert store._sessions[5] is evicted

@@ -1,0 +1,82 @@
+"""What a long prompt costs the streams beside it, with its prefill in chunks (`target.prefill_chunk_tokens`) and in
+one forward: `--streams` clients stream greedy outputs while another sends long prompts one after another (the
+demo pair's longest context, about 900 tokens, 4 new tokens each). Per setting: the streams' longest and p99 wait
+between messages, their tokens/s, and the long prompts' time to first token, medians over repeats that take the
+settings in turn (a service each, started afresh).
+
+    python -m benchmarks.prefill_chunks --config deploy/local.yaml --chunks 0 256 --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+
+from benchmarks.plan import PREDICTABLE
+from benchmarks.service import load_service_config, log, running_data, stream_one
+from protos.specpool.v1 import generation_pb2
+
+
+def long_prompts(stub, prompt_ids: list[int], stop: threading.Event) -> list[float]:
+    """Long prompts one after another until `stop`: each one's time to its (whole) answer."""
+    times = []
+    while not stop.is_set():
+        started = time.perf_counter()
+        stub.Generate(generation_pb2.GenerateRequest(prompt_token_ids=prompt_ids, max_new_tokens=4))
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def streams_beside_long_prompts(stub, streams: int, max_new: int, prompt_ids: list[int]) -> dict:
+    """`streams` streams of max_new tokens while long prompts go in: their waits and tokens/s, the prompts' times."""
+    results, stop, prompts = [None] * streams, threading.Event(), []
+    def stream(i: int) -> None:
+        results[i] = stream_one(stub, PREDICTABLE[i % len(PREDICTABLE)], max_new, None)
+    longs = threading.Thread(target=lambda: prompts.extend(long_prompts(stub, prompt_ids, stop)))
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(streams)]
+    started = time.perf_counter()
+    for thread in [longs] + threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    stop.set()
+    longs.join()
+    waits = sorted(w for r in results for w in r["waits"])
+    return {"max_wait_ms": 1e3 * waits[-1], "p99_wait_ms": 1e3 * waits[int(0.99 * (len(waits) - 1))],
+            "tokens_per_s": sum(r["tokens"] for r in results) / seconds,
+            "long_ms": 1e3 * statistics.median(prompts), "longs": len(prompts)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="deploy/local.yaml")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[0, 256])
+    parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--prompt-tokens", type=int, default=900)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    data, rows = load_service_config(args.config), {chunk: [] for chunk in args.chunks}
+    prompt_ids = [(7 * i) % 700 + 3 for i in range(args.prompt_tokens)]
+    for repeat in range(args.repeats):
+        for chunk in args.chunks if repeat % 2 == 0 else args.chunks[::-1]:
+            config = {**data, "target": {**data.get("target", {}), "prefill_chunk_tokens": chunk}}
+            with running_data(config, label=f"{args.config}, prefill_chunk_tokens {chunk}") as service:
+                row = service.client(streams_beside_long_prompts, args.streams, args.max_new_tokens, prompt_ids)
+            log(f"repeat {repeat + 1}/{args.repeats}, chunk {chunk}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()))
+            rows[chunk].append(row)
+    print(f"{args.streams} streams of {args.max_new_tokens} tokens beside {args.prompt_tokens}-token prompts "
+          f"(medians of {args.repeats} repeats):")
+    print("| prefill_chunk_tokens | streams' longest wait (ms) | p99 wait (ms) | streams' tokens/s | "
+          "long prompt's answer (ms) |")
+    print("|---|---|---|---|---|")
+    for chunk, repeats in rows.items():
+        median = {key: statistics.median(r[key] for r in repeats) for key in repeats[0]}
+        print(f"| {chunk or 'off (0)'} | {median['max_wait_ms']:.1f} | {median['p99_wait_ms']:.1f} | "
+              f"{median['tokens_per_s']:.1f} | {median['long_ms']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
