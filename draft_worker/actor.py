@@ -25,7 +25,7 @@ def _build_engine(config: dict):
     started = time.monotonic()
     print(f"[specpool] draft: loading {model} ({config['dtype']}, {config['device']}) ...", flush=True)
     engine = DraftEngine(model, config["dtype"], config["device"], config["max_sessions"],
-                         config["prefix_cache_tokens"])
+                         config["prefix_cache_tokens"], config["prefill_chunk_tokens"])
     print(f"[specpool] draft: loaded in {time.monotonic() - started:.1f}s", flush=True)
     return engine
 

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
 from engine.modeling import RaggedBatch, batchable, fork_session, load_model
+from engine.prefill_chunks import chunk_ends, prefilled
 from engine.prefix_cache import PrefixCache, lookup_stats
 from engine.sampling import STREAM_DRAFT, generator, logits_to_probs, sample
 from engine.sessions import Session, SessionStore, open_sessions
@@ -77,12 +78,13 @@ class DraftEngine:
     """Model + sessions of one draft worker. Not thread-safe: the server calls it from one thread."""
 
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu", max_sessions: int = 256,
-                 prefix_cache_tokens: int = 0):
+                 prefix_cache_tokens: int = 0, prefill_chunk_tokens: int = 0):
         self.model = load_model(model_path, dtype, device)
         self.head = self.model.get_output_embeddings()
         self.sessions = SessionStore(max_sessions)
         self.batched = batchable(self.model)
         self.prefixes = PrefixCache(prefix_cache_tokens if self.batched else 0)   # only caches that crop and concat
+        self.prefill_chunk = prefill_chunk_tokens   # 0: a call's new tokens in one forward, however many
         self.stats = BatchStats()
 
     def propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
@@ -108,16 +110,30 @@ class DraftEngine:
     def _propose_group(self, group: list, requests: list, results: list, gone) -> None:
         """One forward group of opened sessions [(index, session)] (forward_groups: a session start alone), its
         pre-draft branches included. A session start takes what the prefix cache holds of its context first (so
-        it finds what a start just before it in the same batch put there) and puts its full blocks there after."""
+        it finds what a start just before it in the same batch put there) and puts its full blocks there after. A
+        row with more new tokens left than prefill_chunk computes the next chunk of them only (Prefilled)."""
+        found = {i: self.prefixes.attach(self.model, session, requests[i].new_token_ids) for i, session in group}
+        ends = chunk_ends(group, requests, found, self.prefill_chunk)
         for i, session in group:
-            session.tokens.extend(requests[i].new_token_ids)
+            session.tokens.extend(requests[i].new_token_ids[:ends.get(i)])
             session.settled = len(session.tokens)          # the draft keeps no drafts in `tokens`
-        found = [self.prefixes.attach(self.model, session, requests[i].new_token_ids) for i, session in group]
-        rows = [row for (i, session), skip in zip(group, found)
-                for row in self._rows_or_error(i, session, requests[i], results, skip)]
+        if ends:
+            self._prefill([(i, session) for i, session in group if i in ends], requests, results, found, ends)
+        rows = [row for i, session in group if i not in ends
+                for row in self._rows_or_error(i, session, requests[i], results, found[i])]
         if rows:
             self._propose_rows(rows, results, gone)
-        self._remember(group, found, requests, results)
+        self._remember([(i, session) for i, session in group if i not in ends], found, requests, results)
+
+    def _prefill(self, chunked: list, requests: list, results: list, found: dict, ends: dict) -> None:
+        """One forward over the next chunk of each chunked row's new tokens: each answers Prefilled."""
+        batch = RaggedBatch(self.model, [session for _, session in chunked])
+        batch.forward([list(requests[i].new_token_ids)[found[i]:ends[i]] for i, _ in chunked], decoder_only=True)
+        batch.unpack()
+        self.stats.record(len(chunked))
+        for i, session in chunked:
+            self.prefixes.remember(session, session.tokens)
+            results[i] = prefilled(self.sessions, requests[i], session, found[i])
 
     def _rows_or_error(self, index: int, session: Session, request, results: list, skip: int) -> list[DraftRow]:
         try:
@@ -140,13 +156,17 @@ class DraftEngine:
                                  new[:b.at - held] + [b.token_id], request.k - 1, b.at + 1, branch=True))
         return rows
 
-    def _remember(self, group: list, found: list[int], requests: list, results: list) -> None:
-        """Put the contexts of the sessions that started and drafted into the prefix cache, and tell each how
-        much of its context it found there."""
-        for (i, session), skip in zip(group, found):
-            if requests[i].position == 0 and isinstance(results[i], worker_pb2.ProposeResponse):
-                self.prefixes.remember(session, requests[i].new_token_ids)
-                results[i].prefix_cache.CopyFrom(lookup_stats(requests[i].new_token_ids, skip))
+    def _remember(self, group: list, found: dict, requests: list, results: list) -> None:
+        """Put the contexts of the sessions that started (or ended a prompt in chunks) and drafted into the prefix
+        cache, and tell each start how much of its context it found there."""
+        for i, session in group:
+            if not isinstance(results[i], worker_pb2.ProposeResponse):
+                continue
+            if requests[i].position == 0 or session.chunked:
+                self.prefixes.remember(session, session.tokens)
+                session.chunked = False
+            if requests[i].position == 0:
+                results[i].prefix_cache.CopyFrom(lookup_stats(requests[i].new_token_ids, found[i]))
 
     def _propose_rows(self, rows: list, results: list, gone) -> None:
         """Each row's K steps: step j is one forward over the rows with K > j (a row whose caller went away stops

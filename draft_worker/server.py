@@ -10,8 +10,9 @@ from typing import Callable
 import grpc
 
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
-from engine.batching import Batcher
+from engine.batching import Batcher, prefills
 from engine.handoff import HandoffSenders
+from engine.prefill_chunks import whole
 from engine.worker_server import EngineRunner, answer, serve_stream
 
 
@@ -45,14 +46,14 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         self._chained: set[int] = set()            # id() of the chained pre-drafts waiting or drafting
 
     async def _propose_batch(self, requests: list, gone) -> list:
-        """One engine call; inline (on the event loop) only for calls that are neither session starts nor chained
-        pre-drafts, whose caller's first answer must leave while they draft."""
-        inline = all(request.position and id(request) not in self._chained for request in requests)
+        """One engine call; inline (on the event loop) only for calls that are neither prefills (session starts, a long
+        prompt's chunks) nor chained pre-drafts, whose caller's first answer must leave while they draft."""
+        inline = all(not prefills(request) and id(request) not in self._chained for request in requests)
         return await self._runner.run(self._engine.propose_batch, requests, gone, inline=inline)
 
     async def _propose(self, request: worker_pb2.ProposeRequest, emit=None) -> worker_pb2.ProposeResponse:
         started = time.perf_counter()
-        response = await self._batcher.submit(request)
+        response = await whole(self._batcher.submit, request)
         if request.hand_to:
             self._handoffs.send(request.hand_to, worker_pb2.DraftHandoff(
                 session_id=request.session_id, handoff_id=request.handoff_id,
@@ -67,7 +68,7 @@ class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
         started = time.perf_counter()
         self._chained.add(id(request))
         try:
-            return stamped(await self._batcher.submit(request), started)
+            return stamped(await whole(self._batcher.submit, request), started)
         finally:
             self._chained.discard(id(request))
 

@@ -67,6 +67,8 @@ class PoolConfig:
     prefix_cache_tokens: int = 8192  # KV of contexts' first blocks (16 tokens each) kept per worker (per rank of a
                                     # target), so a session starting with a cached prefix computes only the rest
                                     # (LRU; 0: off). Memory: 2 x layers x kv_heads x head_dim x dtype bytes a token
+    prefill_chunk_tokens: int = 512  # a prompt longer than this is computed in forwards of at most this many tokens,
+                                    # each its own batch, so other requests' rounds run between them (0: in one)
 
     def validate(self, section: str) -> None:
         cpu_error = _cpu_list_error(self.cpus)
@@ -83,6 +85,7 @@ class PoolConfig:
             (0 <= self.batch_wait_ms <= 1000, "batch_wait_ms", "must be in [0, 1000]"),
             (0 <= self.inline_ms <= 1000, "inline_ms", "must be in [0, 1000]"),
             (self.prefix_cache_tokens >= 0, "prefix_cache_tokens", "must be >= 0 (0: off)"),
+            (self.prefill_chunk_tokens >= 0, "prefill_chunk_tokens", "must be >= 0 (0: a prompt in one forward)"),
             (cpu_error is None, "cpus", cpu_error),
             (all(isinstance(v, (int, float)) for v in self.resources.values()), "resources",
              "must map resource names to numbers"),
@@ -96,16 +99,11 @@ class PoolConfig:
 class TargetConfig(PoolConfig):
     model: str = "builtin:random-pair/target"
     tensor_parallel_size: int = 1   # ranks per target replica, packed on one node
-    prefill_chunk_tokens: int = 512  # a prompt longer than this is computed in forwards of at most this many tokens,
-                                    # each its own batch, so other requests' rounds run between them (0: in one)
 
     def validate(self, section: str = "target") -> None:
         super().validate(section)
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"{section}.tensor_parallel_size: must be >= 1 (got {self.tensor_parallel_size!r})")
-        if self.prefill_chunk_tokens < 0:
-            raise ConfigError(f"{section}.prefill_chunk_tokens: must be >= 0 (0: a prompt in one forward) "
-                              f"(got {self.prefill_chunk_tokens!r})")
         cpus = len(parse_cpus(self.cpus))
         if 0 < cpus < self.tensor_parallel_size:
             raise ConfigError(f"{section}.cpus: {cpus} CPU(s) for {self.tensor_parallel_size} ranks; give each rank "

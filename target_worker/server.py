@@ -26,9 +26,9 @@ from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
 from engine.batching import Batcher, only_answer, prefills
 from engine.handoff import WaitingRoom
 from engine.ngram import LookupMissed
+from engine.prefill_chunks import Prefilled, whole
 from engine.sessions import SessionLost
 from engine.worker_server import EngineRunner, answer, serve_stream, timed
-from target_worker.prefill_chunks import Prefilled
 from target_worker.staging import Verdicts, deliver, follow_up, round_key
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
 
@@ -175,21 +175,10 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         """A verify call, its verdict kept for the staged call that may follow it."""
         verdict, future = None, self._verdicts.expect(round_key(request))
         try:
-            verdict = await self._whole(request)
+            verdict = await whole(self._batcher.submit, request)
             return verdict
         finally:
             deliver(future, verdict)
-
-    async def _whole(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
-        """A call's answer through the Batcher; a long prompt's chunks (Prefilled) go one after another, so that
-        the calls waiting meanwhile run between them."""
-        verdict, start = await self._batcher.submit(request), None
-        while isinstance(verdict, Prefilled):
-            start = start or verdict.prefix_cache
-            verdict = await self._batcher.submit(verdict.rest)
-        if start is not None:
-            verdict.prefix_cache.CopyFrom(start)
-        return verdict
 
     async def _staged(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         """A staged call: once the round it follows has its verdict, verify the candidate that guessed it (its
@@ -287,7 +276,7 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         refused = stream_only(request)
         if refused:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{refused}; send it on VerifyStream")
-        return await answer(context, self._whole(request))
+        return await answer(context, whole(self._batcher.submit, request))
 
     async def VerifyStream(self, requests, context):
         async for response in serve_stream(requests, self._submit, worker_pb2.VerifyResponse):

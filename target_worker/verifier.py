@@ -12,10 +12,10 @@ from protos.specpool.v1 import worker_pb2
 from engine.batching import BatchStats, forward_groups, only_answer, prefills, run_isolated
 from engine.ngram import LookupMissed, NgramIndex
 from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
+from engine.prefill_chunks import chunk_ends, prefilled
 from engine.prefix_cache import PrefixCache, lookup_stats
 from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample, token_logprobs
 from engine.sessions import SessionStore, open_sessions
-from target_worker.prefill_chunks import Prefilled, rest_of
 
 
 def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, sampling: Sampling) -> torch.Tensor:
@@ -97,8 +97,7 @@ class TargetEngine:
         beginning of its context from the prefix cache where it is there; a row with more new tokens left than
         prefill_chunk computes only the next chunk of them, and answers Prefilled."""
         found = {i: self.prefixes.attach(self.model, session, requests[i].new_token_ids) for i, session in rows}
-        ends = {i: skip + self.prefill_chunk for i, skip in found.items()      # where a chunked row's forward ends
-                if self.prefill_chunk and len(requests[i].new_token_ids) - skip > self.prefill_chunk}
+        ends = chunk_ends(rows, requests, found, self.prefill_chunk)   # where a chunked row's forward ends
         rows, drafts = self._drafts(rows, requests, results, ends)
         if not rows:
             return
@@ -107,8 +106,7 @@ class TargetEngine:
         self.stats.record(len(rows))
         for (i, session), row_drafts, row_logits, start in zip(rows, drafts, logits, starts):
             if i in ends:
-                self.sessions.hold(requests[i].session_id, session)
-                results[i] = self._prefilled(requests[i], session, found[i])
+                results[i] = prefilled(self.sessions, requests[i], session, found[i])
                 continue
             try:
                 results[i] = self._sample_row(requests[i], row_drafts, session, row_logits, start)
@@ -122,13 +120,6 @@ class TargetEngine:
                 results[i].prefix_cache.CopyFrom(lookup_stats(requests[i].new_token_ids, found[i]))
             if requests[i].HasField("lookup"):
                 results[i].draft_token_ids.extend(row_drafts)
-
-    @staticmethod
-    def _prefilled(request, session, found: int) -> Prefilled:
-        """A chunked row's answer: the call for the rest of its new tokens."""
-        session.settled = session.length
-        start = lookup_stats(request.new_token_ids, found) if request.position == 0 else None
-        return Prefilled(rest_of(request, session.length), start)
 
     def _forward(self, rows: list, requests: list, drafts: list, found: dict, ends: dict) -> tuple[list, int]:
         """One forward over each row's new tokens (past the `found` ones the prefix cache gave it; a chunked row's
@@ -146,7 +137,7 @@ class TargetEngine:
         for (i, session), row_drafts in zip(rows, drafts):
             if i in ends or session.chunked:      # a long prompt's chunk or its last: all the session holds so far
                 self.prefixes.remember(session, session.tokens[:len(session.tokens) - len(row_drafts)])
-                session.chunked = i in ends
+                session.chunked = False           # (prefilled marks a chunk's session again)
             elif requests[i].position == 0:
                 self.prefixes.remember(session, requests[i].new_token_ids)
         return logits, sum(len(t) for t in tokens)

@@ -19,11 +19,12 @@ MAX_NEW = 24
 def service(request, start_service, byte_pair):
     # max_sessions=2 makes workers evict sessions under concurrency, exercising re-prefill. TP 1 drafts and
     # verifies in turn, TP 2 overlaps them (speculation.overlap, the default) and computes every prompt and
-    # re-prefill longer than 4 tokens in chunks of 4 (target.prefill_chunk_tokens), on both ranks.
+    # re-prefill longer than 4 tokens in chunks of 4 (*.prefill_chunk_tokens), on both pools and both ranks.
     tp, overlap = request.param
-    target = {"tensor_parallel_size": tp, "max_sessions": 2, "prefill_chunk_tokens": 4 if tp == 2 else 0}
-    return start_service(service_config(byte_pair, target=target,
-                                        draft={"max_sessions": 2}, speculation={"k": 3, "overlap": overlap}))
+    chunk = 4 if tp == 2 else 0
+    target = {"tensor_parallel_size": tp, "max_sessions": 2, "prefill_chunk_tokens": chunk}
+    return start_service(service_config(byte_pair, target=target, draft={"max_sessions": 2, "prefill_chunk_tokens": chunk},
+                                        speculation={"k": 3, "overlap": overlap}))
 
 
 def greedy_request(prompt, k, max_new=MAX_NEW):

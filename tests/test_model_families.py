@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from engine.sessions import SessionLost
-from target_worker.prefill_chunks import Prefilled
+from engine.prefill_chunks import Prefilled
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from tests.model_families import FAMILIES, NO_TP_PLAN, SLIDING, WINDOW, reference
 

@@ -1,15 +1,17 @@
-"""Chunked prefill on the target (`target.prefill_chunk_tokens`, target_worker/prefill_chunks.py): a call with more
-new tokens than a chunk runs as several forwards, each its own trip through the Batcher. Its verdict, its cache and
+"""Chunked prefill (`*.prefill_chunk_tokens`, engine/prefill_chunks.py): a call with more new tokens than a chunk
+runs as several forwards, each its own trip through the worker's Batcher. On the target, its verdict, its cache and
 everything after are identical to the prompt in one forward (greedy and seeded sampling, drafts included, the
 prefix cache too); other calls run between its chunks; a decode run that starts with a long prompt commits what it
-would unchunked. The real TargetEngine and TargetServicer on the byte pair, in process (no Ray, no gRPC); the whole
+would unchunked. On the draft, its drafts (greedy and sampled, with pre-draft branches) and the next call's are
+those of one forward. The real engines and servicers on the byte pair, in process (no Ray, no gRPC); the whole
 stack with chunks is in tests/test_e2e_greedy.py."""
 import asyncio
 
 import pytest
+import torch
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from target_worker.prefill_chunks import Prefilled
+from engine.prefill_chunks import Prefilled
 from target_worker.server import TargetServicer
 from target_worker.verifier import TargetEngine
 
@@ -68,7 +70,8 @@ def test_a_chunked_start_caches_its_prefix_and_reports_its_lookup(engines):
     assert ends == [] and second.next_token_id == first.next_token_id    # 80 cached: the other 10 in one chunk
     assert (second.prefix_cache.looked_up, second.prefix_cache.found) == (90, 80)
     async def served():                                       # the servicer puts the start's lookup on the verdict
-        return await TargetServicer(engines(CHUNK, prefix=1024), 1)._whole(start(3, 0.0, prompt=PROMPT + [9] * 40))
+        servicer = TargetServicer(engines(CHUNK, prefix=1024), 1)
+        return await servicer._submit(start(3, 0.0, prompt=PROMPT + [9] * 40), None)
     third = asyncio.run(served())
     assert (third.prefix_cache.looked_up, third.prefix_cache.found) == (130, 0)
 
@@ -78,9 +81,9 @@ def test_calls_waiting_beside_a_long_prompt_run_between_its_chunks(engines):
     async def scenario():
         engine = engines(CHUNK)
         servicer, order = TargetServicer(engine, 1, max_batch=4), []
-        await servicer._whole(start(1, 0.0, prompt=PROMPT[:10]))
+        await servicer._submit(start(1, 0.0, prompt=PROMPT[:10]), None)
         async def call(name, request):
-            await servicer._whole(request)
+            await servicer._submit(request, None)
             order.append((name, engine.stats.forward_passes))
         short = worker_pb2.VerifyRequest(session_id=1, position=10, new_token_ids=[4])
         long = start(2, 0.0, prompt=PROMPT + PROMPT[:30])
@@ -133,3 +136,37 @@ def test_eviction_passes_over_a_session_mid_prefill_and_a_batch_that_evicts_it_h
     while any(isinstance(answer, Prefilled) for answer in answers):
         answers = [engine.verify(a.rest) if isinstance(a, Prefilled) else a for a in answers]
     assert all(isinstance(answer, worker_pb2.VerifyResponse) for answer in answers)
+
+
+def hidden(raw: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(raw), dtype=torch.float32) if raw else torch.zeros(0)
+
+
+@pytest.mark.parametrize("mode", [worker_pb2.DRAFT_MODE_GREEDY, worker_pb2.DRAFT_MODE_SAMPLED], ids=["greedy", "sampled"])
+def test_a_chunked_start_on_the_draft_drafts_what_one_forward_would(byte_pair, mode):
+    from draft_worker.proposer import DraftEngine
+    from draft_worker.server import DraftServicer
+
+    def calls(session_id: int) -> list[worker_pb2.ProposeRequest]:
+        sampling = generation_pb2.SamplingParams(temperature=0.9, top_p=1.0, seed=5)
+        branch = worker_pb2.BranchPoint(at=len(PROMPT) - 2, token_id=9)       # a pre-draft branch inside the prompt
+        return [worker_pb2.ProposeRequest(session_id=session_id, position=0, new_token_ids=PROMPT, k=4, mode=mode,
+                                          sampling=sampling, runner_ups=True, branches=[branch]),
+                worker_pb2.ProposeRequest(session_id=session_id, position=len(PROMPT) + 2, new_token_ids=[7], k=3,
+                                          mode=mode)]
+
+    async def drafts(chunk: int) -> list:
+        engine = DraftEngine(byte_pair[0], prefill_chunk_tokens=chunk)
+        servicer = DraftServicer(engine)
+        answers = [await servicer._propose(call) for call in calls(1)]
+        return [(list(a.draft_token_ids), list(a.runner_up_token_ids), [list(b.token_ids) for b in a.branch_drafts],
+                 hidden(a.draft_hidden_states), [hidden(b.hidden_states) for b in a.branch_drafts])
+                for a in answers], engine.stats.forward_passes
+    (chunked, passes), (plain, plain_passes) = asyncio.run(drafts(CHUNK)), asyncio.run(drafts(0))
+    assert [answer[:3] for answer in chunked] == [answer[:3] for answer in plain]
+    assert chunked[0][2] and passes == plain_passes + 2               # 90 tokens: 32 + 32, then 26 with the drafts
+    for ours, theirs in zip(chunked, plain):                          # sampled mode's hidden states, up to rounding
+        for a, b in zip([ours[3], *ours[4]], [theirs[3], *theirs[4]]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    engine = DraftEngine(byte_pair[0], prefill_chunk_tokens=CHUNK)
+    assert isinstance(engine.propose(calls(2)[0]), Prefilled)
