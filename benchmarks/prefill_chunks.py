@@ -1,5 +1,5 @@
-"""What a long prompt costs the streams beside it, with its prefill in chunks (`target.prefill_chunk_tokens`) and in
-one forward: `--streams` clients stream greedy outputs while long prompts arrive, one every `--interval-ms`, answered
+"""What a long prompt costs the streams beside it, with its prefill in chunks (`*.prefill_chunk_tokens`, both pools)
+and in one forward: `--streams` clients stream greedy outputs while long prompts arrive, one every `--interval-ms`, answered
 or not (900 tokens, near the demo pair's longest context, 4 new tokens each, none in the prefix cache). Per
 setting: the streams' longest and p99 wait between messages, their tokens/s, and the long prompts' time to their
 answer, medians over repeats that take the settings in turn (a service each, started afresh).
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     data, rows = load_service_config(args.config), {chunk: [] for chunk in args.chunks}
     for repeat in range(args.repeats):
         for chunk in args.chunks if repeat % 2 == 0 else args.chunks[::-1]:
-            config = {**data, "target": {**data.get("target", {}), "prefill_chunk_tokens": chunk}}
+            config = {**data, **{pool: {**data.get(pool, {}), "prefill_chunk_tokens": chunk} for pool in ("draft", "target")}}
             with running_data(config, label=f"{args.config}, prefill_chunk_tokens {chunk}") as service:
                 row = service.client(streams_beside_long_prompts, args.streams, args.max_new_tokens,
                                      args.prompt_tokens, args.interval_ms / 1e3)
