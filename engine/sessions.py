@@ -32,7 +32,7 @@ class Session:
     settled: int = 0               # of those, the ones the router has committed, as far as this worker knows: what
                                    # its release leaves in the prefix cache (engine.prefix_cache.PrefixCache.keep)
     ngram: object = None           # the target's prompt-lookup index of the committed tokens (engine.ngram)
-    chunked: bool = False          # the target holds part of its prompt, computed in chunks (prefill_chunks.py)
+    chunked: bool = False          # the worker holds part of its prompt, computed in chunks (prefill_chunks.py)
     opened: int = 0                # the store's open count when it was last opened (SessionStore._evict)
     _own: object = field(default=None, repr=False)     # its own DynamicCache, as last handed back
     _batch: object = field(default=None, repr=False)   # the RaggedBatch it was left in, not handed back yet

@@ -137,7 +137,7 @@ class TargetEngine:
         for (i, session), row_drafts in zip(rows, drafts):
             if i in ends or session.chunked:      # a long prompt's chunk or its last: all the session holds so far
                 self.prefixes.remember(session, session.tokens[:len(session.tokens) - len(row_drafts)])
-                session.chunked = False           # (prefilled marks a chunk's session again)
+                session.chunked = i in ends
             elif requests[i].position == 0:
                 self.prefixes.remember(session, requests[i].new_token_ids)
         return logits, sum(len(t) for t in tokens)
