@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from engine.sessions import Session
+from engine.window_cache import WindowLayer, first_column, head, row_view, starts_at
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 WASTED_SLACK = 64       # columns of padding and holes a batch may carry before WASTED_SHARE applies
@@ -80,15 +81,21 @@ def model_info(model) -> dict:
 def _layer_kinds(model) -> tuple[str, ...]:
     """The kind of each cache layer transformers would give this model: "full", "sliding" or "other" (the state
     of a recurrent or linear-attention layer). Worked out once per model."""
+    return tuple(kind for kind, _ in _layers(model))
+
+
+def _layers(model) -> tuple[tuple[str, int | None], ...]:
+    """(kind, sliding window or None) of each cache layer transformers would give this model, once per model."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-    kinds = getattr(model, "_specpool_layer_kinds", None)
-    if kinds is None:
+    layers = getattr(model, "_specpool_layers", None)
+    if layers is None:
         names = {DynamicLayer: "full", DynamicSlidingWindowLayer: "sliding"}
-        kinds = tuple(names.get(type(layer), "other") for layer in DynamicCache(config=model.config).layers)
-        model._specpool_layer_kinds = kinds
-    return kinds
+        layers = tuple((names.get(type(layer), "other"), getattr(layer, "sliding_window", None))
+                       for layer in DynamicCache(config=model.config).layers)
+        model._specpool_layers = layers
+    return layers
 
 
 def attention_only(model) -> bool:
@@ -105,6 +112,11 @@ def windowed(model) -> bool:
 batchable = attention_only
 
 
+def widest_window(model) -> int:
+    """The widest sliding window of the model's layers (0: none)."""
+    return max((window for kind, window in _layers(model) if kind == "sliding"), default=0)
+
+
 @functools.lru_cache(maxsize=None)
 def cache_keyword(model_class: type) -> str:
     """The keyword a model class's forward takes its KV cache by: `cache` since transformers deprecated
@@ -115,15 +127,20 @@ def cache_keyword(model_class: type) -> str:
 def new_cache(model):
     """An empty KV cache for one session (or one batch).
 
-    An attention-only model gets full-length layers everywhere, sliding-window layers included: the model's
-    own sliding-window mask (built from the cache's length, as transformers builds it for generate()) hides
-    what lies outside the window, so each row attends to exactly the tokens it would with transformers' own
-    sliding cache, while a rollback of any length is a plain crop and sessions pad into one batch. This costs
-    the memory of a full cache on those layers. Other models get transformers' own cache for their config.
+    An attention-only model gets a layer of its own for each cache layer: full-length where it attends to every
+    token, a WindowLayer (engine.window_cache) where it attends over a sliding window. A WindowLayer holds the
+    window plus the columns a rollback may remove, so a rollback is a plain crop, sessions pad into one batch and
+    memory stays bounded by the window; the model's own sliding-window mask, which counts the window in the
+    cache's columns, hides what lies outside it. Other models get transformers' own cache for their config.
     """
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
-    return DynamicCache() if attention_only(model) else DynamicCache(config=model.config)
+    if not attention_only(model):
+        return DynamicCache(config=model.config)
+    cache = DynamicCache()
+    cache.layers.extend(WindowLayer(window) if kind == "sliding" else DynamicLayer() for kind, window in _layers(model))
+    return cache
 
 
 class RaggedBatch:
@@ -165,20 +182,15 @@ class RaggedBatch:
         self.mask = _right_aligned_mask(self.lengths, past, self.model.device)
         self.segments = [[(past - n, n)] if n else [] for n in self.lengths]   # per row: (first column, count)
         for index in range(len(held[0].layers) if held else 0):
-            self.cache.update(self._padded(index, "keys", past), self._padded(index, "values", past), index)
+            layers = [s.cache.layers[index] if s.length else None for s in self.sessions]
+            width = max(layer.keys.shape[2] for layer in layers if layer is not None)   # a window layer's: fewer
+            self.cache.update(_padded(layers, "keys", width), _padded(layers, "values", width), index)
+            starts_at(self.cache.layers[index], past - width)
 
     def _gapped(self, token_lists: list[list[int]]) -> bool:
         """Whether this forward would leave padding inside some row's columns."""
         width = self.mask.shape[1]
         return any(t and seg and seg[-1][0] + seg[-1][1] != width for t, seg in zip(token_lists, self.segments))
-
-    def _padded(self, index: int, kind: str, past: int) -> torch.Tensor:   # [B, heads, past, head_dim]
-        like = next(getattr(s.cache.layers[index], kind) for s in self.sessions if s.length)
-        out = like.new_zeros((len(self.sessions), like.shape[1], past, like.shape[3]))
-        for i, session in enumerate(self.sessions):
-            if session.length:
-                out[i, :, past - session.length:] = getattr(session.cache.layers[index], kind)[0]
-        return out
 
     def forward(self, token_lists: list[list[int]], decoder_only: bool = False, keep: int | torch.Tensor = 0):
         """Append token_lists[i] to row i (an empty list: nothing for that row) in one forward; `keep` is the model's
@@ -186,6 +198,8 @@ class RaggedBatch:
         if self.mask is not None and windowed(self.model) and self._gapped(token_lists):
             self.unpack()
             self._pack()
+        if windowed(self.model):
+            self._drop_unneeded()
         inputs = self._padded_inputs(token_lists) if self.mask is not None else \
             {"input_ids": torch.tensor(token_lists, dtype=torch.long, device=self.model.device)}
         self.lengths = [n + len(t) for n, t in zip(self.lengths, token_lists)]
@@ -193,6 +207,14 @@ class RaggedBatch:
         if decoder_only:
             return self.model.get_decoder()(**inputs).last_hidden_state          # [B, n_new, hidden]
         return self.model(**inputs, logits_to_keep=keep).logits                  # [B, kept, vocab] or [kept, vocab]
+
+    def _drop_unneeded(self) -> None:
+        """Before a forward appends: drop the window layers' columns that no row needs any more (each row keeps
+        the window and the rollback after its last column, WindowLayer.keep)."""
+        ends = [self.lengths[0]] if self.mask is None else [seg[-1][0] + seg[-1][1] for seg in self.segments if seg]
+        for layer in self.cache.layers if ends else ():
+            if isinstance(layer, WindowLayer):
+                layer.drop_before(min(ends) - layer.keep)
 
     def _padded_inputs(self, token_lists: list[list[int]]) -> dict:
         """Right-padded input ids, the grown attention mask and each row's own position ids."""
@@ -226,13 +248,15 @@ class RaggedBatch:
     def hand_back(self, i: int, own):
         """Row i's cache as a session's own: `own` (or a new cache) holding a view of the row's real columns."""
         take = _columns(self.segments[i], self.model.device)
-        if own is None or not own.layers or not own.layers[0].is_initialized:
-            own = new_cache(self.model)
-            for index, layer in enumerate(self.cache.layers):
-                own.update(layer.keys[i:i + 1, :, take], layer.values[i:i + 1, :, take], index)
-        else:
-            for mine, layer in zip(own.layers, self.cache.layers):
-                mine.keys, mine.values = layer.keys[i:i + 1, :, take], layer.values[i:i + 1, :, take]
+        fresh = own is None or not own.layers or not own.layers[0].is_initialized
+        own = new_cache(self.model) if fresh else own
+        for index, layer in enumerate(self.cache.layers):
+            keys, values, first = row_view(layer, i, take)
+            if fresh:
+                own.update(keys, values, index)
+            else:
+                own.layers[index].keys, own.layers[index].values = keys, values
+            starts_at(own.layers[index], first)
         self._handed[i] = own.layers[0].keys
         return own
 
@@ -280,8 +304,21 @@ def fork_session(model, session: Session, length: int) -> Session:
     if length:
         fork.cache = new_cache(model)
         for index, layer in enumerate(session.cache.layers):
-            fork.cache.update(layer.keys[:, :, :length], layer.values[:, :, :length], index)
+            count = head(layer, length)
+            fork.cache.update(layer.keys[:, :, :count], layer.values[:, :, :count], index)
+            starts_at(fork.cache.layers[index], first_column(layer))
     return fork
+
+
+def _padded(layers: list, kind: str, width: int) -> torch.Tensor:   # [B, heads, width, head_dim]
+    """One layer's keys or values of each row (None: a row holding nothing) right-aligned in `width` columns."""
+    like = next(getattr(layer, kind) for layer in layers if layer is not None)
+    out = like.new_zeros((len(layers), like.shape[1], width, like.shape[3]))
+    for i, layer in enumerate(layers):
+        if layer is not None:
+            held = getattr(layer, kind)[0]
+            out[i, :, width - held.shape[1]:] = held
+    return out
 
 
 def _right_aligned_mask(lengths: list[int], width: int, device) -> torch.Tensor:   # [B, width]

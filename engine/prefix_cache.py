@@ -76,35 +76,47 @@ class PrefixCache:
         short of its last token; returns the tokens it holds now (0: none were cached, or the session holds some)."""
         if session.length or not self.max_blocks:
             return 0
-        import torch
-
-        from engine.modeling import new_cache
+        from engine.modeling import new_cache, widest_window
+        from engine.window_cache import servable
         found = []
         for name in self.names(context, (len(context) - 1) // self.block):
             if name not in self._blocks:
                 break
             found.append(name)
+        present = [all(piece is not None for piece in self._blocks[name]) for name in found]
+        found = found[:servable(present, widest_window(model), self.block)]
         if not found:
             return 0
         self._touch(found)
         cache = new_cache(model)
         for index, pieces in enumerate(zip(*(self._blocks[name] for name in found))):   # one layer's blocks
-            cache.update(torch.cat([keys for keys, _ in pieces], dim=2),
-                         torch.cat([values for _, values in pieces], dim=2), index)
+            self._fill(cache, index, pieces)
         session.cache, session.length = cache, len(found) * self.block
         return session.length
+
+    def _fill(self, cache, index: int, pieces: list) -> None:
+        """Layer `index` of a new cache from a chain's blocks: all of them, or on a window layer, those it holds
+        at the chain's end (each block's piece is None where a window layer had dropped it)."""
+        import torch
+
+        from engine.window_cache import starts_at
+        held = next((n for n in range(len(pieces)) if pieces[-1 - n] is None), len(pieces))   # the held tail
+        tail = pieces[len(pieces) - held:]
+        cache.update(torch.cat([keys for keys, _ in tail], dim=2), torch.cat([values for _, values in tail], dim=2),
+                     index)
+        starts_at(cache.layers[index], (len(pieces) - held) * self.block)
 
     def remember(self, session: Session, context) -> None:
         """Copy in the full blocks of `context` (the first tokens `session` holds) that are not cached yet."""
         if not self.max_blocks:
             return
         names = self.names(context, min(len(context), session.length) // self.block)
+        from engine.window_cache import block_view
         layers = session.cache.layers if names else ()
         for number, name in enumerate(names):
             if name not in self._blocks:
-                cut = slice(number * self.block, (number + 1) * self.block)
-                self._blocks[name] = [(layer.keys[:, :, cut].clone(), layer.values[:, :, cut].clone())
-                                      for layer in layers]
+                start = number * self.block
+                self._blocks[name] = [block_view(layer, start, start + self.block) for layer in layers]
                 self.bytes += block_bytes(self._blocks[name])
         self._touch(names)
         while len(self._blocks) > self.max_blocks:
@@ -131,7 +143,7 @@ class PrefixCache:
 
 
 def block_bytes(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-    return sum(keys.nbytes + values.nbytes for keys, values in layers)
+    return sum(piece[0].nbytes + piece[1].nbytes for piece in layers if piece is not None)
 
 
 def lookup_stats(context, found: int) -> PrefixCacheStats:

@@ -98,7 +98,11 @@ class SessionStore:
             if session is None or session.length < position:
                 held = 0 if session is None else session.length
                 raise SessionLost(f"session {session_id}: router expects {position} tokens, worker holds {held}")
-            session.crop(position)
+            try:
+                session.crop(position)
+            except SessionLost:            # a rollback past a sliding window's columns: the router starts it again
+                del self._sessions[session_id]
+                raise
         self._sessions.move_to_end(session_id)
         session.last_used = self._clock()
         self._opens += 1

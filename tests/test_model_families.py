@@ -31,6 +31,14 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def sliding_layers_trimmed(monkeypatch):
+    """Sliding-window layers hold the window and 4 columns more (engine.window_cache.ROLLBACK_TOKENS; the deepest
+    rollback here is a draft's K = 4 drafts), so that these contexts run far past what they hold. (The TP 2 ranks,
+    processes of their own, hold the default 160.)"""
+    monkeypatch.setattr("engine.window_cache.ROLLBACK_TOKENS", 4)
+
+
 GREEDY = generation_pb2.SamplingParams(temperature=0.0, top_p=1.0)
 
 

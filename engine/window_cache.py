@@ -1,0 +1,127 @@
+"""Sliding-window cache layers that hold what a query can still see: the window, plus what a rollback may remove.
+
+A layer that attends over a window of W tokens (Mistral, Gemma 2 and 3, Qwen2 with `use_sliding_window`) needs
+only the keys and values of the last W - 1 tokens before a new one. transformers' own DynamicSlidingWindowLayer
+keeps exactly those, so it cannot roll back: speculation appends drafts and then removes the rejected ones. A
+WindowLayer keeps W - 1 + ROLLBACK_TOKENS columns, drops what lies before them when the next forward appends, and
+tells transformers' mask builder where its columns begin (get_mask_sizes), as transformers' own layer does. Its
+memory is bounded by the window, not by the context: on a model with a window of 1,024 tokens, a 32k-token
+session's sliding layers hold 1,183 columns.
+
+Columns are absolute: column c of a session is its c-th token, and a layer holds columns [dropped, length). In a
+batch (engine.modeling.RaggedBatch) every row shares the batch's columns, so a batch layer drops only the columns
+before what every row still needs (drop_before). A rollback deeper than what is held raises SessionLost: the
+router sends the context again, and the output is the same (only slower).
+
+    layer = WindowLayer(window=8)            # engine.modeling.new_cache builds these for a windowed model
+    layer.drop_before(length - layer.keep)   # before a forward appends
+"""
+from __future__ import annotations
+
+from transformers.cache_utils import DynamicLayer
+
+from engine.sessions import SessionLost
+
+ROLLBACK_TOKENS = 160   # columns kept beyond the window: the longest rollback a session sees, K drafts and a
+                        # pre-draft of K + 1 tokens after them, K <= settings.schema.K_LIMIT = 64
+
+
+class WindowLayer(DynamicLayer):
+    """A sliding-window layer holding its last window - 1 + ROLLBACK_TOKENS columns (more until the next append)."""
+
+    is_sliding = True
+
+    def __init__(self, window: int):
+        super().__init__()
+        self.window, self.dropped = window, 0     # columns before `dropped` are no longer held
+
+    @property
+    def keep(self) -> int:
+        """Columns to hold before a forward appends (ROLLBACK_TOKENS read now, so that a test may set it)."""
+        return self.window - 1 + ROLLBACK_TOKENS
+
+    @property
+    def held(self) -> int:
+        return DynamicLayer.get_seq_length(self)
+
+    def get_seq_length(self) -> int:
+        return self.dropped + self.held
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.held + query_length, self.dropped
+
+    def drop_before(self, column: int) -> None:
+        """Drop the columns before `column` (nothing where it is not past `dropped`)."""
+        cut = column - self.dropped
+        if cut > 0 and self.is_initialized:
+            self.keys, self.values = self.keys[:, :, cut:], self.values[:, :, cut:]
+            self.dropped = column
+
+    def columns(self, first: int, last: int) -> slice:
+        """Where absolute columns [first, last) lie in the keys and values, clipped to those held."""
+        return slice(max(first, self.dropped) - self.dropped, last - self.dropped)
+
+    def head(self, length: int) -> int:
+        """Held columns of the first `length` tokens; SessionLost where they no longer hold its window."""
+        count = length - self.dropped
+        if self.dropped and count < self.window - 1:
+            raise SessionLost(f"a rollback to {length} tokens goes past the sliding window's {self.window - 1} "
+                              f"columns held after column {self.dropped} (speculation's rollback is at most "
+                              f"{ROLLBACK_TOKENS} tokens)")
+        return count
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.head(self.get_seq_length() - abs(tokens_to_remove))
+        super().crop(tokens_to_remove)
+
+
+def first_column(layer) -> int:
+    """The first column a cache layer holds (a full-length layer: 0)."""
+    return layer.dropped if isinstance(layer, WindowLayer) else 0
+
+
+def starts_at(layer, column: int) -> None:
+    """Say that a layer's keys and values begin at absolute `column` (only a window layer's may not begin at 0)."""
+    if isinstance(layer, WindowLayer):
+        layer.dropped = column
+    elif column:
+        raise ValueError(f"a full-length cache layer holds every column; it cannot begin at {column}")
+
+
+def head(layer, length: int) -> int:
+    """Held columns of a layer's first `length` tokens (WindowLayer.head: SessionLost past its window)."""
+    return layer.head(length) if isinstance(layer, WindowLayer) else length
+
+
+def row_view(layer, row: int, columns):
+    """(keys, values, first column held) of batch row `row` at `columns` (its real ones: a slice, or an index
+    tensor on a full-length layer), as views where they are a slice; a window layer's clipped to those held,
+    the first column counted from the row's first."""
+    if not isinstance(layer, WindowLayer):
+        return layer.keys[row:row + 1, :, columns], layer.values[row:row + 1, :, columns], 0
+    if not isinstance(columns, slice):
+        raise ValueError("a windowed batch keeps each row's columns contiguous")
+    cut = layer.columns(columns.start, columns.stop)
+    return layer.keys[row:row + 1, :, cut], layer.values[row:row + 1, :, cut], cut.start + layer.dropped - columns.start
+
+
+def block_view(layer, start: int, stop: int):
+    """(keys, values) of absolute columns [start, stop) of a one-row layer, copied; None where a window layer no
+    longer holds all of them (engine.prefix_cache keeps such a block without that layer)."""
+    if start < first_column(layer):
+        return None
+    cut = layer.columns(start, stop) if isinstance(layer, WindowLayer) else slice(start, stop)
+    return layer.keys[:, :, cut].clone(), layer.values[:, :, cut].clone()
+
+
+def servable(present: list[bool], window: int, block: int) -> int:
+    """How many leading blocks of a chain a session may start on, where present[i] says whether a window layer
+    has block i's keys and values: the chain's last blocks must hold the window the next token attends to (its
+    last window - 1 tokens, or all of them)."""
+    count = len(present)
+    while count:
+        tail = next((n for n in range(count) if not present[count - 1 - n]), count)
+        if tail == count or tail * block >= window - 1:
+            return count
+        count -= tail + 1
+    return 0
