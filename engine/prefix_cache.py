@@ -110,8 +110,8 @@ class PrefixCache:
         """Copy in the full blocks of `context` (the first tokens `session` holds) that are not cached yet."""
         if not self.max_blocks:
             return
-        names = self.names(context, min(len(context), session.length) // self.block)
         from engine.window_cache import block_view
+        names = self.names(context, min(len(context), session.length) // self.block)
         layers = session.cache.layers if names else ()
         for number, name in enumerate(names):
             if name not in self._blocks:

@@ -47,8 +47,10 @@ class WindowLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.dropped + self.held
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.held + query_length, self.dropped
+    def get_mask_sizes(self, query) -> tuple[int, int]:
+        """(columns the mask spans, its first column): the query's length in transformers 5.24, its cache positions
+        in releases before."""
+        return self.held + (query if isinstance(query, int) else query.shape[0]), self.dropped
 
     def drop_before(self, column: int) -> None:
         """Drop the columns before `column` (nothing where it is not past `dropped`)."""
@@ -71,8 +73,10 @@ class WindowLayer(DynamicLayer):
         return count
 
     def crop(self, tokens_to_remove: int) -> None:
-        self.head(self.get_seq_length() - abs(tokens_to_remove))
-        super().crop(tokens_to_remove)
+        """Remove the last -tokens_to_remove tokens (a positive value: keep that many, as earlier releases had it)."""
+        count = self.head(tokens_to_remove if tokens_to_remove > 0 else self.get_seq_length() + tokens_to_remove)
+        if self.is_initialized:
+            self.keys, self.values = self.keys[:, :, :count], self.values[:, :, :count]
 
 
 def first_column(layer) -> int:

@@ -14,7 +14,7 @@ import pytest
 from engine.sessions import SessionLost
 from engine.prefill_chunks import Prefilled
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from tests.model_families import FAMILIES, NO_TP_PLAN, SLIDING, WINDOW, reference
+from tests.model_families import FAMILIES, NO_TP_PLAN, SLIDING, reference
 
 PROMPTS = [list(range(40, 43)), [7, 9, 11, 200, 13] * 3, list(range(60, 90)), [33] * 20]
 KS = [1, 3, 4, 2]
@@ -34,8 +34,8 @@ def one_torch_thread():
 @pytest.fixture(autouse=True)
 def sliding_layers_trimmed(monkeypatch):
     """Sliding-window layers hold the window and 4 columns more (engine.window_cache.ROLLBACK_TOKENS; the deepest
-    rollback here is a draft's K = 4 drafts), so that these contexts run far past what they hold. (The TP 2 ranks,
-    processes of their own, hold the default 160.)"""
+    rollback here is a draft's K = 4 drafts), so that these contexts run far past what they hold (the TP 2 ranks
+    too: tp_rank is given it)."""
     monkeypatch.setattr("engine.window_cache.ROLLBACK_TOKENS", 4)
 
 
@@ -190,16 +190,19 @@ def test_a_session_that_fails_fails_alone(family_models, breakage):
 
 # ---- tensor parallelism -------------------------------------------------------------------------------------
 
-def tp_rank(rank: int, port: int, families: dict, out) -> None:
+def tp_rank(rank: int, port: int, families: dict, out, rollback: int) -> None:
     """One rank of a TP 2 group in its own process: every family with a TP plan speculates with its target sharded
-    over the group (both ranks run the same calls, as a TP group's follower runs rank 0's); rank 0 reports."""
+    over the group (both ranks run the same calls, as a TP group's follower runs rank 0's); rank 0 reports.
+    `rollback`: engine.window_cache.ROLLBACK_TOKENS, as the test process has it."""
     import torch
 
+    import engine.window_cache
     from draft_worker.proposer import DraftEngine
     from target_worker import tensor_parallel
     from target_worker.verifier import TargetEngine
 
     torch.set_num_threads(1)
+    engine.window_cache.ROLLBACK_TOKENS = rollback
     tensor_parallel.init_group(rank, 2, "127.0.0.1", port, "cpu")
     results = {}
     for name, (draft_path, target_path) in families.items():
@@ -225,7 +228,9 @@ def test_tp2_speculation_is_identical_to_the_target_alone(family_models):
     families = {name: paths for name, paths in family_models.items() if name not in NO_TP_PLAN}
     context = mp.get_context("spawn")
     out = context.Queue()
-    ranks = [context.Process(target=tp_rank, args=(rank, port, families, out)) for rank in range(2)]
+    import engine.window_cache
+    rollback = engine.window_cache.ROLLBACK_TOKENS
+    ranks = [context.Process(target=tp_rank, args=(rank, port, families, out, rollback)) for rank in range(2)]
     for process in ranks:
         process.start()
     try:

@@ -16,6 +16,7 @@ from engine.sessions import Session, SessionLost, SessionStore
 from engine.window_cache import WindowLayer, servable
 from tests.model_families import WINDOW, reference
 
+DEFAULT_ROLLBACK = window_cache.ROLLBACK_TOKENS            # before small_rollback sets it for each test
 PROMPTS = [[(5 * i + 3) % 200 + 20 for i in range(40)], list(range(60, 85)), [33, 34] * 16]
 STEPS = 30
 
@@ -87,6 +88,12 @@ def test_a_rollback_is_exact_within_the_rollback_tokens_and_starts_the_session_a
     fresh = Session(sampling=Sampling())
     expected = extend_batch(model, [fresh], [prompt + reference(path, [prompt], 1)[0]], [1])[0][0]
     assert torch.allclose(logits, expected, atol=1e-5)
+
+
+def test_the_default_rollback_covers_the_deepest_one_speculation_makes():
+    """K drafts and a pre-draft of up to K + 1 tokens after them (speculation.overlap_tokens), K <= K_LIMIT."""
+    from settings.schema import K_LIMIT
+    assert DEFAULT_ROLLBACK >= K_LIMIT + (K_LIMIT + 1)
 
 
 def test_a_chain_is_servable_only_where_its_last_blocks_hold_the_window():
