@@ -62,4 +62,5 @@ class DraftWorker(EngineActor):
                 channel=lambda target: worker_channel(target, tls, MESSAGE_OPTIONS)), host,   # handoffs' channels
             credentials=worker_server_credentials(tls))
         self._info = {"address": address, "pid": os.getpid(), "cpus": self.cpus()}
+        self._settle()
         return self._info

@@ -9,6 +9,17 @@ class EngineActor:
     """Base of the worker actors: `_engine` is set once the model has loaded (None before)."""
 
     _engine = None
+    _gc_watch = None
+
+    def _settle(self) -> None:
+        """Once the engine has loaded and the server is up: what the process holds now is frozen out of the
+        garbage collector's scans, and its pauses are counted from here on (engine.gc_pauses)."""
+        from engine.gc_pauses import settle
+        self._gc_watch = settle()
+
+    def gc_pauses(self) -> dict:
+        """The garbage collector's pauses since the worker started serving, by generation (engine.gc_pauses)."""
+        return self._gc_watch.snapshot() if self._gc_watch else {}
 
     def pid(self) -> int:
         return os.getpid()

@@ -25,6 +25,7 @@ import grpc  # noqa: E402
 import yaml  # noqa: E402
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc  # noqa: E402
+from engine.gc_pauses import settle  # noqa: E402
 from router.oplog import say  # noqa: E402
 from router.reload import not_empty, with_overrides  # noqa: E402
 from router.service import Service, reload_from_file  # noqa: E402
@@ -71,6 +72,7 @@ async def _serve(config: SpecpoolConfig, path: str, overrides: dict) -> None:
         say("stopped while starting")
         return
     on_stop_signals(loop, on_stop)        # again: starting Ray may have put its own SIGTERM handler in place
+    service.gc_watch = settle()           # a full collection of what the process holds now would stall rounds
     reloads = set()
 
     def on_sighup():

@@ -77,6 +77,7 @@ class Service:
         self.admin_server = self.admin_port = None    # admin_port: where Admin answers (the public port at -1)
         self.http = self.http_port = None
         self.owns_ray = False          # this service started the local Ray instance (and stops it)
+        self.gc_watch = None           # this process's collector pauses, once `specpool serve` settled it (gc_pauses)
 
     async def start(self) -> "Service":
         from router import launch

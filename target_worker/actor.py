@@ -79,6 +79,7 @@ class TargetRank(EngineActor):
                 "model_path": resolve_model(self._config["model"]),
                 **model_info(self._engine.model)}
         if self._rank > 0:
+            self._settle()
             tensor_parallel.start_follower(self._engine)
             return info
         self._server, address = await start_server(
@@ -87,4 +88,5 @@ class TargetRank(EngineActor):
                            self._config["batch_wait_ms"] / 1000, self._config["inline_ms"] / 1000),
             host or ray.util.get_node_ip_address(),
             credentials=worker_server_credentials(TlsConfig(**self._tls)))
+        self._settle()
         return {**info, "address": address}

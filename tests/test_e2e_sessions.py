@@ -42,3 +42,15 @@ def test_sessions_freed_when_client_cancels(service):
     assert active_sessions(service) == [1, 1]          # both workers hold the session mid-request
     stream.cancel()
     assert wait_for_no_sessions(service) == [0, 0]
+
+
+def test_workers_keep_what_they_loaded_out_of_the_collectors_scans(service):
+    """engine.gc_pauses: each worker froze what it held once serving (the model, torch, transformers, Ray: tens of
+    thousands of objects that a full collection would otherwise scan, stalling its calls), and counts its pauses."""
+    pools = service.service.pools
+    actors = pools.draft_actors + [ranks[0] for ranks in pools.target_actors]
+    request = generation_pb2.GenerateRequest(prompt_token_ids=[1, 2, 3], max_new_tokens=8)
+    assert len(service.stub.Generate(request).token_ids) == 8
+    for pauses in ray.get([actor.gc_pauses.remote() for actor in actors]):
+        assert pauses["frozen"] > 50_000
+        assert set(pauses) == {"gen0", "gen1", "gen2", "frozen"} and pauses["gen0"]["count"] >= 0
