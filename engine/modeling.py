@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from engine.sessions import Session
-from engine.window_cache import WindowLayer, first_column, head, row_view, starts_at
+from engine.cache_layers import GrowingLayer, WindowLayer, first_column, head, row_view, starts_at
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 WASTED_SLACK = 64       # columns of padding and holes a batch may carry before WASTED_SHARE applies
@@ -127,19 +127,19 @@ def cache_keyword(model_class: type) -> str:
 def new_cache(model):
     """An empty KV cache for one session (or one batch).
 
-    An attention-only model gets a layer of its own for each cache layer: full-length where it attends to every
-    token, a WindowLayer (engine.window_cache) where it attends over a sliding window. A WindowLayer holds the
+    An attention-only model gets a layer of its own for each cache layer (engine.cache_layers): a GrowingLayer,
+    appended in place, where it attends to every token, a WindowLayer where it attends over a sliding window. A
+    WindowLayer holds the
     window plus the columns a rollback may remove, so a rollback is a plain crop, sessions pad into one batch and
     memory stays bounded by the window; the model's own sliding-window mask, which counts the window in the
     cache's columns, hides what lies outside it. Other models get transformers' own cache for their config.
     """
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
 
     if not attention_only(model):
         return DynamicCache(config=model.config)
     cache = DynamicCache()
-    cache.layers.extend(WindowLayer(window) if kind == "sliding" else DynamicLayer() for kind, window in _layers(model))
+    cache.layers.extend(WindowLayer(window) if kind == "sliding" else GrowingLayer() for kind, window in _layers(model))
     return cache
 
 

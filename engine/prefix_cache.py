@@ -77,7 +77,7 @@ class PrefixCache:
         if session.length or not self.max_blocks:
             return 0
         from engine.modeling import new_cache, widest_window
-        from engine.window_cache import servable
+        from engine.cache_layers import servable
         found = []
         for name in self.names(context, (len(context) - 1) // self.block):
             if name not in self._blocks:
@@ -99,7 +99,7 @@ class PrefixCache:
         at the chain's end (each block's piece is None where a window layer had dropped it)."""
         import torch
 
-        from engine.window_cache import starts_at
+        from engine.cache_layers import starts_at
         held = next((n for n in range(len(pieces)) if pieces[-1 - n] is None), len(pieces))   # the held tail
         tail = pieces[len(pieces) - held:]
         cache.update(torch.cat([keys for keys, _ in tail], dim=2), torch.cat([values for _, values in tail], dim=2),
@@ -110,7 +110,7 @@ class PrefixCache:
         """Copy in the full blocks of `context` (the first tokens `session` holds) that are not cached yet."""
         if not self.max_blocks:
             return
-        from engine.window_cache import block_view
+        from engine.cache_layers import block_view
         names = self.names(context, min(len(context), session.length) // self.block)
         layers = session.cache.layers if names else ()
         for number, name in enumerate(names):

@@ -43,7 +43,7 @@ def sliding_service(request, start_service, family_models):
 def test_sliding_models_batch_short_and_long_requests_identically(sliding_service, family_models):
     """The issue's case: three 5-token requests batched with a long one (windows of 8), twice over: none fails,
     each is identical to the target alone. The long one's 200 tokens run past the 167 columns a sliding layer holds
-    (engine.window_cache: the window and the default rollback of 160), so its sliding layers drop columns."""
+    (engine.cache_layers: the window and the default rollback of 160), so its sliding layers drop columns."""
     family, service = sliding_service
     prompts = [[11, 12, 13, 14, 15], [40, 41, 42, 43, 44], [7] * 5, [(5 * i) % 250 for i in range(200)]] * 2
     expected = reference(family_models[family][1], prompts, MAX_NEW)

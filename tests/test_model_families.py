@@ -33,10 +33,10 @@ def one_torch_thread():
 
 @pytest.fixture(autouse=True)
 def sliding_layers_trimmed(monkeypatch):
-    """Sliding-window layers hold the window and 4 columns more (engine.window_cache.ROLLBACK_TOKENS; the deepest
+    """Sliding-window layers hold the window and 4 columns more (engine.cache_layers.ROLLBACK_TOKENS; the deepest
     rollback here is a draft's K = 4 drafts), so that these contexts run far past what they hold (the TP 2 ranks
     too: tp_rank is given it)."""
-    monkeypatch.setattr("engine.window_cache.ROLLBACK_TOKENS", 4)
+    monkeypatch.setattr("engine.cache_layers.ROLLBACK_TOKENS", 4)
 
 
 GREEDY = generation_pb2.SamplingParams(temperature=0.0, top_p=1.0)
@@ -193,16 +193,16 @@ def test_a_session_that_fails_fails_alone(family_models, breakage):
 def tp_rank(rank: int, port: int, families: dict, out, rollback: int) -> None:
     """One rank of a TP 2 group in its own process: every family with a TP plan speculates with its target sharded
     over the group (both ranks run the same calls, as a TP group's follower runs rank 0's); rank 0 reports.
-    `rollback`: engine.window_cache.ROLLBACK_TOKENS, as the test process has it."""
+    `rollback`: engine.cache_layers.ROLLBACK_TOKENS, as the test process has it."""
     import torch
 
-    import engine.window_cache
+    import engine.cache_layers
     from draft_worker.proposer import DraftEngine
     from target_worker import tensor_parallel
     from target_worker.verifier import TargetEngine
 
     torch.set_num_threads(1)
-    engine.window_cache.ROLLBACK_TOKENS = rollback
+    engine.cache_layers.ROLLBACK_TOKENS = rollback
     tensor_parallel.init_group(rank, 2, "127.0.0.1", port, "cpu")
     results = {}
     for name, (draft_path, target_path) in families.items():
@@ -228,8 +228,8 @@ def test_tp2_speculation_is_identical_to_the_target_alone(family_models):
     families = {name: paths for name, paths in family_models.items() if name not in NO_TP_PLAN}
     context = mp.get_context("spawn")
     out = context.Queue()
-    import engine.window_cache
-    rollback = engine.window_cache.ROLLBACK_TOKENS
+    import engine.cache_layers
+    rollback = engine.cache_layers.ROLLBACK_TOKENS
     ranks = [context.Process(target=tp_rank, args=(rank, port, families, out, rollback)) for rank in range(2)]
     for process in ranks:
         process.start()

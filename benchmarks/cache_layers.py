@@ -1,15 +1,15 @@
-"""What a windowed model's KV cache holds, and what a decode step costs, with sliding-window layers trimmed to the
-window plus the rollback (engine/window_cache.py, the default) and holding the whole context (as before session 31),
-side by side at each context length, in process (the target engine's forwards, no Ray or gRPC).
+"""What a session's KV cache layers hold and what a decode step costs, with session 31's layers (engine/cache_layers.py:
+full-attention layers growing in place, sliding-window layers holding the window plus the rollback) and with the
+layers before (transformers' DynamicLayer everywhere: a copy of the whole cache on every append, sliding layers
+holding the whole context), side by side at each context length, in process (the engine's forwards, no Ray or gRPC).
 
-Two random models built here, nothing downloaded: "mistral", every layer attending over a window of 256 tokens
-(as Mistral 7B v0.1 does over 4,096), and "gemma3", 5 of every 6 layers so (as Gemma 3 does over 1,024). Each is a
-4-layer (6-layer) model of width 256, so that contexts of thousands of tokens run in seconds on a CPU. Per family
-and context: a batch of `--rows` sessions prefilled in chunks of 512, then `--steps` greedy decode steps; the bytes
-the cache tensors hold after them (their storage, each counted once) and the median step time, medians over
-`--repeats` repeats that take the two settings in turn.
+Three random models built here, nothing downloaded, width 256: "llama", 4 layers of full attention; "mistral", 4
+layers each attending over a window of 256 tokens (as Mistral 7B v0.1 does over 4,096); "gemma3", 6 layers, 5 of
+them so (as Gemma 3 does over 1,024). Per model and context: a batch of `--rows` sessions prefilled in chunks of
+512, then `--steps` greedy decode steps; the bytes the cache tensors hold after them (their storage, each counted
+once) and the median step time, medians over `--repeats` repeats that take the two settings in turn.
 
-    python -m benchmarks.window_memory --contexts 512 2048 8192 --out benchmarks/results
+    python -m benchmarks.cache_layers --contexts 512 2048 8192 --out benchmarks/results
 """
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ from pathlib import Path
 
 import torch
 
-import engine.window_cache as window_cache
+from transformers.cache_utils import DynamicLayer
+
+import engine.cache_layers as cache_layers
+import engine.modeling as modeling
 from benchmarks.service import log
 from engine.modeling import extend_batch, load_model
 from engine.sampling import Sampling
@@ -29,6 +32,8 @@ from engine.sessions import Session
 
 WINDOW, WIDTH, CHUNK = 256, 256, 512
 UNTRIMMED = 10 ** 9          # ROLLBACK_TOKENS that keeps every column: what sliding layers held before
+SETTINGS = {"session 31": (cache_layers.ROLLBACK_TOKENS, cache_layers.GrowingLayer),
+            "before": (UNTRIMMED, DynamicLayer)}      # (ROLLBACK_TOKENS, the full layers' class)
 
 
 def build(family: str, root: Path) -> str:
@@ -36,7 +41,10 @@ def build(family: str, root: Path) -> str:
     import transformers
     shape = dict(hidden_size=WIDTH, intermediate_size=2 * WIDTH, num_attention_heads=4, num_key_value_heads=2,
                  max_position_embeddings=16384, vocab_size=512, sliding_window=WINDOW)
-    if family == "mistral":
+    if family == "llama":
+        shape.pop("sliding_window")
+        config = transformers.LlamaConfig(**shape, num_hidden_layers=4)
+    elif family == "mistral":
         config = transformers.MistralConfig(**shape, num_hidden_layers=4)
     else:
         kinds = ["sliding_attention"] * 5 + ["full_attention"]
@@ -74,16 +82,16 @@ def run(model, rows: int, context: int, steps: int) -> tuple[int, float]:
 
 
 def measure(path: str, contexts: list[int], rows: int, steps: int, repeats: int) -> list[dict]:
-    """Per context: bytes and step time trimmed and untrimmed, medians over repeats taking the settings in turn."""
+    """Per context: bytes and step time with each setting, medians over repeats taking the settings in turn."""
     model, out = load_model(path), []
     for context in contexts:
-        samples = {"trimmed": [], "untrimmed": []}
+        samples = {name: [] for name in SETTINGS}
         for repeat in range(repeats):
-            for name, rollback in (("trimmed", 160), ("untrimmed", UNTRIMMED)):
-                window_cache.ROLLBACK_TOKENS = rollback
+            for name, (rollback, full_layer) in SETTINGS.items():
+                cache_layers.ROLLBACK_TOKENS, modeling.GrowingLayer = rollback, full_layer
                 samples[name].append(run(model, rows, context, steps))
             log(f"{Path(path).name}, {context} tokens, repeat {repeat + 1}/{repeats}")
-        window_cache.ROLLBACK_TOKENS = 160
+        cache_layers.ROLLBACK_TOKENS, modeling.GrowingLayer = SETTINGS["session 31"]
         out.append({"context": context, **{f"{name}_mib": statistics.median(b for b, _ in s) / 2 ** 20
                                            for name, s in samples.items()},
                     **{f"{name}_step_ms": 1e3 * statistics.median(t for _, t in s) for name, s in samples.items()}})
@@ -91,13 +99,13 @@ def measure(path: str, contexts: list[int], rows: int, steps: int, repeats: int)
 
 
 def table(results: dict[str, list[dict]], rows: int) -> str:
-    lines = [f"| model | context | KV cache trimmed / whole context (MiB, {rows} rows) | memory ratio | "
-             "decode step trimmed / whole (ms) | step time ratio |", "|---|---|---|---|---|---|"]
+    lines = [f"| model | context | KV cache, session 31 / before (MiB, {rows} rows) | memory ratio | "
+             "decode step, session 31 / before (ms) | step time ratio |", "|---|---|---|---|---|---|"]
     for family, points in results.items():
         for p in points:
-            lines.append(f"| {family} | {p['context']} | {p['trimmed_mib']:.1f} / {p['untrimmed_mib']:.1f} | "
-                         f"{p['trimmed_mib'] / p['untrimmed_mib']:.2f}x | {p['trimmed_step_ms']:.2f} / "
-                         f"{p['untrimmed_step_ms']:.2f} | {p['trimmed_step_ms'] / p['untrimmed_step_ms']:.2f}x |")
+            new, old = (p["session 31_mib"], p["session 31_step_ms"]), (p["before_mib"], p["before_step_ms"])
+            lines.append(f"| {family} | {p['context']} | {new[0]:.1f} / {old[0]:.1f} | {new[0] / old[0]:.2f}x | "
+                         f"{new[1]:.2f} / {old[1]:.2f} | {new[1] / old[1]:.2f}x |")
     return "\n".join(lines)
 
 
@@ -107,16 +115,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=None, help="folder for window_memory.md")
+    parser.add_argument("--out", default=None, help="folder for cache_layers.md")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as root:
         results = {family: measure(build(family, Path(root)), args.contexts, args.rows, args.steps, args.repeats)
-                   for family in ("mistral", "gemma3")}
+                   for family in ("llama", "mistral", "gemma3")}
     text = table(results, args.rows)
     print(text)
     if args.out:
-        Path(args.out, "window_memory.md").write_text(text + "\n")
+        Path(args.out, "cache_layers.md").write_text(text + "\n")
 
 
 if __name__ == "__main__":

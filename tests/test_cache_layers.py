@@ -1,22 +1,27 @@
-"""Sliding-window layers hold their window and the rollback, not the context (engine/window_cache.py).
+"""The KV cache layers sessions hold (engine/cache_layers.py).
 
-A session of a windowed family (Mistral, Gemma 2, tests/model_families.py: a window of 8) keeps, on its sliding
-layers, only the columns a next token can see plus ROLLBACK_TOKENS, and still computes exactly what the target
-alone does; a rollback within ROLLBACK_TOKENS is exact, a deeper one starts the session again (SessionLost), and
-the prefix cache serves a chain only where its sliding layers hold the window at its end.
+Full-attention layers grow in place: what they hold is what transformers' DynamicLayer holds after the same appends
+and crops, appends between reallocations write into the same buffer, and nothing a layer handed out (a view of
+what it held) is ever written over.
+
+Sliding-window layers hold their window and the rollback, not the context: a session of a windowed family
+(Mistral, Gemma 2, tests/model_families.py: a window of 8) keeps, on its sliding layers, only the columns a next
+token can see plus ROLLBACK_TOKENS, and still computes exactly what the target alone does; a rollback within
+ROLLBACK_TOKENS is exact, a deeper one starts the session again (SessionLost), and the prefix cache serves a chain
+only where its sliding layers hold the window at its end.
 """
 import pytest
 import torch
 
-import engine.window_cache as window_cache
+import engine.cache_layers as cache_layers
 from engine.modeling import extend_batch, load_model
 from engine.prefix_cache import PrefixCache
 from engine.sampling import Sampling
 from engine.sessions import Session, SessionLost, SessionStore
-from engine.window_cache import WindowLayer, servable
+from engine.cache_layers import SPARE_MIN, GrowingLayer, WindowLayer, servable
 from tests.model_families import WINDOW, reference
 
-DEFAULT_ROLLBACK = window_cache.ROLLBACK_TOKENS            # before small_rollback sets it for each test
+DEFAULT_ROLLBACK = cache_layers.ROLLBACK_TOKENS            # before small_rollback sets it for each test
 PROMPTS = [[(5 * i + 3) % 200 + 20 for i in range(40)], list(range(60, 85)), [33, 34] * 16]
 STEPS = 30
 
@@ -24,7 +29,7 @@ STEPS = 30
 @pytest.fixture(autouse=True)
 def small_rollback(monkeypatch):
     """ROLLBACK_TOKENS 4, so that prompts of a few dozen tokens run far past what a sliding layer holds."""
-    monkeypatch.setattr(window_cache, "ROLLBACK_TOKENS", 4)
+    monkeypatch.setattr(cache_layers, "ROLLBACK_TOKENS", 4)
 
 
 @pytest.fixture(scope="module")
@@ -55,23 +60,27 @@ def test_sliding_layers_hold_the_window_and_the_rollback_not_the_context(targets
     model, path = targets[family]
     sessions = [Session(sampling=Sampling()) for _ in PROMPTS]
     assert greedy_steps(model, sessions, PROMPTS, STEPS) == reference(path, PROMPTS, STEPS)
-    keep = WINDOW - 1 + 4
+    keep = WINDOW - 1 + 4                                     # the window and the rollback, before a forward
     for session in sessions:
         layers = held(session)
         assert any(sliding for sliding, _, _ in layers) and (family == "mistral-sliding") == all(
             sliding for sliding, _, _ in layers)
         for sliding, first, count in layers:
             assert first + count == session.length                 # every layer ends at the session's last token
-            assert count == (keep + 1 if sliding else session.length)   # the window, the rollback, the last step
+            if sliding:                                          # drops wait until SPARE_MIN columns are due
+                assert keep + 1 <= count <= keep + SPARE_MIN and first > 0
+            else:
+                assert count == session.length
 
 
-@pytest.mark.parametrize("depth, exact", [(5, True), (6, False)])
+@pytest.mark.parametrize("depth, exact", [(5, True), (40, False)])
 def test_a_rollback_is_exact_within_the_rollback_tokens_and_starts_the_session_again_past_them(targets, depth,
                                                                                                 exact):
     """Drafts appended one forward each (as the draft drafts) and then all rejected: a rollback of `depth`. A
-    layer holds ROLLBACK_TOKENS (4) columns beyond the window before each forward, and the forward's own."""
+    layer holds at least ROLLBACK_TOKENS (4) columns beyond the window before each forward, and the forward's own;
+    past what it holds (at most SPARE_MIN more), the session starts again."""
     model, path = targets["mistral-sliding"]
-    prompt, drafts = PROMPTS[0], [7, 8, 9, 10, 11, 12]
+    prompt, drafts = PROMPTS[0], [7 + n % 50 for n in range(40)]
     store = SessionStore()
     session = store.open(1, 0, Sampling())
     extend_batch(model, [session], [prompt], [1])
@@ -88,6 +97,32 @@ def test_a_rollback_is_exact_within_the_rollback_tokens_and_starts_the_session_a
     fresh = Session(sampling=Sampling())
     expected = extend_batch(model, [fresh], [prompt + reference(path, [prompt], 1)[0]], [1])[0][0]
     assert torch.allclose(logits, expected, atol=1e-5)
+
+
+def test_a_full_layer_grows_in_place_holding_what_a_dynamic_layer_holds_and_never_writing_over_a_view():
+    from transformers.cache_utils import DynamicLayer
+
+    torch.manual_seed(0)
+    ours, theirs = GrowingLayer(), DynamicLayer()
+    chunk = lambda n: (torch.randn(2, 3, n, 4), torch.randn(2, 3, n, 4))     # noqa: E731 - [B, heads, n, dim]
+    for states in (chunk(10), chunk(1)):
+        ours.update(*states)
+        theirs.update(*states)
+    buffer, handed = ours.keys.data_ptr(), ours.keys
+    snapshot = handed.clone()
+    for step in range(5):                                      # room for SPARE_MIN more: appended in place
+        states = chunk(1)
+        ours.update(*states)
+        theirs.update(*states)
+        assert ours.keys.data_ptr() == buffer
+    ours.crop(-4)                                              # a rollback, then appends over those columns
+    theirs.crop(-4)
+    for states in (chunk(3), chunk(SPARE_MIN + 5)):            # the second outgrows the buffer
+        ours.update(*states)
+        theirs.update(*states)
+    assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+    assert torch.equal(handed, snapshot)                       # what it had handed out is as it was
+    assert ours.get_seq_length() == theirs.get_seq_length() == 10 + 1 + 5 - 4 + 3 + SPARE_MIN + 5
 
 
 def test_the_default_rollback_covers_the_deepest_one_speculation_makes():
