@@ -21,9 +21,6 @@ from pathlib import Path
 
 import torch
 
-from transformers.cache_utils import DynamicLayer
-
-import engine.cache_layers as cache_layers
 import engine.modeling as modeling
 from benchmarks.service import log
 from engine.modeling import extend_batch, load_model
@@ -31,9 +28,15 @@ from engine.sampling import Sampling
 from engine.sessions import Session
 
 WINDOW, WIDTH, CHUNK = 256, 256, 512
-UNTRIMMED = 10 ** 9          # ROLLBACK_TOKENS that keeps every column: what sliding layers held before
-SETTINGS = {"session 31": (cache_layers.ROLLBACK_TOKENS, cache_layers.GrowingLayer),
-            "before": (UNTRIMMED, DynamicLayer)}      # (ROLLBACK_TOKENS, the full layers' class)
+
+
+def before_session_31(model):
+    """The cache engine.modeling.new_cache gave before session 31: transformers' DynamicLayer on every layer."""
+    from transformers import DynamicCache
+    return DynamicCache()
+
+
+SETTINGS = {"session 31": modeling.new_cache, "before": before_session_31}   # the engine's new_cache
 
 
 def build(family: str, root: Path) -> str:
@@ -87,11 +90,11 @@ def measure(path: str, contexts: list[int], rows: int, steps: int, repeats: int)
     for context in contexts:
         samples = {name: [] for name in SETTINGS}
         for repeat in range(repeats):
-            for name, (rollback, full_layer) in SETTINGS.items():
-                cache_layers.ROLLBACK_TOKENS, modeling.GrowingLayer = rollback, full_layer
+            for name, new_cache in SETTINGS.items():
+                modeling.new_cache = new_cache
                 samples[name].append(run(model, rows, context, steps))
             log(f"{Path(path).name}, {context} tokens, repeat {repeat + 1}/{repeats}")
-        cache_layers.ROLLBACK_TOKENS, modeling.GrowingLayer = SETTINGS["session 31"]
+        modeling.new_cache = SETTINGS["session 31"]
         out.append({"context": context, **{f"{name}_mib": statistics.median(b for b, _ in s) / 2 ** 20
                                            for name, s in samples.items()},
                     **{f"{name}_step_ms": 1e3 * statistics.median(t for _, t in s) for name, s in samples.items()}})

@@ -30,6 +30,13 @@ KS = [1, 2, 3, 4, 5, 6, 0, 3]
 
 # ---- engine level ----------------------------------------------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def appends_in_place(monkeypatch):
+    """Every cache layer's appends past 4 columns go in place (engine.cache_layers.GROW_FROM), as at long
+    contexts: rows handed back, rolled back in place and run on must not see each other's writes."""
+    monkeypatch.setattr("engine.cache_layers.GROW_FROM", 4)
+
+
 @pytest.fixture(scope="module")
 def engines(byte_pair):
     from draft_worker.proposer import DraftEngine

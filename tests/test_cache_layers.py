@@ -18,7 +18,7 @@ from engine.modeling import extend_batch, load_model
 from engine.prefix_cache import PrefixCache
 from engine.sampling import Sampling
 from engine.sessions import Session, SessionLost, SessionStore
-from engine.cache_layers import SPARE_MIN, GrowingLayer, WindowLayer, servable
+from engine.cache_layers import GROW_FROM, SPARE_MIN, GrowingLayer, WindowLayer, servable
 from tests.model_families import WINDOW, reference
 
 DEFAULT_ROLLBACK = cache_layers.ROLLBACK_TOKENS            # before small_rollback sets it for each test
@@ -105,24 +105,24 @@ def test_a_full_layer_grows_in_place_holding_what_a_dynamic_layer_holds_and_neve
     torch.manual_seed(0)
     ours, theirs = GrowingLayer(), DynamicLayer()
     chunk = lambda n: (torch.randn(2, 3, n, 4), torch.randn(2, 3, n, 4))     # noqa: E731 - [B, heads, n, dim]
-    for states in (chunk(10), chunk(1)):
+    for states in (chunk(GROW_FROM), chunk(1)):                # from GROW_FROM columns on, in place
         ours.update(*states)
         theirs.update(*states)
     buffer, handed = ours.keys.data_ptr(), ours.keys
     snapshot = handed.clone()
-    for step in range(5):                                      # room for SPARE_MIN more: appended in place
+    for step in range(5):                                      # room for more: appended in place
         states = chunk(1)
         ours.update(*states)
         theirs.update(*states)
         assert ours.keys.data_ptr() == buffer
     ours.crop(-4)                                              # a rollback, then appends over those columns
     theirs.crop(-4)
-    for states in (chunk(3), chunk(SPARE_MIN + 5)):            # the second outgrows the buffer
+    for states in (chunk(3), chunk(GROW_FROM // 4)):           # the second outgrows the buffer
         ours.update(*states)
         theirs.update(*states)
     assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
     assert torch.equal(handed, snapshot)                       # what it had handed out is as it was
-    assert ours.get_seq_length() == theirs.get_seq_length() == 10 + 1 + 5 - 4 + 3 + SPARE_MIN + 5
+    assert ours.get_seq_length() == theirs.get_seq_length() == GROW_FROM + 1 + 5 - 4 + 3 + GROW_FROM // 4
 
 
 def test_the_default_rollback_covers_the_deepest_one_speculation_makes():

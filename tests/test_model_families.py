@@ -31,12 +31,17 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+LONG_CONTEXT = {"ROLLBACK_TOKENS": 4, "GROW_FROM": 4}
+
+
 @pytest.fixture(autouse=True)
-def sliding_layers_trimmed(monkeypatch):
-    """Sliding-window layers hold the window and 4 columns more (engine.cache_layers.ROLLBACK_TOKENS; the deepest
-    rollback here is a draft's K = 4 drafts), so that these contexts run far past what they hold (the TP 2 ranks
-    too: tp_rank is given it)."""
-    monkeypatch.setattr("engine.cache_layers.ROLLBACK_TOKENS", 4)
+def long_context_caches(monkeypatch):
+    """The cache layers as at long contexts (engine.cache_layers): sliding-window layers hold the window and 4
+    columns more (ROLLBACK_TOKENS; the deepest rollback here is a draft's K = 4 drafts), so that these contexts run
+    far past what they hold, and every layer's appends past 4 columns go in place (GROW_FROM). The TP 2 ranks too:
+    tp_rank is given them."""
+    for name, value in LONG_CONTEXT.items():
+        monkeypatch.setattr(f"engine.cache_layers.{name}", value)
 
 
 GREEDY = generation_pb2.SamplingParams(temperature=0.0, top_p=1.0)
@@ -190,10 +195,10 @@ def test_a_session_that_fails_fails_alone(family_models, breakage):
 
 # ---- tensor parallelism -------------------------------------------------------------------------------------
 
-def tp_rank(rank: int, port: int, families: dict, out, rollback: int) -> None:
+def tp_rank(rank: int, port: int, families: dict, out, settings: dict) -> None:
     """One rank of a TP 2 group in its own process: every family with a TP plan speculates with its target sharded
     over the group (both ranks run the same calls, as a TP group's follower runs rank 0's); rank 0 reports.
-    `rollback`: engine.cache_layers.ROLLBACK_TOKENS, as the test process has it."""
+    `settings`: engine.cache_layers' LONG_CONTEXT, as the test process has them."""
     import torch
 
     import engine.cache_layers
@@ -202,7 +207,8 @@ def tp_rank(rank: int, port: int, families: dict, out, rollback: int) -> None:
     from target_worker.verifier import TargetEngine
 
     torch.set_num_threads(1)
-    engine.cache_layers.ROLLBACK_TOKENS = rollback
+    for name, value in settings.items():
+        setattr(engine.cache_layers, name, value)
     tensor_parallel.init_group(rank, 2, "127.0.0.1", port, "cpu")
     results = {}
     for name, (draft_path, target_path) in families.items():
@@ -228,9 +234,7 @@ def test_tp2_speculation_is_identical_to_the_target_alone(family_models):
     families = {name: paths for name, paths in family_models.items() if name not in NO_TP_PLAN}
     context = mp.get_context("spawn")
     out = context.Queue()
-    import engine.cache_layers
-    rollback = engine.cache_layers.ROLLBACK_TOKENS
-    ranks = [context.Process(target=tp_rank, args=(rank, port, families, out, rollback)) for rank in range(2)]
+    ranks = [context.Process(target=tp_rank, args=(rank, port, families, out, LONG_CONTEXT)) for rank in range(2)]
     for process in ranks:
         process.start()
     try:
