@@ -52,9 +52,10 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         keys, values = self.keys, self.values
-        if self._buffers[0] is None and (keys.dim() < 4 or keys.shape[2] + key_states.shape[2] < GROW_FROM):
+        short = keys.dim() < 4 or keys.shape[2] + key_states.shape[2] < GROW_FROM
+        if self._buffers[0] is None and short:                  # no buffer yet, and short: as DynamicLayer
             self.keys, self.values = torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
-        else:                                                   # (short and no buffer yet: as DynamicLayer)
+        else:
             (self.keys, key_buffer), (self.values, value_buffer) = (_appended(keys, self._buffers[0], key_states),
                                                                     _appended(values, self._buffers[1], value_states))
             self._buffers = (key_buffer, value_buffer)
