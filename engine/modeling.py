@@ -129,10 +129,10 @@ def new_cache(model):
 
     An attention-only model gets a layer of its own for each cache layer (engine.cache_layers): a GrowingLayer,
     appended in place, where it attends to every token, a WindowLayer where it attends over a sliding window. A
-    WindowLayer holds the
-    window plus the columns a rollback may remove, so a rollback is a plain crop, sessions pad into one batch and
-    memory stays bounded by the window; the model's own sliding-window mask, which counts the window in the
-    cache's columns, hides what lies outside it. Other models get transformers' own cache for their config.
+    WindowLayer holds the window plus the columns a rollback may remove, so a rollback is a plain crop, sessions
+    pad into one batch and memory stays bounded by the window; the model's own sliding-window mask, which counts
+    the window in the cache's columns, hides what lies outside it. Other models get transformers' own cache for
+    their config.
     """
     from transformers import DynamicCache
 
