@@ -12,12 +12,18 @@ import time
 import torch
 
 
-def load_hf(path: str):
-    """(model in eval mode, tokenizer padding on the left) of the Hugging Face folder or hub ID `path`."""
+def load_hf(path: str, device: str = "cpu"):
+    """(model in eval mode on `device`, tokenizer padding on the left) of the Hugging Face folder or hub ID `path`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    return AutoModelForCausalLM.from_pretrained(path).eval(), tokenizer
+    return AutoModelForCausalLM.from_pretrained(path).to(device).eval(), tokenizer
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU), so that a host clock read after it is honest."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class TokenClock:
@@ -60,12 +66,13 @@ def hf_run(target, tokenizer, batches, max_new: int, assistant=None, k: int = 0,
     kwargs.update(generate_kwargs or {})
     started, tokens = time.perf_counter(), 0
     for batch in batches:
-        inputs = tokenizer(batch, return_tensors="pt", padding=True)
+        inputs = tokenizer(batch, return_tensors="pt", padding=True).to(target.device)
         if clocks is not None:
             clocks.append(TokenClock())
             kwargs["streamer"] = clocks[-1]
         out = target.generate(**inputs, max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, **kwargs)
         tokens += out[:, inputs.input_ids.shape[1]:].numel()
+    synchronize(target.device)
     return time.perf_counter() - started, tokens
 
 
@@ -77,11 +84,13 @@ def forward_seconds(model, context: int = 64, steps: int = 20, tokens: int = 1) 
 
     from engine.modeling import cache_keyword
     cache, keyword = DynamicCache(config=model.config), cache_keyword(type(model))
-    model(torch.zeros(1, context, dtype=torch.long), **{keyword: cache}, use_cache=True)
+    model(torch.zeros(1, context, dtype=torch.long, device=model.device), **{keyword: cache}, use_cache=True)
     times = []
     for _ in range(steps):
+        synchronize(model.device)
         started = time.perf_counter()
-        model(torch.zeros(1, tokens, dtype=torch.long), **{keyword: cache}, use_cache=True)
+        model(torch.zeros(1, tokens, dtype=torch.long, device=model.device), **{keyword: cache}, use_cache=True)
+        synchronize(model.device)
         times.append(time.perf_counter() - started)
         cache.crop(-tokens)
     return statistics.median(times)

@@ -1,11 +1,16 @@
-"""The CUDA path of the engines (run on a GPU machine; skipped where there is none).
+"""The CUDA path (run on a GPU machine; skipped where there is none): the engines alone, then the whole stack
+(router, Ray actors, gRPC) serving from CUDA, at TP 1 on one GPU and at TP 2 over NCCL where there are two.
 
     python -m pytest -q tests/test_cuda_engines.py
 """
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
+from tests.conftest import service_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -50,3 +55,64 @@ def test_sampled_draft_on_cuda_is_seed_deterministic(cuda_engines):
     sampling = generation_pb2.SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=3)
     runs = [run_rounds(*cuda_engines, [1, 2, 3], 3, 16, sampling, worker_pb2.DRAFT_MODE_SAMPLED) for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0]) == 16
+
+
+# ---- the whole stack on CUDA ----------------------------------------------------------------------
+PROMPTS = [[72, 101, 108, 108, 111], [10, 200, 3, 77, 150, 42, 9, 1, 2, 3, 4], [33]]
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def cuda_reference(byte_pair):
+    """Greedy transformers generate() of the target alone on CUDA, per prompt (cut after EOS)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(byte_pair[1]).cuda().eval()
+    eos = model.generation_config.eos_token_id
+    expected = {}
+    for prompt in PROMPTS:
+        out = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=MAX_NEW, do_sample=False)
+        tokens = out[0, len(prompt):].tolist()
+        expected[tuple(prompt)] = tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
+    return expected
+
+
+def on_cuda(byte_pair, tp: int = 1) -> dict:
+    """Both pools on one GPU (half each), or at TP 2 a GPU per target rank and the draft on the CPU."""
+    gpu = {"device": "cuda", "num_gpus": 0.5 if tp == 1 else 1.0, "max_batch_size": 4}
+    draft = gpu if tp == 1 else {"max_batch_size": 4}
+    return service_config(byte_pair, draft=draft, target={**gpu, "tensor_parallel_size": tp}, speculation={"k": 4})
+
+
+def concurrent_greedy(stub, k: int) -> dict:
+    """Every prompt at once (so that the workers batch them), greedy at K = k: prompt -> tokens."""
+    def one(prompt):
+        request = generation_pb2.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=MAX_NEW)
+        request.speculation.k = k
+        return tuple(prompt), list(stub.Generate(request, timeout=300).token_ids)
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return dict(pool.map(one, PROMPTS))
+
+
+@contextlib.contextmanager
+def serving(config: dict):
+    """A service from `config`, stopped (its GPUs given back to Ray) when the block ends."""
+    from tests.conftest import RunningService
+    service = RunningService(config)
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+def test_service_on_one_gpu_is_identical_to_the_target_alone(ray_local, byte_pair, cuda_reference):
+    with serving(on_cuda(byte_pair)) as service:
+        for overlap in (False, True):
+            service.reload(speculation={"overlap": overlap})
+            for k in (0, 4):
+                assert concurrent_greedy(service.stub, k) == cuda_reference, (overlap, k)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP 2 over NCCL needs two GPUs")
+def test_service_at_tp2_over_nccl_is_identical_to_the_target_alone(ray_local, byte_pair, cuda_reference):
+    with serving(on_cuda(byte_pair, tp=2)) as service:
+        assert concurrent_greedy(service.stub, 4) == cuda_reference

@@ -1,0 +1,101 @@
+"""specpool on a GPU: the demo and heavy pairs served with both pools on one CUDA device (half a GPU each in Ray's
+accounting), against transformers generate() and assisted generation on the same device. The rows are
+benchmarks/overlap.py's, fewer of them (a lent GPU comes by the minute): measured interleaved repeat by repeat,
+each with where a round's wall time went.
+
+    python -m benchmarks.gpu --out /tmp/gpu                  # on a machine with a CUDA device
+    python -m benchmarks.gpu --device cpu --quick            # the same rows on the CPU: a smoke run of this script
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from benchmarks.overlap import heavy_config, pair_rows
+from benchmarks.plan import PREDICTABLE, QUICK, BenchConfig
+from benchmarks.repeats import best, paired
+from benchmarks.report import overlap_markdown
+from benchmarks.service import load_service_config, log, running_data
+from benchmarks.single_stream import BASE_ROW
+
+
+def gpu_plan(configured: dict, cfg: BenchConfig) -> list[tuple[str, int | None, dict]]:
+    """In turn at K = 0, in turn and overlapped at each of cfg.ks and adaptive."""
+    return [("in turn K=0", 0, {**configured, "overlap": False})] + [
+        (f"{'overlap' if overlap else 'in turn'} {'adaptive' if k is None else f'K={k}'}", k,
+         {**configured, "overlap": overlap}) for k in (*cfg.ks, None) for overlap in (False, True)]
+
+
+def on_device(data: dict, device: str) -> dict:
+    """The config `data` with both pools on `device` (on CUDA each takes half of one GPU), HTTP off."""
+    data = {**copy.deepcopy(data), "http": {"port": -1}}
+    for pool in ("draft", "target"):
+        data[pool].update(device=device, num_gpus=0.5 if device.startswith("cuda") else 0.0)
+    return data
+
+
+def gpu_ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
+    """(median, lowest, highest) over the repeats of the ratios that issue #11's goals name."""
+    assisted = best([r for name, r in transformers.items() if not name.startswith(BASE_ROW)])
+    base = best([r for name, r in transformers.items() if name.startswith(BASE_ROW)])
+    pairs = {"overlap adaptive / best assisted": (rows["overlap adaptive"], assisted),
+             "in turn K=0 / generate()": (rows["in turn K=0"], base)}
+    pairs.update({f"overlap / in turn at K={k}": (rows[f"overlap K={k}"], rows[f"in turn K={k}"]) for k in ks})
+    return {key: paired(row, against) for key, (row, against) in pairs.items()}
+
+
+def section(data: dict, cfg: BenchConfig) -> dict:
+    """One pair's transformers and specpool rows, interleaved, and their ratios."""
+    with running_data(data) as service:
+        transformers, rows, c = pair_rows(service, cfg, gpu_plan)
+    measured = gpu_ratios(transformers, rows, cfg.ks)
+    return {"c": c, "transformers": transformers, "rows": rows,
+            "ratios": {key: value[0] for key, value in measured.items()},
+            "ratio_ranges": {key: value[1:] for key, value in measured.items()}}
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, str]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=BenchConfig.config)
+    parser.add_argument("--out", default="benchmarks/results/gpu")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ks", type=lambda text: tuple(int(k) for k in text.split(",")), default=(4,))
+    parser.add_argument("--heavy-layers", type=int, default=40, help="zero-output layers of the heavy pair (0: skip)")
+    parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
+    args = parser.parse_args(argv)
+    cfg = BenchConfig(config=args.config, out=args.out, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                      ks=args.ks, heavy_layers=args.heavy_layers)
+    if args.quick:
+        cfg = dataclasses.replace(cfg, max_new_tokens=QUICK["max_new_tokens"], repeats=QUICK["repeats"])
+    return cfg, args.device
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg, device = parse_args(argv)
+    data = on_device(load_service_config(cfg.config), device)
+    pairs = {"demo pair": (data, cfg)}
+    if cfg.heavy_layers:
+        pairs["heavy pair"] = (heavy_config(data, cfg.heavy_layers), dataclasses.replace(cfg, prompts=PREDICTABLE))
+    results = {}
+    for name, (pair_data, pair_cfg) in pairs.items():
+        log(f"{name} on {device}")
+        results[name] = section(pair_data, pair_cfg)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = "".join(overlap_markdown(f"{name} on {device}", results[name]) for name in results)
+    (out / "gpu.json").write_text(json.dumps({"bench": dataclasses.asdict(cfg), "device": device, **results},
+                                             indent=2))
+    (out / "gpu.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
