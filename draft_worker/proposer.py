@@ -58,7 +58,7 @@ class Drafted:
         return {"runner_up_token_ids": self.runner_ups, "third_choice_token_ids": self.thirds} if asked else {}
 
     def hidden_bytes(self) -> bytes:
-        return torch.stack(self.hiddens).contiguous().view(torch.uint8).numpy().tobytes() if self.hiddens else b""
+        return torch.stack(self.hiddens).cpu().contiguous().view(torch.uint8).numpy().tobytes() if self.hiddens else b""
 
 
 def answer_rows(rows: list[DraftRow], drafted: list[Drafted], results: list) -> None:
