@@ -11,26 +11,9 @@ import torch
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from tests.conftest import service_config
+from tests.engine_rounds import run_rounds
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def run_rounds(draft, target, prompt, k, max_new, sampling, mode):
-    """The router's loop in miniature: sync positions, propose, verify, commit."""
-    tokens, draft_synced, target_synced = list(prompt), 0, 0
-    while len(tokens) - len(prompt) < max_new:
-        before = len(tokens)
-        proposal = draft.propose(worker_pb2.ProposeRequest(
-            session_id=1, position=draft_synced, new_token_ids=tokens[draft_synced:], k=k,
-            sampling=sampling if draft_synced == 0 else None, mode=mode))
-        drafts = list(proposal.draft_token_ids)
-        verdict = target.verify(worker_pb2.VerifyRequest(
-            session_id=1, position=target_synced, new_token_ids=tokens[target_synced:], draft_token_ids=drafts,
-            draft_hidden_states=proposal.draft_hidden_states, sampling=sampling if target_synced == 0 else None))
-        n = verdict.num_accepted
-        tokens += drafts[:n] + [verdict.next_token_id]
-        draft_synced, target_synced = before + min(n, k - 1), before + n
-    return tokens[len(prompt):len(prompt) + max_new]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,21 @@
+"""The router's loop in miniature, over a draft and a target engine in this process (no gRPC, no Ray): for tests
+of the engines on a device or in a dtype of their own."""
+from protos.specpool.v1 import worker_pb2
+
+
+def run_rounds(draft, target, prompt, k, max_new, sampling, mode):
+    """The router's loop in miniature: sync positions, propose, verify, commit."""
+    tokens, draft_synced, target_synced = list(prompt), 0, 0
+    while len(tokens) - len(prompt) < max_new:
+        before = len(tokens)
+        proposal = draft.propose(worker_pb2.ProposeRequest(
+            session_id=1, position=draft_synced, new_token_ids=tokens[draft_synced:], k=k,
+            sampling=sampling if draft_synced == 0 else None, mode=mode))
+        drafts = list(proposal.draft_token_ids)
+        verdict = target.verify(worker_pb2.VerifyRequest(
+            session_id=1, position=target_synced, new_token_ids=tokens[target_synced:], draft_token_ids=drafts,
+            draft_hidden_states=proposal.draft_hidden_states, sampling=sampling if target_synced == 0 else None))
+        n = verdict.num_accepted
+        tokens += drafts[:n] + [verdict.next_token_id]
+        draft_synced, target_synced = before + min(n, k - 1), before + n
+    return tokens[len(prompt):len(prompt) + max_new]
