@@ -16,6 +16,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from engine.device_memory import exhausted, release_cached
 from engine.prefix_cache import BLOCK
 
 
@@ -92,12 +93,15 @@ def run_isolated(groups: list[list], run_group: Callable[[list], None], results:
     """Run each group of rows [(index, session, ...)] as one forward (run_group fills results). A group that raises
     runs again row by row, each row back at the length it held, so that only the row that fails gets the error,
     in results[index]; its session is dropped (drop(index)), since its cache may be half-updated: the router
-    re-prefills it. isolate=False (the ranks of a TP group, which must stay in step): the error propagates."""
+    re-prefills it. isolate=False (the ranks of a TP group, which must stay in step): the error propagates. A group
+    that ran out of memory hands the allocator's cached blocks back first (engine.device_memory)."""
     for group in groups:
         lengths = [row[1].length for row in group]
         try:
             run_group(group)
         except Exception as exc:                  # noqa: BLE001 - any error of a forward stays in its row
+            if exhausted(exc):
+                release_cached()
             if not isolate:
                 raise
             if len(group) == 1:

@@ -10,6 +10,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from engine.device_memory import described, exhausted
 from engine.sessions import SessionLost
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -40,7 +41,8 @@ class CallFailed(Exception):
 
 async def engine_answer(call: Awaitable):
     """Await an engine call, turning its errors into gRPC statuses (CallFailed): a lost session is NOT_FOUND
-    (the router re-prefills), a bad argument INVALID_ARGUMENT. The answer is stamped with the handler's time."""
+    (the router re-prefills), a bad argument INVALID_ARGUMENT, running out of device memory RESOURCE_EXHAUSTED
+    (engine.device_memory). The answer is stamped with the handler's time."""
     started = time.perf_counter()
     try:
         response = await call
@@ -48,6 +50,10 @@ async def engine_answer(call: Awaitable):
         raise CallFailed(grpc.StatusCode.NOT_FOUND, str(exc)) from exc
     except ValueError as exc:
         raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+    except Exception as exc:       # noqa: BLE001 - only running out of memory is answered here; the rest goes on
+        if not exhausted(exc):
+            raise
+        raise CallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, described(exc)) from exc
     if hasattr(response, "handler_us") and not response.handler_us:    # a decode run stamps each step itself
         response.handler_us = int((time.perf_counter() - started) * 1e6)
     return response

@@ -37,12 +37,15 @@ async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int],
 
 
 def draft_lost(state: RequestState, draft: DraftClient, exc: grpc.aio.AioRpcError) -> None:
-    """A draft call's failure: an unreachable draft worker costs the round its drafts (None); past the client's
-    deadline the request is over, not the draft worker, and any other failure is the request's (raised)."""
-    if exc.code() not in WORKER_DOWN or state.timeout(1.0) <= 0:
+    """A draft call's failure: an unreachable draft worker, or one out of device memory for this request (it serves
+    on, without this session), costs the round its drafts (None); past the client's deadline the request is over,
+    not the draft worker, and any other failure is the request's (raised)."""
+    out_of_memory = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    if not (out_of_memory or exc.code() in WORKER_DOWN) or state.timeout(1.0) <= 0:
         raise exc
-    draft.mark_failed(exc)
-    state.draft_synced = 0            # whatever comes back up has no cache for us
+    if not out_of_memory:
+        draft.mark_failed(exc)
+    state.draft_synced = 0            # whatever comes back up, or the worker that dropped the session, has no cache
 
 
 def drafted(state: RequestState, response: worker_pb2.ProposeResponse, wire: int, started: float,

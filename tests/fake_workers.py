@@ -20,10 +20,12 @@ VOCAB = {c: i for i, c in enumerate("abcdefgh")}
 
 
 class FakeTarget(worker_pb2_grpc.TargetWorkerServicer):
-    """A target worker on 127.0.0.1 with no model: every step answers TOKEN after STEP_S."""
+    """A target worker on 127.0.0.1 with no model: every step answers TOKEN after STEP_S. A call carrying more than
+    `memory_tokens` new tokens runs out of device memory, as a real engine's forward would."""
 
     def __init__(self):
         self.stalled = False
+        self.memory_tokens: int | None = None
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -42,6 +44,9 @@ class FakeTarget(worker_pb2_grpc.TargetWorkerServicer):
         await self.server.stop(0)
 
     async def submit(self, request, emit):
+        if self.memory_tokens is not None and len(request.new_token_ids) > self.memory_tokens:
+            import torch
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         for _ in range(max(request.decode_steps, 1) - 1):
             await self._step()
             emit(worker_pb2.VerifyResponse(next_token_id=TOKEN, more=True))

@@ -171,6 +171,31 @@ def test_a_lost_session_fails_only_its_row(engines):
     assert results[0].batch_size == 2 and results[0].batch_tokens == 4
 
 
+def test_a_row_out_of_device_memory_fails_alone_and_the_engine_serves_on(engines, monkeypatch):
+    """A forward that cannot allocate (here: more than 30 tokens at once) fails only the row that needs it; the
+    allocator's cache is handed back, the row's session dropped, and the same call fits once memory is there."""
+    from engine import batching
+    _, target = engines()
+    released, forward = [], target.model.forward
+
+    def tight(*args, **kwargs):
+        if kwargs["input_ids"].numel() > 30:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return forward(*args, **kwargs)
+    monkeypatch.setattr(batching, "release_cached", lambda: released.append(True))
+    target.model.forward = tight
+    long = list(range(1, 41))
+    calls = [worker_pb2.VerifyRequest(session_id=i, position=0, new_token_ids=prompt, sampling=sampling(0, 0))
+             for i, prompt in enumerate([PROMPTS[0], long, PROMPTS[2]])]
+    results = target.verify_batch(calls)
+    assert isinstance(results[1], torch.OutOfMemoryError) and released
+    assert isinstance(results[0], worker_pb2.VerifyResponse) and isinstance(results[2], worker_pb2.VerifyResponse)
+    with pytest.raises(SessionLost):                       # dropped: its cache may be half written
+        target.verify(worker_pb2.VerifyRequest(session_id=1, position=len(long), new_token_ids=[7]))
+    target.model.forward = forward
+    assert isinstance(target.verify_batch(calls[1:2])[0], worker_pb2.VerifyResponse)
+
+
 def test_a_draft_row_whose_caller_went_away_stops_drafting(engines):
     """A cancelled pre-draft frees the draft at its next step; the other rows draft as if alone."""
     draft, _ = engines()
