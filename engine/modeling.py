@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu", t
     """An eval-mode AutoModelForCausalLM; tp_plan="auto" shards it over the initialised process group."""
     from transformers import AutoModelForCausalLM
 
+    check_device(device)
     kwargs = {"dtype": DTYPES[dtype]}
     if tp_plan:
         kwargs.update(tensor_parallel(tp_plan))
@@ -26,6 +28,19 @@ def load_model(name_or_path: str, dtype: str = "float32", device: str = "cpu", t
     if not tp_plan:
         model.to(device)
     return model.eval()
+
+
+def check_device(device: str | torch.device) -> None:
+    """Refuse a CUDA device this process cannot see, saying why. Ray hides every GPU from an actor that asks for none
+    (CUDA_VISIBLE_DEVICES=""), so a pool on `cuda` needs `num_gpus` > 0."""
+    if torch.device(device).type != "cuda" or torch.cuda.is_available():
+        return
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        why = ("CUDA_VISIBLE_DEVICES is empty: Ray hides every GPU from an actor that asks for none; give the pool "
+               "num_gpus > 0")
+    else:
+        why = "this node has no GPU, or torch here is a CPU build"
+    raise RuntimeError(f"device {device!r}: this process sees no CUDA device ({why})")
 
 
 def tensor_parallel(tp_plan: str) -> dict:

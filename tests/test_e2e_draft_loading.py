@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+import torch
 
 from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, worker_pb2, worker_pb2_grpc
 from router.worker_client import DraftClient, least_loaded
@@ -150,6 +151,7 @@ def test_a_draft_that_fails_to_load_after_serving_stays_out(ray_local, byte_pair
         wait_for_draft(running, "failed")
         worker = status(running)["workers"]["draft"][0]
         assert worker["error"].startswith("draft 0: ") and worker["address"] == "", worker
+        assert "device 'cuda:99': this process sees no CUDA device (" in worker["error"], worker
         assert replicas_metric(running, "failed") == 1
         assert f"[specpool] draft 0 did not load and stays out of the pool (restart to retry): {worker['error']}\n" \
             in capfd.readouterr().out
@@ -158,6 +160,17 @@ def test_a_draft_that_fails_to_load_after_serving_stays_out(ray_local, byte_pair
     finally:
         release(ray_local, holder)
         running.stop()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a process that sees no GPU")
+def test_a_pool_on_cuda_that_sees_no_gpu_is_refused_saying_why(monkeypatch):
+    """As a Ray actor that asked for no GPU sees the node: CUDA_VISIBLE_DEVICES empty."""
+    from engine.modeling import load_model
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(RuntimeError) as info:
+        load_model("never-read", device="cuda")
+    assert str(info.value) == ("device 'cuda': this process sees no CUDA device (CUDA_VISIBLE_DEVICES is empty: Ray "
+                               "hides every GPU from an actor that asks for none; give the pool num_gpus > 0)")
 
 
 def test_stop_while_the_draft_is_loading_leaves_no_draft_actor(ray_local, byte_pair):
