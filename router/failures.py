@@ -20,5 +20,5 @@ def worker_failure(exc: grpc.aio.AioRpcError, expired: bool = False) -> tuple[st
     if expired:
         return "DEADLINE_EXCEEDED", f"deadline exceeded while waiting for a worker ({exc.details()})"
     if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return "RESOURCE_EXHAUSTED", f"the target ran {exc.details()}"
+        return "RESOURCE_EXHAUSTED", f"the target: {exc.details()}"
     return "UNAVAILABLE", f"a worker failed: {exc.code().name}: {exc.details()}"

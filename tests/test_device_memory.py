@@ -37,7 +37,7 @@ def test_a_request_the_target_has_no_memory_for_gets_resource_exhausted_and_the_
         return info.value, list(after.token_ids), service.client.describe()["state"], service.requests_counted()
     error, tokens, state, counted = run(body)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert error.details().startswith("the target ran out of device memory for this request (CUDA out of memory.")
+    assert error.details().startswith("the target: out of device memory for this request (CUDA out of memory.")
     assert len(tokens) == 5 and state == "ready"
     assert counted.get("RESOURCE_EXHAUSTED") == 1 and counted.get("OK") == 1
 

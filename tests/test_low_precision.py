@@ -5,8 +5,9 @@ over K + 1 tokens rounds differently from plain decoding's one-token passes. So 
 lie within one unit in the last place (ulp) of each other, the two can pick different tokens of that tie, and their
 continuations part there. transformers' assisted generation does the same, at the same positions (session 32: 7 of
 18 runs of 40 tokens on the demo pair in bfloat16, for both; 5 of this test's 14 runs in bfloat16, none in float16).
-This checks, on the demo pair (trained, so that drafts are accepted), that every difference is such a tie: the tokens are equal up to the first difference, and there the
-token speculation chose scores within one ulp of the best in plain decoding.
+This checks, on the demo pair (trained, so that drafts are accepted), that every difference is such a tie: the
+tokens are equal up to the first difference, and there the token speculation chose scores within one ulp of the
+best in plain decoding.
 
     python -m pytest -q tests/test_low_precision.py
 """
