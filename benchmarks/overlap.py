@@ -72,8 +72,9 @@ def measured_row(service, cfg: BenchConfig, k: int | None, speculation: dict, wh
 def pair_rows(service, cfg: BenchConfig, plan=None) -> tuple[dict, dict, float]:
     """(transformers rows, specpool rows, c) of the service's pair. specpool: the rows of `plan(configured
     settings, cfg)` (specpool_plan by default) with their analytic terms. Repeats are interleaved, the transformers
-    rows (hf_plan) among them: every row once, then every row again. So this noisy machine's drift over the run falls on every row alike, and the goals'
-    ratios compare rows measured side by side. tokens/s is the median over repeats, the rest their mean."""
+    rows (hf_plan) among them: every row once, then every row again. So this noisy machine's drift over the run
+    falls on every row alike, and the goals' ratios compare rows measured side by side. tokens/s is the median over
+    repeats, the rest their mean."""
     transformers, c = hf_plan(service, cfg)
     settings = as_configured(service)
     specpool = (plan or specpool_plan)(settings, cfg)
