@@ -32,11 +32,11 @@ def gpu_plan(configured: dict, cfg: BenchConfig) -> list[tuple[str, int | None, 
          {**configured, "overlap": overlap}) for k in (*cfg.ks, None) for overlap in (False, True)]
 
 
-def on_device(data: dict, device: str) -> dict:
-    """The config `data` with both pools on `device` (on CUDA each takes half of one GPU), HTTP off."""
+def on_device(data: dict, device: str, dtype: str = "float32") -> dict:
+    """The config `data` with both pools on `device` in `dtype` (on CUDA each takes half of one GPU), HTTP off."""
     data = {**copy.deepcopy(data), "http": {"port": -1}}
     for pool in ("draft", "target"):
-        data[pool].update(device=device, num_gpus=0.5 if device.startswith("cuda") else 0.0)
+        data[pool].update(device=device, dtype=dtype, num_gpus=0.5 if device.startswith("cuda") else 0.0)
     return data
 
 
@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, str]:
     parser.add_argument("--config", default=BenchConfig.config)
     parser.add_argument("--out", default="benchmarks/results/gpu")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                        help="both pools' and the transformers rows' (bfloat16: what a GPU deployment runs)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ks", type=lambda text: tuple(int(k) for k in text.split(",")), default=(4,))
@@ -75,24 +77,24 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, str]:
                       ks=args.ks, heavy_layers=args.heavy_layers)
     if args.quick:
         cfg = dataclasses.replace(cfg, max_new_tokens=QUICK["max_new_tokens"], repeats=QUICK["repeats"])
-    return cfg, args.device
+    return cfg, args.device, args.dtype
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg, device = parse_args(argv)
-    data = on_device(load_service_config(cfg.config), device)
+    cfg, device, dtype = parse_args(argv)
+    data = on_device(load_service_config(cfg.config), device, dtype)
     pairs = {"demo pair": (data, cfg)}
     if cfg.heavy_layers:
         pairs["heavy pair"] = (heavy_config(data, cfg.heavy_layers), dataclasses.replace(cfg, prompts=PREDICTABLE))
     results = {}
     for name, (pair_data, pair_cfg) in pairs.items():
-        log(f"{name} on {device}")
+        log(f"{name} on {device}, {dtype}")
         results[name] = section(pair_data, pair_cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = "".join(overlap_markdown(f"{name} on {device}", results[name]) for name in results)
-    (out / "gpu.json").write_text(json.dumps({"bench": dataclasses.asdict(cfg), "device": device, **results},
-                                             indent=2))
+    text = "".join(overlap_markdown(f"{name} on {device}, {dtype}", results[name]) for name in results)
+    (out / "gpu.json").write_text(json.dumps({"bench": dataclasses.asdict(cfg), "device": device, "dtype": dtype,
+                                              **results}, indent=2))
     (out / "gpu.md").write_text(text)
     print(text)
 

@@ -12,12 +12,14 @@ import time
 import torch
 
 
-def load_hf(path: str, device: str = "cpu"):
-    """(model in eval mode on `device`, tokenizer padding on the left) of the Hugging Face folder or hub ID `path`."""
+def load_hf(path: str, device: str = "cpu", dtype: str = "float32"):
+    """(model in eval mode on `device` in `dtype`, tokenizer padding on the left) of the Hugging Face folder or hub ID
+    `path`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    return AutoModelForCausalLM.from_pretrained(path).to(device).eval(), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    return model.to(device).eval(), tokenizer
 
 
 def synchronize(device) -> None:

@@ -61,9 +61,10 @@ def hf_plan(service, cfg: BenchConfig) -> tuple[list, float]:
     them in turn or interleave them with its own rows; and c = t_draft / t_target (one thread, as the workers
     run)."""
     from engine.model_pair import resolve_model
-    device = service.service.config.target.device      # the draft beside it, as assisted generation runs
-    target, tokenizer = load_hf(service.service.pools.target_info["model_path"], device)
-    draft, _ = load_hf(resolve_model(service.service.config.draft.model), device)
+    config = service.service.config                     # the draft beside the target, as assisted generation runs
+    target, tokenizer = load_hf(service.service.pools.target_info["model_path"], config.target.device,
+                                config.target.dtype)
+    draft, _ = load_hf(resolve_model(config.draft.model), config.target.device, config.target.dtype)
     plan = [(name if count == 1 else f"{name}, {count} threads", at_threads(count, hf_row, target, tokenizer,
                                                                               assistant, k))
             for count in HF_THREADS

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The checks a CUDA machine runs, in one go (a lent GPU comes by the minute): what it has, the CUDA tests
 # (the engines alone, then router + Ray + workers serving from the GPU; TP 2 over NCCL where there are two
-# GPUs), then the GPU benchmark (benchmarks/gpu.py). Logs and results go under OUT_DIR.
+# GPUs), the GPU benchmark (benchmarks/gpu.py), then what torch.compile would give a target's forwards
+# (benchmarks/compile_step.py). Logs and results go under OUT_DIR. Session 32's run took ~6 minutes on an H100.
 #
-#   bash tools/gpu_check.sh OUT_DIR [BENCH_ARGS...]      # e.g. bash tools/gpu_check.sh /tmp/gpu --repeats 5
+#   bash tools/gpu_check.sh OUT_DIR [BENCH_ARGS...]      # e.g. bash tools/gpu_check.sh /tmp/gpu --dtype bfloat16
 set -uo pipefail
 out=${1:?usage: tools/gpu_check.sh OUT_DIR [BENCH_ARGS...]}; shift
 mkdir -p "$out"
@@ -28,4 +29,8 @@ started=$SECONDS
 "$py" -m benchmarks.gpu --out "$out" "$@" 2>&1 | tee "$out/bench.log"
 bench=${PIPESTATUS[0]}
 echo "GPU benchmark: exit $bench in $((SECONDS - started)) s"
+
+started=$SECONDS
+timeout 240 "$py" -m benchmarks.compile_step --device cuda --heavy-layers 8 2>&1 | tee "$out/compile.log"
+echo "compile step: exit ${PIPESTATUS[0]} in $((SECONDS - started)) s"
 exit $((tests || bench))
