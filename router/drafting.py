@@ -43,7 +43,9 @@ def draft_lost(state: RequestState, draft: DraftClient, exc: grpc.aio.AioRpcErro
     out_of_memory = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     if not (out_of_memory or exc.code() in WORKER_DOWN) or state.timeout(1.0) <= 0:
         raise exc
-    if not out_of_memory:
+    if out_of_memory:
+        state.count_out_of_memory("draft")
+    else:
         draft.mark_failed(exc)
     state.draft_synced = 0            # whatever comes back up, or the worker that dropped the session, has no cache
 

@@ -20,6 +20,8 @@ async def recover_target(state: RequestState, target: TargetClient, exc: grpc.ai
     now = time.monotonic()
     give_up = give_up if give_up is not None else now + recovery_s
     left = min(state.timeout(recovery_s), give_up - now)
+    if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:       # out of device memory: the request's, not the target's
+        state.count_out_of_memory("target")
     if exc.code() not in WORKER_DOWN or state.timeout(1.0) <= 0:
         raise exc
     target.mark_failed(exc)

@@ -49,10 +49,14 @@ class RequestState:
     streamed: bool = True                  # the client reads the output as it comes (False: whole, at the end)
     target_sessions: int = 1               # sessions open on its target replica when its last round was planned
     logprobs: list = field(default_factory=list)   # ... generation_pb2.TokenLogprob per output token
+    out_of_memory: dict = field(default_factory=dict)   # pool -> its calls for this request that ran out of memory
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    def count_out_of_memory(self, pool: str) -> None:
+        self.out_of_memory[pool] = self.out_of_memory.get(pool, 0) + 1
 
     def timeout(self, limit: float) -> float:
         """A worker call's timeout: `limit`, or less if the client's deadline comes sooner."""

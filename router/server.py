@@ -188,6 +188,8 @@ class Router:
                 finally:
                     self.k_selector.detach(state)
                     self.metrics.observe_prefix_caches(state.stats)
+                    for pool, calls in state.out_of_memory.items():
+                        self.metrics.out_of_memory.labels(pool).inc(calls)
                     self._count_sessions(workers, -1)
         finally:
             self.in_flight -= 1

@@ -34,12 +34,16 @@ def test_a_request_the_target_has_no_memory_for_gets_resource_exhausted_and_the_
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await service.stub.Generate(long, timeout=30)
         after = await service.stub.Generate(plain(max_new_tokens=5), timeout=30)
-        return info.value, list(after.token_ids), service.client.describe()["state"], service.requests_counted()
-    error, tokens, state, counted = run(body)
+        out_of_memory = {s.labels["pool"]: s.value for m in service.router.metrics.out_of_memory.collect()
+                         for s in m.samples if s.name.endswith("_total")}
+        return (info.value, list(after.token_ids), service.client.describe()["state"], service.requests_counted(),
+                out_of_memory)
+    error, tokens, state, counted, out_of_memory = run(body)
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error.details().startswith("the target: out of device memory for this request (CUDA out of memory.")
     assert len(tokens) == 5 and state == "ready"
     assert counted.get("RESOURCE_EXHAUSTED") == 1 and counted.get("OK") == 1
+    assert out_of_memory == {"target": 1}
 
 
 class Draft:
@@ -50,8 +54,10 @@ class Draft:
 
 
 def test_a_draft_out_of_memory_costs_the_round_its_drafts_and_keeps_the_worker():
-    state, draft = types.SimpleNamespace(draft_synced=3, timeout=lambda limit: limit), Draft()
+    counted = []
+    state = types.SimpleNamespace(draft_synced=3, timeout=lambda limit: limit, count_out_of_memory=counted.append)
+    draft = Draft()
     error = grpc.aio.AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                  details="out of device memory for this request")
     assert draft_lost(state, draft, error) is None
-    assert draft.failed is None and state.draft_synced == 0
+    assert draft.failed is None and state.draft_synced == 0 and counted == ["draft"]
