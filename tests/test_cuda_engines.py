@@ -69,7 +69,7 @@ def on_cuda(byte_pair, tp: int = 1) -> dict:
 SEEDED = generation_pb2.SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=11)
 
 
-def concurrent_greedy(stub, k: int, sampling: generation_pb2.SamplingParams | None = None) -> dict:
+def all_at_once(stub, k: int, sampling: generation_pb2.SamplingParams | None = None) -> dict:
     """Every prompt at once (so that the workers batch them) at K = k, greedy unless `sampling`: prompt -> tokens."""
     def one(prompt):
         request = generation_pb2.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=MAX_NEW, sampling=sampling)
@@ -95,20 +95,20 @@ def test_service_on_one_gpu_is_identical_to_the_target_alone(ray_local, byte_pai
         for overlap in (False, True):
             service.reload(speculation={"overlap": overlap})
             for k in (0, 4):
-                assert concurrent_greedy(service.stub, k) == cuda_reference, (overlap, k)
+                assert all_at_once(service.stub, k) == cuda_reference, (overlap, k)
             # a greedy draft's verification draws what plain decoding draws: seeded tokens independent of K
-            assert concurrent_greedy(service.stub, 4, SEEDED) == concurrent_greedy(service.stub, 0, SEEDED), overlap
+            assert all_at_once(service.stub, 4, SEEDED) == all_at_once(service.stub, 0, SEEDED), overlap
 
 
 def test_sampled_draft_service_on_one_gpu_is_seed_deterministic(ray_local, byte_pair):
     """Sampled drafts ship their hidden states from the GPU, and the target recomputes q on its own."""
     with serving(on_cuda(byte_pair)) as service:
         service.reload(speculation={"draft_sampling": "sampled"})
-        runs = [concurrent_greedy(service.stub, 4, SEEDED) for _ in range(2)]
+        runs = [all_at_once(service.stub, 4, SEEDED) for _ in range(2)]
         assert runs[0] == runs[1] and all(runs[0].values())
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP 2 over NCCL needs two GPUs")
 def test_service_at_tp2_over_nccl_is_identical_to_the_target_alone(ray_local, byte_pair, cuda_reference):
     with serving(on_cuda(byte_pair, tp=2)) as service:
-        assert concurrent_greedy(service.stub, 4) == cuda_reference
+        assert all_at_once(service.stub, 4) == cuda_reference

@@ -2,7 +2,8 @@
 # The checks a CUDA machine runs, in one go (a lent GPU comes by the minute): what it has, the CUDA tests
 # (the engines alone, then router + Ray + workers serving from the GPU; TP 2 over NCCL where there are two
 # GPUs), the GPU benchmark (benchmarks/gpu.py), then what torch.compile would give a target's forwards
-# (benchmarks/compile_step.py). Logs and results go under OUT_DIR. Session 32's run took ~6 minutes on an H100.
+# (benchmarks/compile_step.py). Logs and results go under OUT_DIR. In session 32 the tests and the benchmark took
+# ~6 minutes on an H100.
 #
 #   bash tools/gpu_check.sh OUT_DIR [BENCH_ARGS...]      # e.g. bash tools/gpu_check.sh /tmp/gpu --dtype bfloat16
 set -uo pipefail
