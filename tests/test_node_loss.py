@@ -23,7 +23,7 @@ def test_node_removed_mid_request(byte_pair, reference_generate):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     run = subprocess.run([sys.executable, "-m", "tests.node_loss_scenario", *byte_pair], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, (run.returncode, run.stdout[-2000:], run.stderr[-3000:])
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["tokens"] == reference_generate(PROMPT, 150)
     assert result["nodes"] == 2
