@@ -17,12 +17,11 @@ from pathlib import Path
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from benchmarks.overlap import heavy_config, pair_rows
+from benchmarks.overlap import best_transformers, heavy_config, pair_rows
 from benchmarks.plan import PREDICTABLE, QUICK, BenchConfig
-from benchmarks.repeats import best, paired
+from benchmarks.repeats import paired
 from benchmarks.report import overlap_markdown
 from benchmarks.service import load_service_config, log, running_data
-from benchmarks.single_stream import BASE_ROW
 
 
 def gpu_plan(configured: dict, cfg: BenchConfig) -> list[tuple[str, int | None, dict]]:
@@ -42,8 +41,7 @@ def on_device(data: dict, device: str, dtype: str = "float32") -> dict:
 
 def gpu_ratios(transformers: dict, rows: dict, ks: tuple) -> dict:
     """(median, lowest, highest) over the repeats of the ratios that issue #11's goals name."""
-    assisted = best([r for name, r in transformers.items() if not name.startswith(BASE_ROW)])
-    base = best([r for name, r in transformers.items() if name.startswith(BASE_ROW)])
+    assisted, base = best_transformers(transformers)
     pairs = {"overlap adaptive / best assisted": (rows["overlap adaptive"], assisted),
              "in turn K=0 / generate()": (rows["in turn K=0"], base)}
     pairs.update({f"overlap / in turn at K={k}": (rows[f"overlap K={k}"], rows[f"in turn K={k}"]) for k in ks})
@@ -60,7 +58,7 @@ def section(data: dict, cfg: BenchConfig) -> dict:
             "ratio_ranges": {key: value[1:] for key, value in measured.items()}}
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, str]:
+def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, str, str]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=BenchConfig.config)
     parser.add_argument("--out", default="benchmarks/results/gpu")

@@ -143,8 +143,7 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> tuple[dict, dict]:
     """The figures the goals of issue #11 name, from one run, and the range over repeats of each ratio of two
     rows (repeats.paired: a ratio is the median of the two rows' ratios repeat by repeat). Against the best
     transformers row over K and torch threads (generate() for K = 0)."""
-    assisted = best([r for name, r in transformers.items() if not name.startswith(BASE_ROW)])
-    base = best([r for name, r in transformers.items() if name.startswith(BASE_ROW)])
+    assisted, base = best_transformers(transformers)
     top = max(ks)
     pairs = {"adaptive / best assisted": ("overlap adaptive", assisted),
              "in-turn adaptive / best assisted": ("in turn adaptive", assisted),
@@ -179,6 +178,13 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> tuple[dict, dict]:
                 "target pass ms (K=0)": rows["in turn K=0"]["parts_ms"]["verify_compute"],
                 "overlap adaptive efficiency (vs in-turn analytic)": rows["overlap adaptive"]["efficiency"]})
     return out, {key: value[1:] for key, value in measured.items()}
+
+
+def best_transformers(transformers: dict) -> tuple[dict, dict]:
+    """(the best assisted generation row, the best generate() row) over K and torch threads: what goals compare
+    against."""
+    return (best([r for name, r in transformers.items() if not name.startswith(BASE_ROW)]),
+            best([r for name, r in transformers.items() if name.startswith(BASE_ROW)]))
 
 
 def hop_ms(row: dict) -> float:

@@ -59,9 +59,9 @@ class Metrics:
         self.e2e = Histogram("specpool_e2e_request_latency_seconds", "End-to-end request latency",
                              buckets=LATENCY_BUCKETS, registry=r)
         self.requests = Counter("specpool_requests", "Finished requests by final gRPC status", ["code"], registry=r)
-        self.out_of_memory = Counter("specpool_out_of_memory", "Worker calls that ran out of device memory, by pool: "
-                                     "the target's fail their request (RESOURCE_EXHAUSTED), the draft's cost a round "
-                                     "its drafts", ["pool"], registry=r)
+        self.out_of_memory = Counter("specpool_out_of_memory", "Draft and verify calls that ran out of device memory, "
+                                     "by pool: the target's fail their request (RESOURCE_EXHAUSTED), the draft's cost "
+                                     "a round its drafts (a lost pre-draft is not counted)", ["pool"], registry=r)
         self.queued = Gauge("specpool_queued_requests", "Requests waiting in the admission queue for a slot "
                             "(router.max_active_requests running; past router.max_queued_requests: RESOURCE_EXHAUSTED)",
                             registry=r)
