@@ -26,15 +26,24 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class Sampling:
-    """Per-request sampling transform. temperature 0 is greedy."""
+    """Per-request sampling transform. temperature 0 is greedy. The penalties apply to the target's logits only
+    (engine/penalties.py), before this transform; prompt_length is where the output they count begins."""
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    prompt_length: int = 0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
 
 
 def seed_for(seed: int, position: int, stream: int) -> int:

@@ -135,15 +135,20 @@ class SessionStore:
         return self._sessions.pop(session_id, None)
 
 
-def sampling_from_proto(params) -> Sampling:
+def sampling_from_proto(params, prompt_length: int = 0) -> Sampling:
     """specpool.v1.SamplingParams (already normalised by the router) -> Sampling."""
     return Sampling(temperature=params.temperature, top_p=params.top_p if params.HasField("top_p") else 1.0,
-                    top_k=params.top_k, seed=params.seed)
+                    top_k=params.top_k, seed=params.seed, frequency_penalty=params.frequency_penalty,
+                    presence_penalty=params.presence_penalty,
+                    repetition_penalty=params.repetition_penalty if params.HasField("repetition_penalty") else 1.0,
+                    prompt_length=prompt_length)
 
 
 def open_session(store: SessionStore, request) -> Session:
-    """Open the session a Propose/Verify request names (sampling travels only with position 0)."""
-    sampling = sampling_from_proto(request.sampling) if request.HasField("sampling") else None
+    """Open the session a Propose/Verify request names (sampling, and a verify's prompt_length, travel only with
+    position 0)."""
+    sampling = sampling_from_proto(request.sampling, getattr(request, "prompt_length", 0)) \
+        if request.HasField("sampling") else None
     return store.open(request.session_id, request.position, sampling)
 
 

@@ -73,6 +73,7 @@ def number(**bounds: float) -> Any:
 Text = Annotated[str, AfterValidator(_unicode)]
 Flag = strict(bool)
 Temperature, TopP = number(ge=0, le=2), number(gt=0, le=1)      # OpenAI's range; top_p 0 the router's refusal
+Penalty, RepetitionPenalty = number(ge=-2, le=2), number(ge=0.01, le=100)  # OpenAI's range; the router's (validation)
 
 
 def _no_echo(echo: bool) -> bool:
@@ -153,17 +154,17 @@ class SameAs:
 # The OpenAI Completions and Chat Completions parameters (openai's completion_create_params.py and
 # chat/completion_create_params.py) that would change the output and that specpool does not implement -> the
 # value that changes nothing, the only one accepted (None: no such value; a null is absent, so always accepted).
-# Both endpoints refuse each (vLLM's completions take response_format and the penalties too). Parameters that
+# Both endpoints refuse each (vLLM's completions take response_format too). Parameters that
 # do not change the output (user, metadata, store, service_tier, parallel_tool_calls, prediction: a latency
 # hint whose output is the model's own, prompt_cache_key, safety_identifier) are ignored, as any unknown key.
 REFUSED: dict[str, Any] = {
-    "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}, "best_of": SameAs("n"), "suffix": "",
+    "logit_bias": {}, "best_of": SameAs("n"), "suffix": "",
     "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "functions": [], "function_call": "none",
     "modalities": ["text"], "audio": None, "reasoning_effort": None, "verbosity": "medium",
     "web_search_options": None, "moderation": None,
     # vLLM's and SGLang's own sampling extensions, which clients moving from them send (vLLM's serving benchmark
     # sends ignore_eos): the same rule, so that no such request silently gets other output than it asked for
-    "repetition_penalty": 1, "min_p": 0, "min_tokens": 0, "ignore_eos": False, "use_beam_search": False,
+    "min_p": 0, "min_tokens": 0, "ignore_eos": False, "use_beam_search": False,
     "length_penalty": 1, "include_stop_str_in_output": False, "bad_words": [], "allowed_token_ids": None,
     "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
     "structured_outputs": None, "logits_processors": None, "regex": None, "json_schema": None, "ebnf": None,
@@ -213,6 +214,9 @@ class SamplingFields(Body):
     top_p: Optional[TopP] = None
     top_k: TopK = 0
     seed: Optional[Seed] = None
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    repetition_penalty: Optional[RepetitionPenalty] = None     # vLLM's, in the body
     stop: Optional[Stop] = None
     n: strict(int, ge=1, le=MAX_N) = 1
     stop_token_ids: Optional[list[StopTokenId]] = None
@@ -276,7 +280,9 @@ DEFAULT_CHAT_MAX_TOKENS = 256
 
 # specpool.v1 request fields -> the OpenAI parameter a user sent
 PARAMS = {"max_new_tokens": "max_tokens", "sampling.temperature": "temperature", "sampling.top_p": "top_p",
-          "sampling.top_k": "top_k", "sampling.seed": "seed", "prompt_token_ids": "prompt"}
+          "sampling.top_k": "top_k", "sampling.seed": "seed", "prompt_token_ids": "prompt",
+          "sampling.frequency_penalty": "frequency_penalty", "sampling.presence_penalty": "presence_penalty",
+          "sampling.repetition_penalty": "repetition_penalty"}
 
 
 def http_error(exc: RequestError, params: dict[str, str]) -> ApiError:
@@ -313,6 +319,10 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
         request.sampling.top_p = body.top_p
     if body.seed is not None:
         request.sampling.seed = body.seed
+    request.sampling.frequency_penalty = body.frequency_penalty
+    request.sampling.presence_penalty = body.presence_penalty
+    if body.repetition_penalty is not None:
+        request.sampling.repetition_penalty = body.repetition_penalty
     if body.speculation is not None:
         request.speculation.disable = body.speculation.disable
         if body.speculation.k is not None:

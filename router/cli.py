@@ -111,6 +111,10 @@ def make_request(args) -> generation_pb2.GenerateRequest:
         request.sampling.top_p = args.top_p
     if args.seed is not None:
         request.sampling.seed = args.seed
+    request.sampling.frequency_penalty = args.frequency_penalty
+    request.sampling.presence_penalty = args.presence_penalty
+    if args.repetition_penalty is not None:
+        request.sampling.repetition_penalty = args.repetition_penalty
     if args.k is not None:
         request.speculation.k = args.k
     return request
@@ -333,6 +337,9 @@ def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--top-k", type=int_in(0, 2 ** 31 - 1), default=0)
     parser.add_argument("--seed", type=int_in(0, UINT64), default=None)
+    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="-2 to 2 (OpenAI's)")
+    parser.add_argument("--presence-penalty", type=float, default=0.0, help="-2 to 2 (OpenAI's)")
+    parser.add_argument("--repetition-penalty", type=float, default=None, help="0.01 to 100 (vLLM's; default 1: off)")
     parser.add_argument("--k", type=int_in(0, UINT32), default=None, help="fix K for this request (0: no speculation)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--stream", action="store_true")

@@ -170,7 +170,7 @@ async def hand_off(state: RequestState, target: TargetClient, k: int,
     handoff_id, sent = next(HANDOFF_IDS), time.perf_counter()
     waiting = asyncio.ensure_future(target.verify(
         state.session_id, state.tokens, state.target_synced, [], b"", state.sampling, state.timeout(target.timeout),
-        handoff_id=handoff_id, **logprobs_asked(state)))
+        handoff_id=handoff_id, prompt_length=state.prompt_len, **logprobs_asked(state)))
     try:
         proposal = await drafting((target.address, handoff_id))
     except BaseException:

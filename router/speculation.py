@@ -111,7 +111,7 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
     if answer is None:
         answer = await target.verify(state.session_id, state.tokens, state.target_synced, proposal.tokens,
                                      proposal.hidden, state.sampling, state.timeout(target.timeout),
-                                     **logprobs_asked(state))
+                                     prompt_length=state.prompt_len, **logprobs_asked(state))
     verdict, wire = answer
     state.stats.wire_bytes += wire
     record_prefix(state, verdict, "target")

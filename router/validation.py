@@ -10,6 +10,16 @@ from protos.specpool.v1 import generation_pb2
 MAX_REQUEST_ID_CHARS = 256
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
 MAX_TOP_LOGPROBS = 20
+MAX_PENALTY = 2.0         # frequency_penalty and presence_penalty: OpenAI's range
+
+
+def _float32(value: float) -> float:
+    """`value` as a float field holds it: a bound on such a field is compared with the field rounded the same way
+    (0.01 sent over HTTP arrives as 0.0099999998)."""
+    return generation_pb2.SamplingParams(temperature=value).temperature
+
+
+REPETITION_PENALTY = (_float32(0.01), 100.0)   # logits times or over at most 100: float32 stays finite
 
 
 class RequestError(ValueError):
@@ -79,6 +89,14 @@ def check_sampling(sampling: generation_pb2.SamplingParams) -> None:
         raise RequestError("sampling.top_p", f"must be in (0, 1] (got {sampling.top_p})")
     if sampling.top_k < 0:
         raise RequestError("sampling.top_k", f"must be >= 0 (got {sampling.top_k})")
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = getattr(sampling, name)
+        if not (math.isfinite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+            raise RequestError(f"sampling.{name}", f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] (got {value})")
+    low, high = REPETITION_PENALTY
+    if sampling.HasField("repetition_penalty") and not low <= sampling.repetition_penalty <= high:
+        raise RequestError("sampling.repetition_penalty", f"must be in [{low:g}, {high:g}] (got "
+                           f"{sampling.repetition_penalty})")
 
 
 def validate(request: generation_pb2.GenerateRequest, prompt_ids: list[int], limits: ModelLimits) -> None:

@@ -459,9 +459,9 @@ class TargetClient(WorkerClient):
 
     async def verify(self, session_id: int, tokens: list[int], synced: int, drafts: list[int],
                      hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float,
-                     top_logprobs: int | None = None, handoff_id: int = 0):
+                     top_logprobs: int | None = None, handoff_id: int = 0, prompt_length: int = 0):
         """Verify `drafts`; with `handoff_id`, those of that handoff instead, waiting on the target for them."""
-        make = _request(worker_pb2.VerifyRequest, session_id, sampling, top_logprobs=top_logprobs,
+        make = _request(worker_pb2.VerifyRequest, session_id, sampling, prompt_length, top_logprobs=top_logprobs,
                         draft_token_ids=drafts, draft_hidden_states=hidden, handoff_id=handoff_id)
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
@@ -477,21 +477,26 @@ class TargetClient(WorkerClient):
 
     def decode_run(self, session_id: int, tokens: list[int], synced: int, steps: int, stop_ids: frozenset,
                    sampling: generation_pb2.SamplingParams, timeout: float, top_logprobs: int | None = None,
-                   lookup: worker_pb2.PromptLookup | None = None, answer_delay_us: int = 0) -> AsyncIterator:
+                   lookup: worker_pb2.PromptLookup | None = None, answer_delay_us: int = 0,
+                   prompt_length: int = 0) -> AsyncIterator:
         """Up to `steps` tokens in one call, by plain decoding or (`lookup`) with the target's own prompt-lookup
         drafts: yields (response, wire_bytes) per message (a target step, with the steps held before it in
         `earlier`, see VerifyRequest.answer_delay_us)."""
-        make = _request(worker_pb2.VerifyRequest, session_id, sampling, top_logprobs=top_logprobs,
+        make = _request(worker_pb2.VerifyRequest, session_id, sampling, prompt_length, top_logprobs=top_logprobs,
                         decode_steps=steps, stop_token_ids=sorted(stop_ids), lookup=lookup,
                         answer_delay_us=answer_delay_us)
         return synced_answers(self.stream.answers, make, tokens, synced, timeout)
 
 
-def _request(request_type, session_id: int, sampling: generation_pb2.SamplingParams, **fields) -> Callable:
-    """make_request(position, new_tokens, start) for a draft or target call (sampling only at session start)."""
+def _request(request_type, session_id: int, sampling: generation_pb2.SamplingParams, prompt_length: int | None = None,
+             **fields) -> Callable:
+    """make_request(position, new_tokens, start) for a draft or target call (sampling, and a verify's
+    prompt_length, only at session start)."""
     def make(position: int, new: list[int], start: bool):
+        at_start = {"sampling": sampling} if prompt_length is None else {"sampling": sampling,
+                                                                         "prompt_length": prompt_length}
         return request_type(session_id=session_id, position=position, new_token_ids=new,
-                            sampling=sampling if start else None, **fields)
+                            **(at_start if start else {}), **fields)
     return make
 
 

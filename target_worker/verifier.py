@@ -12,6 +12,7 @@ from protos.specpool.v1 import worker_pb2
 from engine.batching import BatchStats, forward_groups, only_answer, prefills, run_isolated
 from engine.ngram import LookupMissed, NgramIndex
 from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
+from engine.penalties import penalize
 from engine.prefill_chunks import chunk_ends, prefilled
 from engine.prefix_cache import PrefixCache, lookup_stats
 from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample, token_logprobs
@@ -109,6 +110,7 @@ class TargetEngine:
                 results[i] = prefilled(self.sessions, requests[i], session, found[i])
                 continue
             try:
+                row_logits = penalize(row_logits, session.tokens, start, session.sampling)   # [K + 1, vocab]
                 results[i] = self._sample_row(requests[i], row_drafts, session, row_logits, start)
                 add_logprobs(results[i], requests[i], row_drafts, row_logits, session.sampling)
             except Exception as exc:  # noqa: BLE001 - a bad row fails alone

@@ -14,7 +14,8 @@ def run_rounds(draft, target, prompt, k, max_new, sampling, mode):
         drafts = list(proposal.draft_token_ids)
         verdict = target.verify(worker_pb2.VerifyRequest(
             session_id=1, position=target_synced, new_token_ids=tokens[target_synced:], draft_token_ids=drafts,
-            draft_hidden_states=proposal.draft_hidden_states, sampling=sampling if target_synced == 0 else None))
+            draft_hidden_states=proposal.draft_hidden_states, sampling=sampling if target_synced == 0 else None,
+            prompt_length=len(prompt) if target_synced == 0 else 0))
         n = verdict.num_accepted
         tokens += drafts[:n] + [verdict.next_token_id]
         draft_synced, target_synced = before + min(n, k - 1), before + n

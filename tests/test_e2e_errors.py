@@ -37,6 +37,12 @@ BAD = {
     "top_p zero": (dict(sampling={"top_p": 0.0}), "sampling.top_p"),
     "top_p above one": (dict(sampling={"top_p": 1.5}), "sampling.top_p"),
     "negative top_k": (dict(sampling={"top_k": -1}), "sampling.top_k"),
+    "frequency_penalty above 2": (dict(sampling={"frequency_penalty": 2.5}), "sampling.frequency_penalty"),
+    "nan presence_penalty": (dict(sampling={"presence_penalty": float("nan")}), "sampling.presence_penalty"),
+    "presence_penalty below -2": (dict(sampling={"presence_penalty": -2.5}), "sampling.presence_penalty"),
+    "repetition_penalty zero": (dict(sampling={"repetition_penalty": 0.0}), "sampling.repetition_penalty"),
+    "infinite repetition_penalty": (dict(sampling={"repetition_penalty": float("inf")}),
+                                    "sampling.repetition_penalty"),
     "k above k_max": (dict(speculation={"k": 9}), "speculation.k"),
     "stop id outside vocab": (dict(stop_token_ids=[300]), "stop_token_ids[0]"),
 }

@@ -40,6 +40,10 @@ def requests(draw):
     if draw(st.booleans()):
         request.sampling.seed = draw(st.integers(0, 2**64 - 1))
     if draw(st.booleans()):
+        request.sampling.frequency_penalty, request.sampling.presence_penalty = draw(FLOATS), draw(FLOATS)
+    if draw(st.booleans()):
+        request.sampling.repetition_penalty = draw(FLOATS)
+    if draw(st.booleans()):
         request.speculation.k = draw(st.sampled_from([0, 1, 3, 8, 9, 2**32 - 1]))
     request.speculation.disable = draw(st.booleans())
     return request

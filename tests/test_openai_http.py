@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from protos.specpool.v1 import generation_pb2
+from tests import penalized_reference
 from tests.conftest import service_config
 from tests.test_e2e_sessions import active_sessions, wait_for_no_sessions
 
@@ -212,7 +213,7 @@ def test_every_refused_generation_request_is_counted_under_its_grpc_code(served)
     json_type = {"Content-Type": "application/json"}
     refusals = [("INVALID_ARGUMENT", "/completions", b"not json"), ("INVALID_ARGUMENT", "/chat/completions", b"{"),
                 ("INVALID_ARGUMENT", "/completions", json.dumps({"model": served.model, "prompt": PROMPT,
-                                                                 "frequency_penalty": 1}).encode()),
+                                                                 "logit_bias": {"1": 5}}).encode()),
                 ("NOT_FOUND", "/completions", json.dumps({"model": "gpt-4", "prompt": PROMPT}).encode()),
                 ("NOT_FOUND", "/chat/completions", json.dumps({"model": "gpt-4", "messages": [
                     {"role": "user", "content": "x"}]}).encode())]
@@ -398,15 +399,10 @@ SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"t
 
 
 @pytest.mark.parametrize("path, body, param", [
-    ("/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
-    ("/completions", {"frequency_penalty": False}, "frequency_penalty"),
-    ("/completions", {"presence_penalty": -1}, "presence_penalty"),
     ("/completions", {"logit_bias": {"50256": -100}}, "logit_bias"), ("/completions", {"best_of": 2}, "best_of"),
     ("/completions", {"best_of": 3, "n": 2}, "best_of"), ("/completions", {"best_of": 1.0}, "best_of"),
     ("/completions", {"suffix": "\n}"}, "suffix"),
     ("/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("/chat/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
-    ("/chat/completions", {"presence_penalty": 2}, "presence_penalty"),
     ("/chat/completions", {"logit_bias": {"1": 100}}, "logit_bias"),
     ("/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/chat/completions", {"response_format": SCHEMA}, "response_format"),
@@ -422,15 +418,46 @@ SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"t
     ("/chat/completions", {"web_search_options": {}}, "web_search_options"),
     ("/chat/completions", {"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
     ("/completions", {"ignore_eos": True}, "ignore_eos"), ("/completions", {"min_tokens": 4}, "min_tokens"),
-    ("/chat/completions", {"repetition_penalty": 1.2}, "repetition_penalty"),
+    ("/chat/completions", {"min_p": 0.1}, "min_p"),
     ("/chat/completions", {"guided_json": {"type": "object"}}, "guided_json"),
 ])
 def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(served, path, body, param):
-    """An OpenAI parameter that would change the output and that specpool does not implement (penalties,
-    logit_bias, best_of, suffix, structured output, tools, audio, reasoning, ...) is a 400 naming it and the
+    """An OpenAI parameter that would change the output and that specpool does not implement (logit_bias, best_of, suffix, structured output, tools, audio, reasoning, ...) is a 400 naming it and the
     value it takes, not silently ignored (a boolean is not 0, a float not n); the server keeps serving."""
     error = assert_refused_naming(served, path, body, param)
     assert error["message"].startswith(f"{param}: not supported by specpool (only ")
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/completions", {"frequency_penalty": 2.5}, "frequency_penalty"),
+    ("/completions", {"frequency_penalty": False}, "frequency_penalty"),
+    ("/chat/completions", {"presence_penalty": -3}, "presence_penalty"),
+    ("/chat/completions", {"presence_penalty": "0.5"}, "presence_penalty"),
+    ("/completions", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("/chat/completions", {"repetition_penalty": -1.2}, "repetition_penalty"),
+])
+def test_penalties_out_of_range_or_of_another_type_are_refused_naming_them(served, path, body, param):
+    """frequency_penalty and presence_penalty in OpenAI's [-2, 2], repetition_penalty > 0, each a JSON number."""
+    assert_refused_naming(served, path, body, param)
+
+
+def test_sdk_completion_with_penalties_matches_the_target_alone_with_them(served, target):
+    """OpenAI's penalties (SDK parameters) and vLLM's repetition_penalty (in the body), greedy at K = 3 through the
+    whole stack, give the target alone's greedy output with the same penalties, and the gRPC request's."""
+    model, tokenizer = target
+    penalties = dict(frequency=0.5, presence=0.25, repetition=1.25)
+    prompt_ids = tokenizer(PROMPT).input_ids
+    tokens = penalized_reference.greedy(model, prompt_ids, 24, **penalties)
+    assert tokens != penalized_reference.greedy(model, prompt_ids, 24)
+    answer = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=24, temperature=0,
+                                              frequency_penalty=0.5, presence_penalty=0.25,
+                                              extra_body={"repetition_penalty": 1.25, "speculation": {"k": 3}})
+    grpc_request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=24)
+    grpc_request.sampling.frequency_penalty, grpc_request.sampling.presence_penalty = 0.5, 0.25
+    grpc_request.sampling.repetition_penalty = 1.25
+    grpc_request.speculation.k = 3
+    assert answer.choices[0].text == tokenizer.decode(tokens, skip_special_tokens=True) \
+        == served.stub.Generate(grpc_request).text
 
 
 def served_choices(served, path: str, extra: dict) -> tuple[list, dict]:

@@ -104,7 +104,7 @@ class ProposeResponse(_message.Message):
     def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., branch_drafts: _Optional[_Iterable[_Union[BranchDrafts, _Mapping]]] = ..., third_choice_token_ids: _Optional[_Iterable[int]] = ..., prefix_cache: _Optional[_Union[_generation_pb2.PrefixCacheStats, _Mapping]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs", "decode_steps", "stop_token_ids", "lookup", "answer_delay_us", "staged", "handoff_id")
+    __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs", "decode_steps", "stop_token_ids", "lookup", "answer_delay_us", "staged", "handoff_id", "prompt_length")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class VerifyRequest(_message.Message):
     ANSWER_DELAY_US_FIELD_NUMBER: _ClassVar[int]
     STAGED_FIELD_NUMBER: _ClassVar[int]
     HANDOFF_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     position: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -135,7 +136,8 @@ class VerifyRequest(_message.Message):
     answer_delay_us: int
     staged: StagedRound
     handoff_id: int
-    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., decode_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., lookup: _Optional[_Union[PromptLookup, _Mapping]] = ..., answer_delay_us: _Optional[int] = ..., staged: _Optional[_Union[StagedRound, _Mapping]] = ..., handoff_id: _Optional[int] = ...) -> None: ...
+    prompt_length: int
+    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., decode_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., lookup: _Optional[_Union[PromptLookup, _Mapping]] = ..., answer_delay_us: _Optional[int] = ..., staged: _Optional[_Union[StagedRound, _Mapping]] = ..., handoff_id: _Optional[int] = ..., prompt_length: _Optional[int] = ...) -> None: ...
 
 class DraftHandoff(_message.Message):
     __slots__ = ("session_id", "handoff_id", "draft_token_ids", "draft_hidden_states", "from_router")

@@ -1,0 +1,47 @@
+"""Repetition, frequency and presence penalties on the target's logits, position by position.
+
+A verify pass has the target's logits at K + 1 positions: row j predicts the token after the committed tokens and
+drafts 0..j-1. Each row is penalized for its own prefix, so a draft accepted at j counts at every row after it,
+exactly as plain decoding would have counted it once committed. p is then a function of the prefix alone, and
+rejection sampling stays exact; the draft proposes without penalties (q is whatever the draft sampled from, and
+the target recomputes q without them too), which costs acceptance only where the penalties change the argmax.
+
+    logits = penalize(logits, session.tokens, start, sampling)   # before greedy_match / logits_to_probs
+
+Order and meaning as in vLLM: the repetition penalty (transformers' RepetitionPenaltyLogitsProcessor) on tokens of
+the prompt or the output, then OpenAI's frequency and presence penalties on tokens of the output.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.sampling import Sampling
+
+
+def output_counts(tokens: list[int], start: int, k: int, prompt_length: int, vocab: int,
+                  device) -> torch.Tensor:  # [K + 1, vocab]
+    """Row j: how often each token occurs in the output before position start + j (tokens[prompt_length:start]
+    and the drafts tokens[start:start + j])."""
+    committed = torch.tensor(tokens[min(prompt_length, start):start], dtype=torch.long, device=device)
+    counts = torch.bincount(committed, minlength=vocab).float().expand(k + 1, vocab).clone()   # [K + 1, vocab]
+    if k:
+        drafts = torch.tensor(tokens[start:start + k], dtype=torch.long, device=device)
+        counts[1:] += torch.nn.functional.one_hot(drafts, vocab).float().cumsum(0)
+    return counts
+
+
+def penalize(logits: torch.Tensor,  # [K + 1, vocab], row j predicting position start + j
+             tokens: list[int],     # the prompt, the committed output, then the K drafts
+             start: int,            # the position row 0 predicts (the first draft's)
+             sampling: Sampling) -> torch.Tensor:  # [K + 1, vocab], float32
+    """The logits with the request's penalties applied, each row for its own prefix; unpenalized ones as they are."""
+    if not sampling.penalized:
+        return logits
+    logits, (rows, vocab) = logits.float(), logits.shape
+    counts = output_counts(tokens, start, rows - 1, sampling.prompt_length, vocab, logits.device)
+    if sampling.repetition_penalty != 1.0:
+        prompt = torch.tensor(tokens[:min(sampling.prompt_length, start)], dtype=torch.long, device=logits.device)
+        seen = (counts > 0) | (torch.bincount(prompt, minlength=vocab) > 0)                       # [K + 1, vocab]
+        scaled = torch.where(logits > 0, logits / sampling.repetition_penalty, logits * sampling.repetition_penalty)
+        logits = torch.where(seen, scaled, logits)
+    return logits - sampling.frequency_penalty * counts - sampling.presence_penalty * (counts > 0).float()

@@ -1,0 +1,52 @@
+"""The target alone with penalties, written independently of engine/penalties.py: one token at a time, each logit
+penalized by a plain count of the context, as vLLM's and transformers' docs define the penalties."""
+from __future__ import annotations
+
+import collections
+
+import torch
+
+
+def penalized_row(logits: torch.Tensor, context: list[int], prompt_length: int, frequency: float = 0.0,
+                  presence: float = 0.0, repetition: float = 1.0) -> torch.Tensor:   # [vocab] float32
+    """One position's logits after the penalties, for the tokens before it (`context`, the prompt first)."""
+    row = logits.float().clone()
+    output = collections.Counter(context[prompt_length:])
+    for token in set(context):
+        if repetition != 1.0:
+            row[token] = row[token] / repetition if row[token] > 0 else row[token] * repetition
+        if output[token]:
+            row[token] = row[token] - frequency * output[token] - presence
+    return row
+
+
+def greedy(model, prompt: list[int], max_new: int, **penalties) -> list[int]:
+    """Greedy decoding of `model` alone with the penalties, stopping after its EOS token."""
+    from transformers import DynamicCache
+    tokens, cache, fed = list(prompt), DynamicCache(config=model.config), 0
+    eos = model.generation_config.eos_token_id
+    with torch.no_grad():
+        while len(tokens) - len(prompt) < max_new and (len(tokens) == len(prompt) or tokens[-1] != eos):
+            logits = model(torch.tensor([tokens[fed:]]), past_key_values=cache, use_cache=True).logits[0, -1]
+            fed = len(tokens)
+            tokens.append(int(penalized_row(logits, tokens, len(prompt), **penalties).argmax()))
+    return tokens[len(prompt):]
+
+
+def first_two_joint(model, prompt: list[int], **penalties) -> dict:
+    """P(t0, t1) of `model` alone at temperature 1 with the penalties, as {(t0, t1): p}; (eos, None) when t0 is
+    EOS."""
+    eos = model.generation_config.eos_token_id
+
+    def probs(context: list[int]) -> torch.Tensor:
+        logits = model(torch.tensor([context])).logits[0, -1]
+        return torch.softmax(penalized_row(logits, context, len(prompt), **penalties).double(), -1)
+    with torch.no_grad():
+        p0, joint = probs(prompt), {}
+        for t0 in range(p0.shape[0]):
+            if t0 == eos:
+                joint[(t0, None)] = float(p0[t0])
+                continue
+            p1 = probs(prompt + [t0])
+            joint.update({(t0, t1): float(p0[t0] * p1[t1]) for t1 in range(p1.shape[0])})
+    return joint

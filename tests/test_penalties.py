@@ -1,0 +1,105 @@
+"""Repetition, frequency and presence penalties (engine/penalties.py): each row of a verify pass is penalized for
+its own prefix, drafts before it included, so speculation stays exact with them: greedy output is the target
+alone's with the same penalties at every K, and sampled tokens follow the target alone's penalized distribution
+in both draft modes. The reference (tests/penalized_reference.py) counts tokens one position at a time."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.penalties import penalize
+from engine.sampling import Sampling
+from protos.specpool.v1 import generation_pb2, worker_pb2
+from tests import penalized_reference
+from tests.distribution import chi_square_p_value
+from tests.engine_rounds import run_rounds
+
+# dyadic values, so that the reference's per-token arithmetic rounds exactly as the engine's vectorized one
+PENALTIES = {"repetition": dict(repetition=1.5), "frequency": dict(frequency=0.5), "presence": dict(presence=1.25),
+             "all three": dict(frequency=0.5, presence=0.25, repetition=1.25)}
+
+
+def sampling(prompt_length: int = 0, frequency: float = 0.0, presence: float = 0.0, repetition: float = 1.0,
+             **fields) -> Sampling:
+    return Sampling(frequency_penalty=frequency, presence_penalty=presence, repetition_penalty=repetition,
+                    prompt_length=prompt_length, **fields)
+
+
+def sampling_params(temperature: float = 0.0, seed: int = 0, frequency: float = 0.0, presence: float = 0.0,
+                    repetition: float = 1.0) -> generation_pb2.SamplingParams:
+    return generation_pb2.SamplingParams(temperature=temperature, top_p=1.0, seed=seed, frequency_penalty=frequency,
+                                         presence_penalty=presence, repetition_penalty=repetition)
+
+
+@pytest.mark.parametrize("output", [0, 6], ids=["first-round", "mid-output"])
+@pytest.mark.parametrize("name", list(PENALTIES))
+def test_each_row_is_penalized_for_its_own_prefix_drafts_included(name, output):
+    """Row j predicts the token after the committed tokens and drafts 0..j-1: it counts those drafts as output,
+    and the prompt's tokens only for the repetition penalty."""
+    gen, vocab, prompt_length, k = torch.Generator().manual_seed(1), 11, 5, 4
+    tokens = torch.randint(0, vocab, (prompt_length + output + k,), generator=gen).tolist()
+    start, logits = len(tokens) - k, 3 * torch.randn(k + 1, vocab, generator=gen)
+    got = penalize(logits, tokens, start, sampling(prompt_length, **PENALTIES[name]))
+    for j in range(k + 1):
+        expected = penalized_reference.penalized_row(logits[j], tokens[:start + j], prompt_length, **PENALTIES[name])
+        torch.testing.assert_close(got[j], expected, rtol=0, atol=0)
+    assert not torch.equal(got, logits)
+
+
+def test_a_request_without_penalties_gets_its_logits_untouched():
+    logits = torch.randn(3, 7)
+    assert penalize(logits, [1, 2, 3, 4], 2, sampling(prompt_length=1)) is logits
+
+
+@pytest.fixture(scope="module")
+def byte_engines(byte_pair):
+    from transformers import AutoModelForCausalLM
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+    draft, target = byte_pair
+    return DraftEngine(draft), TargetEngine(target, draft), AutoModelForCausalLM.from_pretrained(target).eval()
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+@pytest.mark.parametrize("name", list(PENALTIES))
+def test_greedy_rounds_match_the_target_alone_with_the_same_penalties(byte_engines, name, k):
+    draft, target, model = byte_engines
+    prompt, penalties = list(b"def fib(n): return fib(n - 1) + fib("), PENALTIES[name]
+    expected = penalized_reference.greedy(model, prompt, 24, **penalties)
+    assert expected != penalized_reference.greedy(model, prompt, 24)        # the penalties change this output
+    tokens = run_rounds(draft, target, prompt, k, 24, sampling_params(**penalties), worker_pb2.DRAFT_MODE_GREEDY)
+    assert tokens[:len(expected)] == expected
+
+
+PROMPT, SAMPLES = [0, 1, 2, 3], 2000
+STRONG = dict(frequency=1.0, presence=0.5, repetition=1.5)
+
+
+@pytest.fixture(scope="module")
+def tiny_engines(tiny_pair):
+    from transformers import AutoModelForCausalLM
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+    draft, target = tiny_pair
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    return DraftEngine(draft), TargetEngine(target, draft), model
+
+
+@pytest.mark.parametrize("mode", [worker_pb2.DRAFT_MODE_SAMPLED, worker_pb2.DRAFT_MODE_GREEDY],
+                         ids=["sampled-draft", "greedy-draft"])
+def test_sampled_tokens_follow_the_target_alones_penalized_distribution(tiny_engines, mode):
+    """K = 2 drafts the first two tokens in one round, so the second is decided on a row penalized for the first
+    draft; over SAMPLES seeds (t0, t1) follows the target alone's penalized joint, which differs from the plain
+    one by far more than the test can miss."""
+    draft, target, model = tiny_engines
+    exact = penalized_reference.first_two_joint(model, PROMPT, **STRONG)
+    plain = penalized_reference.first_two_joint(model, PROMPT)
+    assert sum(abs(exact[cell] - plain[cell]) for cell in exact) > 0.2
+    outcomes, eos = [], model.generation_config.eos_token_id
+    for seed in range(SAMPLES):
+        tokens = run_rounds(draft, target, PROMPT, 2, 2, sampling_params(1.0, seed, **STRONG), mode)
+        outcomes.append((tokens[0], None if tokens[0] == eos else tokens[1]))
+    cells = sorted(exact, key=lambda c: (c[0], -1 if c[1] is None else c[1]))
+    counts = [outcomes.count(cell) for cell in cells]
+    assert sum(counts) == SAMPLES
+    assert chi_square_p_value(counts, [exact[c] for c in cells]) > 1e-4
