@@ -4,13 +4,13 @@ from protos.specpool.v1 import worker_pb2
 
 
 def run_rounds(draft, target, prompt, k, max_new, sampling, mode):
-    """The router's loop in miniature: sync positions, propose, verify, commit."""
+    """The router's loop in miniature: sync positions, propose (not at K = 0, plain decoding), verify, commit."""
     tokens, draft_synced, target_synced = list(prompt), 0, 0
     while len(tokens) - len(prompt) < max_new:
         before = len(tokens)
         proposal = draft.propose(worker_pb2.ProposeRequest(
             session_id=1, position=draft_synced, new_token_ids=tokens[draft_synced:], k=k,
-            sampling=sampling if draft_synced == 0 else None, mode=mode))
+            sampling=sampling if draft_synced == 0 else None, mode=mode)) if k else worker_pb2.ProposeResponse()
         drafts = list(proposal.draft_token_ids)
         verdict = target.verify(worker_pb2.VerifyRequest(
             session_id=1, position=target_synced, new_token_ids=tokens[target_synced:], draft_token_ids=drafts,
