@@ -2,7 +2,8 @@
 
 Greedy mode proposes the draft's argmax (q is one-hot, only token IDs travel). Sampled mode
 samples each draft from q = logits_to_probs(lm_head(h)) with the request's sampling transform and
-returns the final hidden states h, from which the target recomputes exactly the same q.
+returns the final hidden states h, from which the target recomputes exactly the same q. Both apply the request's
+penalties first (engine/penalties.py), for the row's own context, as the target does to p.
 
 Calls that arrive together are batched: step j of every request's K steps runs as one forward
 (a request with a smaller K leaves the batch after its last step). A pre-draft's rejection branches
@@ -21,6 +22,7 @@ from typing import NamedTuple
 
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
 from engine.modeling import RaggedBatch, batchable, fork_session, load_model
+from engine.penalties import penalize
 from engine.prefill_chunks import chunk_ends, prefilled
 from engine.prefix_cache import PrefixCache, lookup_stats
 from engine.sampling import STREAM_DRAFT, generator, logits_to_probs, sample
@@ -36,6 +38,7 @@ class DraftRow(NamedTuple):
     k: int                         # drafts to make
     start: int                     # context length at the first draft (its position, for the sampling stream)
     branch: bool = False
+    context: list | None = None    # the tokens before its first draft, for the penalties (None: none asked)
 
 
 @dataclass
@@ -72,6 +75,17 @@ def answer_rows(rows: list[DraftRow], drafted: list[Drafted], results: list) -> 
                 draft_token_ids=out.tokens, draft_hidden_states=out.hidden_bytes(), batch_size=size, **choices)
         elif isinstance(results[row.index], worker_pb2.ProposeResponse):
             results[row.index].branch_drafts.add(token_ids=out.tokens, hidden_states=out.hidden_bytes(), **choices)
+
+
+def penalized_row(row: DraftRow, out: Drafted, logits: torch.Tensor,   # [vocab]
+                  top3: list[int]) -> tuple[torch.Tensor, list[int]]:
+    """A row's logits at its next draft and their best three tokens, after the request's penalties for the row's
+    context and the drafts it made so far (as they are, for a request without penalties)."""
+    if row.context is None:
+        return logits, top3
+    tokens = row.context + out.tokens
+    logits = penalize(logits[None], tokens, len(tokens), row.session.sampling)[0]
+    return logits, logits.topk(min(3, logits.shape[-1])).indices.tolist()
 
 
 class DraftEngine:
@@ -116,7 +130,7 @@ class DraftEngine:
         ends = chunk_ends(group, requests, found, self.prefill_chunk)
         for i, session in group:
             session.tokens.extend(requests[i].new_token_ids[:ends.get(i)])
-            session.settled = len(session.tokens)          # the draft keeps no drafts in `tokens`
+            session.settled = len(session.tokens)          # what the router sent: its drafts follow in `tokens`
         if ends:
             self._prefill([(i, session) for i, session in group if i in ends], requests, results, found, ends)
         rows = [row for i, session in group if i not in ends
@@ -146,14 +160,16 @@ class DraftEngine:
         """The request's own row, then one per pre-draft branch (a fork of the session's cache at the branch
         point; none for a model whose cache cannot be forked, which answers each branch with no drafts). The
         session holds the first `skip` new tokens already (from the prefix cache)."""
-        new = list(request.new_token_ids)[skip:]
-        rows = [DraftRow(index, session, request, new, request.k, session.length + len(new))]
+        new, penalized = list(request.new_token_ids)[skip:], session.sampling.penalized
+        rows = [DraftRow(index, session, request, new, request.k, session.length + len(new),
+                         context=session.tokens if penalized else None)]
         for b in request.branches if self.batched else ():
             if not 0 < b.at <= session.length + len(new):
                 raise ValueError(f"branches.at: {b.at} is past the context ({session.length + len(new)} tokens)")
             held = min(b.at, session.length)
             rows.append(DraftRow(index, fork_session(self.model, session, held), request,
-                                 new[:b.at - held] + [b.token_id], request.k - 1, b.at + 1, branch=True))
+                                 new[:b.at - held] + [b.token_id], request.k - 1, b.at + 1, branch=True,
+                                 context=session.tokens[:b.at] + [b.token_id] if penalized else None))
         return rows
 
     def _remember(self, group: list, found: dict, requests: list, results: list) -> None:
@@ -182,13 +198,17 @@ class DraftEngine:
             top3 = logits.topk(min(3, logits.shape[-1]), dim=-1).indices.tolist()   # [B, 3]: argmax, runner-up, third
             for r, (row, out) in enumerate(zip(rows, drafted)):
                 if j < ks[r]:
-                    out.add(self._draft_token(row.session, row.request.mode, logits[r], row.start + j, out.hiddens,
-                                              last[r], top3[r][0]), top3[r])
+                    row_logits, row_top3 = penalized_row(row, out, logits[r], top3[r])
+                    out.add(self._draft_token(row.session, row.request.mode, row_logits, row.start + j, out.hiddens,
+                                              last[r], row_top3[0]), row_top3)
             ks = [len(out.tokens) if gone(row.index) else k for row, out, k in zip(rows, drafted, ks)]
             inputs = [[out.tokens[-1]] if j + 1 < k else [] for out, k in zip(drafted, ks)]
             self.stats.record(sum(1 for k in ks if k > j))
             j += 1
         batch.unpack()
+        for row, out in zip(rows, drafted):
+            if not row.branch:              # what its cache now holds: each draft but the last was fed to it
+                row.session.tokens.extend(out.tokens[:-1])
         answer_rows(rows, drafted, results)
 
     @staticmethod

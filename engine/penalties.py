@@ -1,10 +1,11 @@
-"""Repetition, frequency and presence penalties on the target's logits, position by position.
+"""Repetition, frequency and presence penalties on the target's and the draft's logits, position by position.
 
 A verify pass has the target's logits at K + 1 positions: row j predicts the token after the committed tokens and
 drafts 0..j-1. Each row is penalized for its own prefix, so a draft accepted at j counts at every row after it,
 exactly as plain decoding would have counted it once committed. p is then a function of the prefix alone, and
-rejection sampling stays exact; the draft proposes without penalties (q is whatever the draft sampled from, and
-the target recomputes q without them too), which costs acceptance only where the penalties change the argmax.
+rejection sampling stays exact. The draft penalizes its own logits the same way, each draft for its context and
+the drafts before it (draft_worker/proposer.py), so that it proposes what the penalized target would; in sampled
+mode the target recomputes that q from the draft's hidden states with the same function.
 
     logits = penalize(logits, session.tokens, start, sampling)   # before greedy_match / logits_to_probs
 

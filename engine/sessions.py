@@ -145,10 +145,8 @@ def sampling_from_proto(params, prompt_length: int = 0) -> Sampling:
 
 
 def open_session(store: SessionStore, request) -> Session:
-    """Open the session a Propose/Verify request names (sampling, and a verify's prompt_length, travel only with
-    position 0)."""
-    sampling = sampling_from_proto(request.sampling, getattr(request, "prompt_length", 0)) \
-        if request.HasField("sampling") else None
+    """Open the session a Propose/Verify request names (sampling and prompt_length travel only with position 0)."""
+    sampling = sampling_from_proto(request.sampling, request.prompt_length) if request.HasField("sampling") else None
     return store.open(request.session_id, request.position, sampling)
 
 

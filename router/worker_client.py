@@ -418,21 +418,24 @@ class DraftClient(WorkerClient):
 
     async def propose(self, session_id: int, tokens: list[int], synced: int, k: int,
                       sampling: generation_pb2.SamplingParams, mode: int, timeout: float, runner_ups: bool = False,
-                      branches: list[tuple[int, int]] = (), hand_to: tuple[str, int] = ("", 0)):
+                      branches: list[tuple[int, int]] = (), hand_to: tuple[str, int] = ("", 0),
+                      prompt_length: int = 0):
         """k drafts after `tokens` (the worker holding `synced` of them); with `runner_ups`, each draft's
         runner-up; with `branches` [(context length, token)], also k - 1 drafts after each of those; with
         `hand_to` (target address, handoff id), the drafts also handed straight to that target."""
-        make = _request(worker_pb2.ProposeRequest, session_id, sampling, k=k, mode=mode, runner_ups=runner_ups,
+        make = _request(worker_pb2.ProposeRequest, session_id, sampling, prompt_length, k=k, mode=mode,
+                        runner_ups=runner_ups,
                         hand_to=hand_to[0], handoff_id=hand_to[1],
                         branches=[worker_pb2.BranchPoint(at=at, token_id=token) for at, token in branches])
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
     def propose_chained(self, session_id: int, tokens: list[int], synced: int, k: int,
                         sampling: generation_pb2.SamplingParams, mode: int, timeout: float,
-                        then: worker_pb2.ChainedPredraft, hand_to: tuple[str, int] = ("", 0)) -> AsyncIterator:
+                        then: worker_pb2.ChainedPredraft, hand_to: tuple[str, int] = ("", 0),
+                        prompt_length: int = 0) -> AsyncIterator:
         """propose (with runner-ups) with the next round's pre-draft chained to it (ProposeRequest.then): yields
         (response, wire_bytes) for the drafts, then for the pre-draft the worker starts right after them."""
-        make = _request(worker_pb2.ProposeRequest, session_id, sampling, k=k, mode=mode, runner_ups=True,
+        make = _request(worker_pb2.ProposeRequest, session_id, sampling, prompt_length, k=k, mode=mode, runner_ups=True,
                         hand_to=hand_to[0], handoff_id=hand_to[1], then=then)
         return synced_answers(self.stream.answers, make, tokens, synced, timeout)
 
@@ -488,15 +491,13 @@ class TargetClient(WorkerClient):
         return synced_answers(self.stream.answers, make, tokens, synced, timeout)
 
 
-def _request(request_type, session_id: int, sampling: generation_pb2.SamplingParams, prompt_length: int | None = None,
+def _request(request_type, session_id: int, sampling: generation_pb2.SamplingParams, prompt_length: int,
              **fields) -> Callable:
-    """make_request(position, new_tokens, start) for a draft or target call (sampling, and a verify's
-    prompt_length, only at session start)."""
+    """make_request(position, new_tokens, start) for a draft or target call (sampling and prompt_length only at
+    session start)."""
     def make(position: int, new: list[int], start: bool):
-        at_start = {"sampling": sampling} if prompt_length is None else {"sampling": sampling,
-                                                                         "prompt_length": prompt_length}
-        return request_type(session_id=session_id, position=position, new_token_ids=new,
-                            **(at_start if start else {}), **fields)
+        at_start = {"sampling": sampling, "prompt_length": prompt_length} if start else {}
+        return request_type(session_id=session_id, position=position, new_token_ids=new, **at_start, **fields)
     return make
 
 

@@ -19,13 +19,15 @@ from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sampl
 from engine.sessions import SessionStore, open_sessions
 
 
-def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, sampling: Sampling) -> torch.Tensor:
-    """q [K, vocab] recomputed from the draft's final hidden states (K x hidden, the head's dtype)."""
+def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, sampling: Sampling,
+                            tokens: list[int] | tuple = (), start: int = 0) -> torch.Tensor:
+    """q [K, vocab] recomputed from the draft's final hidden states (K x hidden, the head's dtype), the penalties
+    applied as the draft applied them: row j for `tokens` up to draft j (the K drafts from `start` on)."""
     weight = head.weight
     raw = torch.frombuffer(bytearray(hidden_bytes), dtype=torch.uint8)
     hidden = raw.view(weight.dtype).view(k, -1).to(weight.device)
     with torch.inference_mode():
-        return logits_to_probs(head(hidden), sampling)
+        return logits_to_probs(penalize(head(hidden), tokens, start, sampling), sampling)
 
 
 def own_drafts(request: worker_pb2.VerifyRequest, session) -> list[int]:
@@ -172,7 +174,7 @@ class TargetEngine:
             num_accepted, next_token = match_sample(draft_ids, target_probs, session.sampling.seed, start)
             return worker_pb2.VerifyResponse(num_accepted=num_accepted, next_token_id=next_token)
         draft_probs = draft_probs_from_hidden(self.draft_head, request.draft_hidden_states, len(drafts),
-                                              session.sampling)
+                                              session.sampling, session.tokens, start)
         num_accepted, next_token = rejection_sample(draft_ids, draft_probs.to(target_probs.device), target_probs,
                                                     session.sampling.seed, start)
         return worker_pb2.VerifyResponse(num_accepted=num_accepted, next_token_id=next_token)

@@ -10,7 +10,8 @@ def run_rounds(draft, target, prompt, k, max_new, sampling, mode):
         before = len(tokens)
         proposal = draft.propose(worker_pb2.ProposeRequest(
             session_id=1, position=draft_synced, new_token_ids=tokens[draft_synced:], k=k,
-            sampling=sampling if draft_synced == 0 else None, mode=mode)) if k else worker_pb2.ProposeResponse()
+            sampling=sampling if draft_synced == 0 else None, mode=mode,
+            prompt_length=len(prompt) if draft_synced == 0 else 0)) if k else worker_pb2.ProposeResponse()
         drafts = list(proposal.draft_token_ids)
         verdict = target.verify(worker_pb2.VerifyRequest(
             session_id=1, position=target_synced, new_token_ids=tokens[target_synced:], draft_token_ids=drafts,

@@ -149,7 +149,7 @@ class Target(FakeWorker):
         super().__init__()
         self.hidden_seen = []
 
-    async def verify(self, session_id, tokens, synced, drafts, hidden, sampling, timeout):
+    async def verify(self, session_id, tokens, synced, drafts, hidden, sampling, timeout, **_):
         context = self.sync(session_id, tokens, synced)
         self.hidden_seen.append(bool(hidden))
         accepted = 0

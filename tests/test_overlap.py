@@ -104,7 +104,7 @@ class FakeDraft(FakeWorker):
         self.die_on_call, self.cancelled, self.branches, self.chained = die_on_call, 0, [], 0
 
     async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=(),
-                      hand_to=("", 0)):
+                      hand_to=("", 0), **_):
         if self.calls + 1 == self.die_on_call:
             self.calls += 1
             await asyncio.sleep(0.01)       # still pending when the verdict comes back, then the worker dies
@@ -124,7 +124,8 @@ class FakeDraft(FakeWorker):
             branch_drafts=[worker_pb2.BranchDrafts(token_ids=d, runner_up_token_ids=r if runner_ups else [])
                            for d, r in forks]), 0
 
-    async def propose_chained(self, session_id, tokens, synced, k, sampling, mode, timeout, then, hand_to=("", 0)):
+    async def propose_chained(self, session_id, tokens, synced, k, sampling, mode, timeout, then, hand_to=("", 0),
+                              **_):
         """The drafts, then the pre-draft the real worker chains to them (draft_worker.server.chained)."""
         drafts, _ = await self.propose(session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=True)
         drafts.more = True
@@ -141,7 +142,7 @@ class SecondGuessDraft(FakeDraft):
     others (second_guesses), both answered when asked."""
 
     async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=(),
-                      hand_to=("", 0)):
+                      hand_to=("", 0), **_):
         context = self.sync(session_id, tokens, synced)
         await asyncio.sleep(0.002)
         self.branches.append(len(branches))
@@ -172,7 +173,7 @@ class FakeTarget(FakeWorker):
     def stage_call(self, key: tuple[int, int]) -> asyncio.Event:
         return self.stage_calls.setdefault(key, asyncio.Event())
 
-    async def verify(self, session_id, tokens, synced, drafts, hidden, sampling, timeout):
+    async def verify(self, session_id, tokens, synced, drafts, hidden, sampling, timeout, **_):
         context = self.sync(session_id, tokens, synced)
         verdict = self.verdicts[(session_id, len(tokens))] = asyncio.get_running_loop().create_future()
         await asyncio.sleep(self.delay)

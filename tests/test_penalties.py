@@ -71,6 +71,27 @@ def test_greedy_rounds_match_the_target_alone_with_the_same_penalties(byte_engin
     assert tokens[:len(expected)] == expected
 
 
+def test_a_draft_that_is_the_target_has_every_draft_accepted_with_penalties_too(byte_pair):
+    """The draft penalizes its own logits for each draft's context as the target does: drafting with the target's
+    own model, every greedy draft is the penalized target's choice and is accepted."""
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+    target_path = byte_pair[1]
+    draft, target = DraftEngine(target_path), TargetEngine(target_path, target_path)
+    prompt, params = list(b"def fib(n): return fib(n - 1) + fib("), sampling_params(**PENALTIES["all three"])
+    tokens, accepted = list(prompt), 0
+    for _ in range(6):
+        drafts = list(draft.propose(worker_pb2.ProposeRequest(
+            session_id=1, position=0, new_token_ids=tokens, k=4, sampling=params, prompt_length=len(prompt),
+            mode=worker_pb2.DRAFT_MODE_GREEDY)).draft_token_ids)
+        verdict = target.verify(worker_pb2.VerifyRequest(session_id=1, position=0, new_token_ids=tokens,
+                                                         draft_token_ids=drafts, sampling=params,
+                                                         prompt_length=len(prompt)))
+        accepted += verdict.num_accepted
+        tokens += drafts[:verdict.num_accepted] + [verdict.next_token_id]
+    assert accepted == 6 * 4
+
+
 PROMPT, SAMPLES = [0, 1, 2, 3], 2000
 STRONG = dict(frequency=1.0, presence=0.5, repetition=1.5)
 

@@ -14,6 +14,7 @@ from engine.prefix_cache import PrefixCache
 from engine.sampling import Sampling
 from engine.sessions import Session
 from protos.specpool.v1 import generation_pb2, worker_pb2
+from tests.engine_rounds import run_rounds
 
 BLOCK = 16
 SHARED = [(7 * i + 3) % 250 for i in range(40)]      # 2 full blocks and 8 tokens
@@ -191,6 +192,28 @@ def test_the_next_turn_of_a_chat_finds_the_last_turns_prompt_and_answer(byte_pai
         answered = sum(a[1] + 1 for a in cached[3 * (number - 1):3 * number])   # the last turn's committed tokens
         history += answered
         # the target holds all but the last token each turn committed; the draft, the context of its last call
+        # (accepted drafts it had cached included: it knows which tokens its cache holds)
+        last = cached[3 * number - 1]
         assert first[4] == (history - 1) // BLOCK * BLOCK, (number, first, history)
-        assert first[3] >= (history - answered) // BLOCK * BLOCK
+        assert first[3] == (history - last[1] - 1) // BLOCK * BLOCK, (number, first, history)
         history += len(turn)
+
+
+def test_a_draft_session_knows_the_tokens_its_cache_holds_and_releases_them_accepted_drafts_included(byte_pair):
+    """The draft caches each draft but its last; a round that accepts them leaves them in its cache for the next
+    call, whose context starts past them. Its session's tokens follow the cache, so the context of its last call
+    (penalties count it) is what its release puts in the prefix cache, and the next turn finds all of it."""
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+    target_path = byte_pair[1]          # drafting with the target's own model: every greedy draft is accepted
+    draft = DraftEngine(target_path, prefix_cache_tokens=1024)
+    params = generation_pb2.SamplingParams(top_p=1.0)
+    prompt = SHARED[:30]
+    output = run_rounds(draft, TargetEngine(target_path, target_path), prompt, 4, 30, params,
+                        worker_pb2.DRAFT_MODE_GREEDY)
+    session = draft.sessions._sessions[1]
+    context = prompt + output
+    assert session.tokens == context[:session.length] and session.settled > len(prompt) + BLOCK
+    draft.release(1)
+    again = draft.propose(worker_pb2.ProposeRequest(session_id=2, new_token_ids=context, k=1, sampling=params))
+    assert again.prefix_cache.found == session.settled // BLOCK * BLOCK

@@ -26,7 +26,7 @@ class AlwaysDownTarget:
         self.calls = self.recoveries = 0
         self.last_error = None
 
-    async def verify(self, *args):
+    async def verify(self, *args, **_):
         self.calls += 1
         await asyncio.sleep(0.01)
         raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down")

@@ -25,49 +25,49 @@ _sym_db = _symbol_database.Default()
 from protos.specpool.v1 import generation_pb2 as protos_dot_specpool_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/specpool/v1/worker.proto\x12\x0bspecpool.v1\x1a#protos/specpool/v1/generation.proto\"\xdf\x02\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\x05\x12\t\n\x01k\x18\x04 \x01(\r\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.specpool.v1.SamplingParams\x12$\n\x04mode\x18\x06 \x01(\x0e\x32\x16.specpool.v1.DraftMode\x12\x0f\n\x07\x63\x61ll_id\x18\x07 \x01(\x04\x12\x0e\n\x06\x63\x61ncel\x18\x08 \x01(\x08\x12\x12\n\nrunner_ups\x18\t \x01(\x08\x12*\n\x08\x62ranches\x18\n \x03(\x0b\x32\x18.specpool.v1.BranchPoint\x12\x0f\n\x07hand_to\x18\x0b \x01(\t\x12\x12\n\nhandoff_id\x18\x0c \x01(\x04\x12*\n\x04then\x18\r \x01(\x0b\x32\x1c.specpool.v1.ChainedPredraft\"D\n\x0f\x43hainedPredraft\x12\t\n\x01k\x18\x01 \x01(\r\x12\x11\n\tbranch_at\x18\x02 \x03(\r\x12\x13\n\x0b\x62ranch_rank\x18\x03 \x03(\r\"+\n\x0b\x42ranchPoint\x12\n\n\x02\x61t\x18\x01 \x01(\r\x12\x10\n\x08token_id\x18\x02 \x01(\x05\"u\n\x0c\x42ranchDrafts\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rhidden_states\x18\x02 \x01(\x0c\x12\x1b\n\x13runner_up_token_ids\x18\x03 \x03(\x05\x12\x1e\n\x16third_choice_token_ids\x18\x04 \x03(\x05\"\xef\x02\n\x0fProposeResponse\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x02 \x01(\x0c\x12\x12\n\ncompute_us\x18\x03 \x01(\r\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12\x12\n\nhandler_us\x18\x05 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\x04\x12\'\n\x06status\x18\x07 \x01(\x0b\x32\x17.specpool.v1.CallStatus\x12\x1b\n\x13runner_up_token_ids\x18\x08 \x03(\x05\x12\x30\n\rbranch_drafts\x18\t \x03(\x0b\x32\x19.specpool.v1.BranchDrafts\x12\x1e\n\x16third_choice_token_ids\x18\n \x03(\x05\x12\x33\n\x0cprefix_cache\x18\x0b \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x0c\n\x04more\x18\x0c \x01(\x08\"\xc5\x03\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x04 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x05 \x01(\x0c\x12-\n\x08sampling\x18\x06 \x01(\x0b\x32\x1b.specpool.v1.SamplingParams\x12\x0f\n\x07\x63\x61ll_id\x18\x07 \x01(\x04\x12\x0e\n\x06\x63\x61ncel\x18\x08 \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\n \x01(\rH\x00\x88\x01\x01\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\x0b \x01(\r\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12)\n\x06lookup\x18\r \x01(\x0b\x32\x19.specpool.v1.PromptLookup\x12\x17\n\x0f\x61nswer_delay_us\x18\x0e \x01(\r\x12(\n\x06staged\x18\x0f \x01(\x0b\x32\x18.specpool.v1.StagedRound\x12\x12\n\nhandoff_id\x18\x10 \x01(\x04\x12\x15\n\rprompt_length\x18\x11 \x01(\rB\x0f\n\r_top_logprobs\"\x81\x01\n\x0c\x44raftHandoff\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x12\n\nhandoff_id\x18\x02 \x01(\x04\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x04 \x01(\x0c\x12\x13\n\x0b\x66rom_router\x18\x05 \x01(\x08\"\x0c\n\nHandoffAck\"<\n\x0bStagedRound\x12-\n\ncandidates\x18\x01 \x03(\x0b\x32\x19.specpool.v1.StagedDrafts\"q\n\x0cStagedDrafts\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x04 \x01(\x0c\"\x85\x01\n\x0cPromptLookup\x12\r\n\x05min_n\x18\x01 \x01(\r\x12\r\n\x05max_n\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x13\n\x0b\x65nd_on_miss\x18\x04 \x01(\x08\x12\x11\n\tmin_match\x18\x05 \x01(\r\x12\x1b\n\x13max_tokens_by_match\x18\x06 \x03(\r\"\xdb\x03\n\x0eVerifyResponse\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x12\n\ncompute_us\x18\x03 \x01(\r\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\r\x12\x12\n\nhandler_us\x18\x07 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x08 \x01(\x04\x12\'\n\x06status\x18\t \x01(\x0b\x32\x17.specpool.v1.CallStatus\x12+\n\x08logprobs\x18\n \x03(\x0b\x32\x19.specpool.v1.TokenLogprob\x12\x0c\n\x04more\x18\x0b \x01(\x08\x12\x17\n\x0f\x64raft_token_ids\x18\x0c \x03(\x05\x12\x0e\n\x06missed\x18\r \x01(\x08\x12,\n\x07\x65\x61rlier\x18\x0e \x03(\x0b\x32\x1b.specpool.v1.VerifyResponse\x12\x33\n\x0cprefix_cache\x18\x0f \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x17\n\x0fhandoff_wait_us\x18\x10 \x01(\r\x12\x1b\n\x13handoff_from_router\x18\x11 \x01(\x08\"+\n\nCallStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\";\n\x0bVerifyBatch\x12,\n\x08requests\x18\x01 \x03(\x0b\x32\x1a.specpool.v1.VerifyRequest\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\"\x11\n\x0fReleaseResponse*:\n\tDraftMode\x12\x15\n\x11\x44RAFT_MODE_GREEDY\x10\x00\x12\x16\n\x12\x44RAFT_MODE_SAMPLED\x10\x01\x32\xe9\x01\n\x0b\x44raftWorker\x12\x44\n\x07Propose\x12\x1b.specpool.v1.ProposeRequest\x1a\x1c.specpool.v1.ProposeResponse\x12N\n\rProposeStream\x12\x1b.specpool.v1.ProposeRequest\x1a\x1c.specpool.v1.ProposeResponse(\x01\x30\x01\x12\x44\n\x07Release\x12\x1b.specpool.v1.ReleaseRequest\x1a\x1c.specpool.v1.ReleaseResponse2\xa8\x02\n\x0cTargetWorker\x12\x41\n\x06Verify\x12\x1a.specpool.v1.VerifyRequest\x1a\x1b.specpool.v1.VerifyResponse\x12K\n\x0cVerifyStream\x12\x1a.specpool.v1.VerifyRequest\x1a\x1b.specpool.v1.VerifyResponse(\x01\x30\x01\x12\x44\n\x07Release\x12\x1b.specpool.v1.ReleaseRequest\x1a\x1c.specpool.v1.ReleaseResponse\x12\x42\n\nHandDrafts\x12\x19.specpool.v1.DraftHandoff\x1a\x17.specpool.v1.HandoffAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/specpool/v1/worker.proto\x12\x0bspecpool.v1\x1a#protos/specpool/v1/generation.proto\"\xf6\x02\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\x05\x12\t\n\x01k\x18\x04 \x01(\r\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.specpool.v1.SamplingParams\x12$\n\x04mode\x18\x06 \x01(\x0e\x32\x16.specpool.v1.DraftMode\x12\x0f\n\x07\x63\x61ll_id\x18\x07 \x01(\x04\x12\x0e\n\x06\x63\x61ncel\x18\x08 \x01(\x08\x12\x12\n\nrunner_ups\x18\t \x01(\x08\x12*\n\x08\x62ranches\x18\n \x03(\x0b\x32\x18.specpool.v1.BranchPoint\x12\x0f\n\x07hand_to\x18\x0b \x01(\t\x12\x12\n\nhandoff_id\x18\x0c \x01(\x04\x12*\n\x04then\x18\r \x01(\x0b\x32\x1c.specpool.v1.ChainedPredraft\x12\x15\n\rprompt_length\x18\x0e \x01(\r\"D\n\x0f\x43hainedPredraft\x12\t\n\x01k\x18\x01 \x01(\r\x12\x11\n\tbranch_at\x18\x02 \x03(\r\x12\x13\n\x0b\x62ranch_rank\x18\x03 \x03(\r\"+\n\x0b\x42ranchPoint\x12\n\n\x02\x61t\x18\x01 \x01(\r\x12\x10\n\x08token_id\x18\x02 \x01(\x05\"u\n\x0c\x42ranchDrafts\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rhidden_states\x18\x02 \x01(\x0c\x12\x1b\n\x13runner_up_token_ids\x18\x03 \x03(\x05\x12\x1e\n\x16third_choice_token_ids\x18\x04 \x03(\x05\"\xef\x02\n\x0fProposeResponse\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x02 \x01(\x0c\x12\x12\n\ncompute_us\x18\x03 \x01(\r\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12\x12\n\nhandler_us\x18\x05 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\x04\x12\'\n\x06status\x18\x07 \x01(\x0b\x32\x17.specpool.v1.CallStatus\x12\x1b\n\x13runner_up_token_ids\x18\x08 \x03(\x05\x12\x30\n\rbranch_drafts\x18\t \x03(\x0b\x32\x19.specpool.v1.BranchDrafts\x12\x1e\n\x16third_choice_token_ids\x18\n \x03(\x05\x12\x33\n\x0cprefix_cache\x18\x0b \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x0c\n\x04more\x18\x0c \x01(\x08\"\xc5\x03\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x04 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x05 \x01(\x0c\x12-\n\x08sampling\x18\x06 \x01(\x0b\x32\x1b.specpool.v1.SamplingParams\x12\x0f\n\x07\x63\x61ll_id\x18\x07 \x01(\x04\x12\x0e\n\x06\x63\x61ncel\x18\x08 \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\n \x01(\rH\x00\x88\x01\x01\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\x0b \x01(\r\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12)\n\x06lookup\x18\r \x01(\x0b\x32\x19.specpool.v1.PromptLookup\x12\x17\n\x0f\x61nswer_delay_us\x18\x0e \x01(\r\x12(\n\x06staged\x18\x0f \x01(\x0b\x32\x18.specpool.v1.StagedRound\x12\x12\n\nhandoff_id\x18\x10 \x01(\x04\x12\x15\n\rprompt_length\x18\x11 \x01(\rB\x0f\n\r_top_logprobs\"\x81\x01\n\x0c\x44raftHandoff\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x12\n\nhandoff_id\x18\x02 \x01(\x04\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x04 \x01(\x0c\x12\x13\n\x0b\x66rom_router\x18\x05 \x01(\x08\"\x0c\n\nHandoffAck\"<\n\x0bStagedRound\x12-\n\ncandidates\x18\x01 \x03(\x0b\x32\x19.specpool.v1.StagedDrafts\"q\n\x0cStagedDrafts\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x04 \x01(\x0c\"\x85\x01\n\x0cPromptLookup\x12\r\n\x05min_n\x18\x01 \x01(\r\x12\r\n\x05max_n\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x13\n\x0b\x65nd_on_miss\x18\x04 \x01(\x08\x12\x11\n\tmin_match\x18\x05 \x01(\r\x12\x1b\n\x13max_tokens_by_match\x18\x06 \x03(\r\"\xdb\x03\n\x0eVerifyResponse\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x12\n\ncompute_us\x18\x03 \x01(\r\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\r\x12\x12\n\nhandler_us\x18\x07 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x08 \x01(\x04\x12\'\n\x06status\x18\t \x01(\x0b\x32\x17.specpool.v1.CallStatus\x12+\n\x08logprobs\x18\n \x03(\x0b\x32\x19.specpool.v1.TokenLogprob\x12\x0c\n\x04more\x18\x0b \x01(\x08\x12\x17\n\x0f\x64raft_token_ids\x18\x0c \x03(\x05\x12\x0e\n\x06missed\x18\r \x01(\x08\x12,\n\x07\x65\x61rlier\x18\x0e \x03(\x0b\x32\x1b.specpool.v1.VerifyResponse\x12\x33\n\x0cprefix_cache\x18\x0f \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x17\n\x0fhandoff_wait_us\x18\x10 \x01(\r\x12\x1b\n\x13handoff_from_router\x18\x11 \x01(\x08\"+\n\nCallStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\";\n\x0bVerifyBatch\x12,\n\x08requests\x18\x01 \x03(\x0b\x32\x1a.specpool.v1.VerifyRequest\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\"\x11\n\x0fReleaseResponse*:\n\tDraftMode\x12\x15\n\x11\x44RAFT_MODE_GREEDY\x10\x00\x12\x16\n\x12\x44RAFT_MODE_SAMPLED\x10\x01\x32\xe9\x01\n\x0b\x44raftWorker\x12\x44\n\x07Propose\x12\x1b.specpool.v1.ProposeRequest\x1a\x1c.specpool.v1.ProposeResponse\x12N\n\rProposeStream\x12\x1b.specpool.v1.ProposeRequest\x1a\x1c.specpool.v1.ProposeResponse(\x01\x30\x01\x12\x44\n\x07Release\x12\x1b.specpool.v1.ReleaseRequest\x1a\x1c.specpool.v1.ReleaseResponse2\xa8\x02\n\x0cTargetWorker\x12\x41\n\x06Verify\x12\x1a.specpool.v1.VerifyRequest\x1a\x1b.specpool.v1.VerifyResponse\x12K\n\x0cVerifyStream\x12\x1a.specpool.v1.VerifyRequest\x1a\x1b.specpool.v1.VerifyResponse(\x01\x30\x01\x12\x44\n\x07Release\x12\x1b.specpool.v1.ReleaseRequest\x1a\x1c.specpool.v1.ReleaseResponse\x12\x42\n\nHandDrafts\x12\x19.specpool.v1.DraftHandoff\x1a\x17.specpool.v1.HandoffAck(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.specpool.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAFTMODE']._serialized_start=2599
-  _globals['_DRAFTMODE']._serialized_end=2657
+  _globals['_DRAFTMODE']._serialized_start=2622
+  _globals['_DRAFTMODE']._serialized_end=2680
   _globals['_PROPOSEREQUEST']._serialized_start=86
-  _globals['_PROPOSEREQUEST']._serialized_end=437
-  _globals['_CHAINEDPREDRAFT']._serialized_start=439
-  _globals['_CHAINEDPREDRAFT']._serialized_end=507
-  _globals['_BRANCHPOINT']._serialized_start=509
-  _globals['_BRANCHPOINT']._serialized_end=552
-  _globals['_BRANCHDRAFTS']._serialized_start=554
-  _globals['_BRANCHDRAFTS']._serialized_end=671
-  _globals['_PROPOSERESPONSE']._serialized_start=674
-  _globals['_PROPOSERESPONSE']._serialized_end=1041
-  _globals['_VERIFYREQUEST']._serialized_start=1044
-  _globals['_VERIFYREQUEST']._serialized_end=1497
-  _globals['_DRAFTHANDOFF']._serialized_start=1500
-  _globals['_DRAFTHANDOFF']._serialized_end=1629
-  _globals['_HANDOFFACK']._serialized_start=1631
-  _globals['_HANDOFFACK']._serialized_end=1643
-  _globals['_STAGEDROUND']._serialized_start=1645
-  _globals['_STAGEDROUND']._serialized_end=1705
-  _globals['_STAGEDDRAFTS']._serialized_start=1707
-  _globals['_STAGEDDRAFTS']._serialized_end=1820
-  _globals['_PROMPTLOOKUP']._serialized_start=1823
-  _globals['_PROMPTLOOKUP']._serialized_end=1956
-  _globals['_VERIFYRESPONSE']._serialized_start=1959
-  _globals['_VERIFYRESPONSE']._serialized_end=2434
-  _globals['_CALLSTATUS']._serialized_start=2436
-  _globals['_CALLSTATUS']._serialized_end=2479
-  _globals['_VERIFYBATCH']._serialized_start=2481
-  _globals['_VERIFYBATCH']._serialized_end=2540
-  _globals['_RELEASEREQUEST']._serialized_start=2542
-  _globals['_RELEASEREQUEST']._serialized_end=2578
-  _globals['_RELEASERESPONSE']._serialized_start=2580
-  _globals['_RELEASERESPONSE']._serialized_end=2597
-  _globals['_DRAFTWORKER']._serialized_start=2660
-  _globals['_DRAFTWORKER']._serialized_end=2893
-  _globals['_TARGETWORKER']._serialized_start=2896
-  _globals['_TARGETWORKER']._serialized_end=3192
+  _globals['_PROPOSEREQUEST']._serialized_end=460
+  _globals['_CHAINEDPREDRAFT']._serialized_start=462
+  _globals['_CHAINEDPREDRAFT']._serialized_end=530
+  _globals['_BRANCHPOINT']._serialized_start=532
+  _globals['_BRANCHPOINT']._serialized_end=575
+  _globals['_BRANCHDRAFTS']._serialized_start=577
+  _globals['_BRANCHDRAFTS']._serialized_end=694
+  _globals['_PROPOSERESPONSE']._serialized_start=697
+  _globals['_PROPOSERESPONSE']._serialized_end=1064
+  _globals['_VERIFYREQUEST']._serialized_start=1067
+  _globals['_VERIFYREQUEST']._serialized_end=1520
+  _globals['_DRAFTHANDOFF']._serialized_start=1523
+  _globals['_DRAFTHANDOFF']._serialized_end=1652
+  _globals['_HANDOFFACK']._serialized_start=1654
+  _globals['_HANDOFFACK']._serialized_end=1666
+  _globals['_STAGEDROUND']._serialized_start=1668
+  _globals['_STAGEDROUND']._serialized_end=1728
+  _globals['_STAGEDDRAFTS']._serialized_start=1730
+  _globals['_STAGEDDRAFTS']._serialized_end=1843
+  _globals['_PROMPTLOOKUP']._serialized_start=1846
+  _globals['_PROMPTLOOKUP']._serialized_end=1979
+  _globals['_VERIFYRESPONSE']._serialized_start=1982
+  _globals['_VERIFYRESPONSE']._serialized_end=2457
+  _globals['_CALLSTATUS']._serialized_start=2459
+  _globals['_CALLSTATUS']._serialized_end=2502
+  _globals['_VERIFYBATCH']._serialized_start=2504
+  _globals['_VERIFYBATCH']._serialized_end=2563
+  _globals['_RELEASEREQUEST']._serialized_start=2565
+  _globals['_RELEASEREQUEST']._serialized_end=2601
+  _globals['_RELEASERESPONSE']._serialized_start=2603
+  _globals['_RELEASERESPONSE']._serialized_end=2620
+  _globals['_DRAFTWORKER']._serialized_start=2683
+  _globals['_DRAFTWORKER']._serialized_end=2916
+  _globals['_TARGETWORKER']._serialized_start=2919
+  _globals['_TARGETWORKER']._serialized_end=3215
 # @@protoc_insertion_point(module_scope)

@@ -16,7 +16,7 @@ DRAFT_MODE_GREEDY: DraftMode
 DRAFT_MODE_SAMPLED: DraftMode
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "position", "new_token_ids", "k", "sampling", "mode", "call_id", "cancel", "runner_ups", "branches", "hand_to", "handoff_id", "then")
+    __slots__ = ("session_id", "position", "new_token_ids", "k", "sampling", "mode", "call_id", "cancel", "runner_ups", "branches", "hand_to", "handoff_id", "then", "prompt_length")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class ProposeRequest(_message.Message):
     HAND_TO_FIELD_NUMBER: _ClassVar[int]
     HANDOFF_ID_FIELD_NUMBER: _ClassVar[int]
     THEN_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     position: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -43,7 +44,8 @@ class ProposeRequest(_message.Message):
     hand_to: str
     handoff_id: int
     then: ChainedPredraft
-    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[DraftMode, str]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., runner_ups: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[BranchPoint, _Mapping]]] = ..., hand_to: _Optional[str] = ..., handoff_id: _Optional[int] = ..., then: _Optional[_Union[ChainedPredraft, _Mapping]] = ...) -> None: ...
+    prompt_length: int
+    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[DraftMode, str]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., runner_ups: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[BranchPoint, _Mapping]]] = ..., hand_to: _Optional[str] = ..., handoff_id: _Optional[int] = ..., then: _Optional[_Union[ChainedPredraft, _Mapping]] = ..., prompt_length: _Optional[int] = ...) -> None: ...
 
 class ChainedPredraft(_message.Message):
     __slots__ = ("k", "branch_at", "branch_rank")
