@@ -162,9 +162,10 @@ REFUSED: dict[str, Any] = {
     "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "functions": [], "function_call": "none",
     "modalities": ["text"], "audio": None, "reasoning_effort": None, "verbosity": "medium",
     "web_search_options": None, "moderation": None,
-    # vLLM's and SGLang's own sampling extensions, which clients moving from them send (vLLM's serving benchmark
-    # sends ignore_eos): the same rule, so that no such request silently gets other output than it asked for
-    "min_p": 0, "min_tokens": 0, "ignore_eos": False, "use_beam_search": False,
+    # vLLM's and SGLang's own sampling extensions, which clients moving from them send (those specpool has,
+    # repetition_penalty and ignore_eos, are fields above): the same rule, so that no such request silently gets
+    # other output than it asked for
+    "min_p": 0, "min_tokens": 0, "use_beam_search": False,
     "length_penalty": 1, "include_stop_str_in_output": False, "bad_words": [], "allowed_token_ids": None,
     "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
     "structured_outputs": None, "logits_processors": None, "regex": None, "json_schema": None, "ebnf": None,
@@ -217,6 +218,7 @@ class SamplingFields(Body):
     frequency_penalty: Penalty = 0.0
     presence_penalty: Penalty = 0.0
     repetition_penalty: Optional[RepetitionPenalty] = None     # vLLM's, in the body
+    ignore_eos: Flag = False                                    # vLLM's: go on past EOS (benchmarks send it)
     stop: Optional[Stop] = None
     n: strict(int, ge=1, le=MAX_N) = 1
     stop_token_ids: Optional[list[StopTokenId]] = None
@@ -307,7 +309,7 @@ def completion_prompt(body: CompletionRequest) -> str | list[int]:
 def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: int | None,
                      logprobs: int | None) -> generation_pb2.GenerateRequest:
     """The GenerateRequest this body asks for (the router validates it, naming proto fields)."""
-    request = generation_pb2.GenerateRequest(max_new_tokens=max_tokens or 0,
+    request = generation_pb2.GenerateRequest(max_new_tokens=max_tokens or 0, ignore_eos=body.ignore_eos,
                                              stop=[body.stop] if isinstance(body.stop, str) else body.stop or [],
                                              stop_token_ids=body.stop_token_ids or [])
     if isinstance(prompt, str):

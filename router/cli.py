@@ -104,7 +104,8 @@ def port_overrides(port: int | None, http_port: int | None, admin_port: int | No
 
 
 def make_request(args) -> generation_pb2.GenerateRequest:
-    request = generation_pb2.GenerateRequest(prompt=args.prompt, max_new_tokens=args.max_new_tokens, stop=args.stop)
+    request = generation_pb2.GenerateRequest(prompt=args.prompt, max_new_tokens=args.max_new_tokens, stop=args.stop,
+                                             ignore_eos=args.ignore_eos)
     request.sampling.temperature = args.temperature
     request.sampling.top_k = args.top_k
     if args.top_p is not None:
@@ -343,6 +344,7 @@ def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int_in(0, UINT32), default=None, help="fix K for this request (0: no speculation)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--ignore-eos", action="store_true", help="go on past the model's EOS token")
 
 
 def read_prompt(parser: argparse.ArgumentParser, args) -> None:

@@ -26,6 +26,8 @@ class FakeTarget(worker_pb2_grpc.TargetWorkerServicer):
     def __init__(self):
         self.stalled = False
         self.memory_tokens: int | None = None
+        self.token = TOKEN                     # what every step answers
+        self.stop_token_ids: list[list[int]] = []   # each call's, as sent
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -47,11 +49,12 @@ class FakeTarget(worker_pb2_grpc.TargetWorkerServicer):
         if self.memory_tokens is not None and len(request.new_token_ids) > self.memory_tokens:
             import torch
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        self.stop_token_ids.append(list(request.stop_token_ids))
         for _ in range(max(request.decode_steps, 1) - 1):
             await self._step()
-            emit(worker_pb2.VerifyResponse(next_token_id=TOKEN, more=True))
+            emit(worker_pb2.VerifyResponse(next_token_id=self.token, more=True))
         await self._step()
-        return worker_pb2.VerifyResponse(next_token_id=TOKEN)
+        return worker_pb2.VerifyResponse(next_token_id=self.token)
 
     async def _step(self) -> None:
         await asyncio.sleep(STEP_S)

@@ -417,7 +417,7 @@ SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"t
     ("/chat/completions", {"verbosity": "high"}, "verbosity"),
     ("/chat/completions", {"web_search_options": {}}, "web_search_options"),
     ("/chat/completions", {"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
-    ("/completions", {"ignore_eos": True}, "ignore_eos"), ("/completions", {"min_tokens": 4}, "min_tokens"),
+    ("/completions", {"min_tokens": 4}, "min_tokens"),
     ("/chat/completions", {"min_p": 0.1}, "min_p"),
     ("/chat/completions", {"guided_json": {"type": "object"}}, "guided_json"),
 ])
@@ -439,6 +439,18 @@ def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(serve
 def test_penalties_out_of_range_or_of_another_type_are_refused_naming_them(served, path, body, param):
     """frequency_penalty and presence_penalty in OpenAI's [-2, 2], repetition_penalty > 0, each a JSON number."""
     assert_refused_naming(served, path, body, param)
+
+
+def test_ignore_eos_is_a_json_boolean_that_reaches_the_generate_request(served):
+    """vLLM's ignore_eos, which its serving benchmark sends: `true` or `false` only, passed on as
+    GenerateRequest.ignore_eos (what it does is tested over a fake target, tests/test_ignore_eos.py)."""
+    from openai_api.protocol import CompletionRequest, generate_request
+    assert_refused_naming(served, "/completions", {"ignore_eos": 1}, "ignore_eos")
+    body = CompletionRequest.model_validate({"model": "target", "prompt": PROMPT, "ignore_eos": True})
+    assert generate_request(body, PROMPT, 4, None).ignore_eos
+    answer = httpx.post(served.base_url + "/completions", json={"model": served.model, "prompt": PROMPT,
+                                                                 "max_tokens": 4, "ignore_eos": True})
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
 
 
 def test_sdk_completion_with_penalties_matches_the_target_alone_with_them(served, target):
