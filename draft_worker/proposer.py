@@ -179,7 +179,7 @@ class DraftEngine:
             if not isinstance(results[i], worker_pb2.ProposeResponse):
                 continue
             if requests[i].position == 0 or session.chunked:
-                self.prefixes.remember(session, session.tokens)
+                self.prefixes.remember(session, session.tokens[:session.settled])   # the context, not the drafts
                 session.chunked = False
             if requests[i].position == 0:
                 results[i].prefix_cache.CopyFrom(lookup_stats(requests[i].new_token_ids, found[i]))
