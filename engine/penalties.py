@@ -9,8 +9,9 @@ mode the target recomputes that q from the draft's hidden states with the same f
 
     logits = penalize(logits, session.tokens, start, sampling)   # before greedy_match / logits_to_probs
 
-Order and meaning as in vLLM: the repetition penalty (transformers' RepetitionPenaltyLogitsProcessor) on tokens of
-the prompt or the output, then OpenAI's frequency and presence penalties on tokens of the output.
+Order and meaning as in vLLM: OpenAI's logit bias, then the repetition penalty (transformers'
+RepetitionPenaltyLogitsProcessor) on tokens of the prompt or the output, then OpenAI's frequency and presence
+penalties on tokens of the output.
 """
 from __future__ import annotations
 
@@ -35,10 +36,16 @@ def penalize(logits: torch.Tensor,  # [K + 1, vocab], row j predicting position 
              tokens: list[int],     # the prompt, the committed output, then the K drafts
              start: int,            # the position row 0 predicts (the first draft's)
              sampling: Sampling) -> torch.Tensor:  # [K + 1, vocab], float32
-    """The logits with the request's penalties applied, each row for its own prefix; unpenalized ones as they are."""
+    """The logits with the request's logit bias and penalties applied, each row for its own prefix; a request with
+    neither gets them as they are."""
     if not sampling.penalized:
         return logits
     logits, (rows, vocab) = logits.float(), logits.shape
+    if sampling.logit_bias:
+        tokens_biased, biases = zip(*sampling.logit_bias)
+        bias = torch.zeros(vocab, device=logits.device)
+        bias[list(tokens_biased)] = torch.tensor(biases, device=logits.device)
+        logits = logits + bias
     counts = output_counts(tokens, start, rows - 1, sampling.prompt_length, vocab, logits.device)
     if sampling.repetition_penalty != 1.0:
         prompt = torch.tensor(tokens[:min(sampling.prompt_length, start)], dtype=torch.long, device=logits.device)

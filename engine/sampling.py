@@ -35,6 +35,7 @@ class Sampling:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: tuple = ()                 # (token, bias) pairs, added before the penalties
     prompt_length: int = 0
 
     @property
@@ -43,7 +44,9 @@ class Sampling:
 
     @property
     def penalized(self) -> bool:
-        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
+        """Whether engine/penalties.py changes the logits: a penalty or a logit bias."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
 
 def seed_for(seed: int, position: int, stream: int) -> int:

@@ -141,7 +141,7 @@ def sampling_from_proto(params, prompt_length: int = 0) -> Sampling:
                     top_k=params.top_k, seed=params.seed, frequency_penalty=params.frequency_penalty,
                     presence_penalty=params.presence_penalty,
                     repetition_penalty=params.repetition_penalty if params.HasField("repetition_penalty") else 1.0,
-                    prompt_length=prompt_length)
+                    logit_bias=tuple(sorted(params.logit_bias.items())), prompt_length=prompt_length)
 
 
 def open_session(store: SessionStore, request) -> Session:

@@ -76,6 +76,17 @@ Temperature, TopP = number(ge=0, le=2), number(gt=0, le=1)      # OpenAI's range
 Penalty, RepetitionPenalty = number(ge=-2, le=2), number(ge=0.01, le=100)  # OpenAI's range; the router's (validation)
 
 
+def _token_keys(bias: dict) -> dict:
+    """logit_bias's keys are token IDs, written as JSON strings ("50256")."""
+    for key in bias:
+        if not re.fullmatch(r"[0-9]{1,9}", key):
+            raise PydanticCustomError("token_id", "keys must be token IDs (got {key})", {"key": json.dumps(key)})
+    return bias
+
+
+LogitBias = Annotated[dict[str, number(ge=-100, le=100)], AfterValidator(_token_keys)]   # OpenAI's range
+
+
 def _no_echo(echo: bool) -> bool:
     if echo:
         raise PydanticCustomError("unsupported", "only false: specpool does not echo the prompt")
@@ -158,7 +169,7 @@ class SameAs:
 # do not change the output (user, metadata, store, service_tier, parallel_tool_calls, prediction: a latency
 # hint whose output is the model's own, prompt_cache_key, safety_identifier) are ignored, as any unknown key.
 REFUSED: dict[str, Any] = {
-    "logit_bias": {}, "best_of": SameAs("n"), "suffix": "",
+    "best_of": SameAs("n"), "suffix": "",
     "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "functions": [], "function_call": "none",
     "modalities": ["text"], "audio": None, "reasoning_effort": None, "verbosity": "medium",
     "web_search_options": None, "moderation": None,
@@ -219,6 +230,7 @@ class SamplingFields(Body):
     presence_penalty: Penalty = 0.0
     repetition_penalty: Optional[RepetitionPenalty] = None     # vLLM's, in the body
     ignore_eos: Flag = False                                    # vLLM's: go on past EOS (benchmarks send it)
+    logit_bias: Optional[LogitBias] = None
     stop: Optional[Stop] = None
     n: strict(int, ge=1, le=MAX_N) = 1
     stop_token_ids: Optional[list[StopTokenId]] = None
@@ -284,7 +296,7 @@ DEFAULT_CHAT_MAX_TOKENS = 256
 PARAMS = {"max_new_tokens": "max_tokens", "sampling.temperature": "temperature", "sampling.top_p": "top_p",
           "sampling.top_k": "top_k", "sampling.seed": "seed", "prompt_token_ids": "prompt",
           "sampling.frequency_penalty": "frequency_penalty", "sampling.presence_penalty": "presence_penalty",
-          "sampling.repetition_penalty": "repetition_penalty"}
+          "sampling.repetition_penalty": "repetition_penalty", "sampling.logit_bias": "logit_bias"}
 
 
 def http_error(exc: RequestError, params: dict[str, str]) -> ApiError:
@@ -325,6 +337,8 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
     request.sampling.presence_penalty = body.presence_penalty
     if body.repetition_penalty is not None:
         request.sampling.repetition_penalty = body.repetition_penalty
+    for token, bias in (body.logit_bias or {}).items():
+        request.sampling.logit_bias[int(token)] = bias
     if body.speculation is not None:
         request.speculation.disable = body.speculation.disable
         if body.speculation.k is not None:

@@ -11,6 +11,7 @@ MAX_REQUEST_ID_CHARS = 256
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
 MAX_TOP_LOGPROBS = 20
 MAX_PENALTY = 2.0         # frequency_penalty and presence_penalty: OpenAI's range
+MAX_LOGIT_BIAS = 100.0    # logit_bias values: OpenAI's range
 
 
 def _float32(value: float) -> float:
@@ -104,12 +105,22 @@ def validate(request: generation_pb2.GenerateRequest, prompt_ids: list[int], lim
     check_prompt(request, prompt_ids, limits)
     check_lengths(request, len(prompt_ids), limits)
     check_sampling(request.sampling)
+    check_logit_bias(request.sampling, limits.vocab_size)
     if request.speculation.HasField("k") and request.speculation.k > limits.k_max:
         raise RequestError("speculation.k", f"must be <= k_max={limits.k_max} (got {request.speculation.k})")
     check_token_ids("stop_token_ids", request.stop_token_ids, limits.vocab_size)
     check_outputs(request)
     if len(request.request_id) > MAX_REQUEST_ID_CHARS:
         raise RequestError("request_id", f"must be at most {MAX_REQUEST_ID_CHARS} characters")
+
+
+def check_logit_bias(sampling: generation_pb2.SamplingParams, vocab_size: int) -> None:
+    for token, bias in sorted(sampling.logit_bias.items()):
+        if not 0 <= token < vocab_size:
+            raise RequestError("sampling.logit_bias", f"token {token} is outside the vocabulary [0, {vocab_size})")
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise RequestError("sampling.logit_bias", f"token {token}: the bias must be in [-{MAX_LOGIT_BIAS:g}, "
+                               f"{MAX_LOGIT_BIAS:g}] (got {bias})")
 
 
 def check_outputs(request: generation_pb2.GenerateRequest) -> None:

@@ -8,9 +8,12 @@ import torch
 
 
 def penalized_row(logits: torch.Tensor, context: list[int], prompt_length: int, frequency: float = 0.0,
-                  presence: float = 0.0, repetition: float = 1.0) -> torch.Tensor:   # [vocab] float32
-    """One position's logits after the penalties, for the tokens before it (`context`, the prompt first)."""
+                  presence: float = 0.0, repetition: float = 1.0, bias: dict | None = None) -> torch.Tensor:
+    """One position's logits [vocab] after the logit bias and the penalties, for the tokens before it (`context`,
+    the prompt first)."""
     row = logits.float().clone()
+    for token, value in (bias or {}).items():
+        row[token] = row[token] + value
     output = collections.Counter(context[prompt_length:])
     for token in set(context):
         if repetition != 1.0:

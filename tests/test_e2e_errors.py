@@ -18,7 +18,10 @@ def request(**fields):
     speculation = fields.pop("speculation", {})
     req = generation_pb2.GenerateRequest(**{**VALID, **fields})
     for key, value in sampling.items():
-        setattr(req.sampling, key, value)
+        if isinstance(value, dict):
+            getattr(req.sampling, key).update(value)        # a map field: updated, never assigned
+        else:
+            setattr(req.sampling, key, value)
     for key, value in speculation.items():
         setattr(req.speculation, key, value)
     return req
@@ -43,6 +46,8 @@ BAD = {
     "repetition_penalty zero": (dict(sampling={"repetition_penalty": 0.0}), "sampling.repetition_penalty"),
     "infinite repetition_penalty": (dict(sampling={"repetition_penalty": float("inf")}),
                                     "sampling.repetition_penalty"),
+    "logit_bias token outside vocab": (dict(sampling={"logit_bias": {257: 1.0}}), "sampling.logit_bias"),
+    "logit_bias above 100": (dict(sampling={"logit_bias": {5: 101.0}}), "sampling.logit_bias"),
     "k above k_max": (dict(speculation={"k": 9}), "speculation.k"),
     "stop id outside vocab": (dict(stop_token_ids=[300]), "stop_token_ids[0]"),
 }

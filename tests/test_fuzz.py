@@ -44,6 +44,8 @@ def requests(draw):
     if draw(st.booleans()):
         request.sampling.repetition_penalty = draw(FLOATS)
     if draw(st.booleans()):
+        request.sampling.logit_bias[draw(INT32)] = draw(FLOATS)
+    if draw(st.booleans()):
         request.speculation.k = draw(st.sampled_from([0, 1, 3, 8, 9, 2**32 - 1]))
     request.speculation.disable = draw(st.booleans())
     return request

@@ -213,7 +213,7 @@ def test_every_refused_generation_request_is_counted_under_its_grpc_code(served)
     json_type = {"Content-Type": "application/json"}
     refusals = [("INVALID_ARGUMENT", "/completions", b"not json"), ("INVALID_ARGUMENT", "/chat/completions", b"{"),
                 ("INVALID_ARGUMENT", "/completions", json.dumps({"model": served.model, "prompt": PROMPT,
-                                                                 "logit_bias": {"1": 5}}).encode()),
+                                                                 "suffix": "}"}).encode()),
                 ("NOT_FOUND", "/completions", json.dumps({"model": "gpt-4", "prompt": PROMPT}).encode()),
                 ("NOT_FOUND", "/chat/completions", json.dumps({"model": "gpt-4", "messages": [
                     {"role": "user", "content": "x"}]}).encode())]
@@ -399,11 +399,10 @@ SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"t
 
 
 @pytest.mark.parametrize("path, body, param", [
-    ("/completions", {"logit_bias": {"50256": -100}}, "logit_bias"), ("/completions", {"best_of": 2}, "best_of"),
+    ("/completions", {"best_of": 2}, "best_of"),
     ("/completions", {"best_of": 3, "n": 2}, "best_of"), ("/completions", {"best_of": 1.0}, "best_of"),
     ("/completions", {"suffix": "\n}"}, "suffix"),
     ("/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("/chat/completions", {"logit_bias": {"1": 100}}, "logit_bias"),
     ("/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/chat/completions", {"response_format": SCHEMA}, "response_format"),
     ("/chat/completions", {"tools": [TOOL]}, "tools"),
@@ -435,9 +434,12 @@ def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(serve
     ("/chat/completions", {"presence_penalty": "0.5"}, "presence_penalty"),
     ("/completions", {"repetition_penalty": 0}, "repetition_penalty"),
     ("/chat/completions", {"repetition_penalty": -1.2}, "repetition_penalty"),
+    ("/completions", {"logit_bias": {"x": 1}}, "logit_bias"), ("/completions", {"logit_bias": {"5": 101}}, "logit_bias.5"),
+    ("/chat/completions", {"logit_bias": {"99999": 1}}, "logit_bias"),
 ])
 def test_penalties_out_of_range_or_of_another_type_are_refused_naming_them(served, path, body, param):
-    """frequency_penalty and presence_penalty in OpenAI's [-2, 2], repetition_penalty > 0, each a JSON number."""
+    """frequency_penalty and presence_penalty in OpenAI's [-2, 2], repetition_penalty > 0, each a JSON number;
+    logit_bias's keys token IDs of the vocabulary, its values in [-100, 100]."""
     assert_refused_naming(served, path, body, param)
 
 
@@ -453,20 +455,23 @@ def test_ignore_eos_is_a_json_boolean_that_reaches_the_generate_request(served):
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
 
 
-def test_sdk_completion_with_penalties_matches_the_target_alone_with_them(served, target):
-    """OpenAI's penalties (SDK parameters) and vLLM's repetition_penalty (in the body), greedy at K = 3 through the
-    whole stack, give the target alone's greedy output with the same penalties, and the gRPC request's."""
+def test_sdk_completion_with_penalties_and_logit_bias_matches_the_target_alone_with_them(served, target):
+    """OpenAI's penalties and logit_bias (SDK parameters) and vLLM's repetition_penalty (in the body), greedy at K = 3
+    through the whole stack, give the target alone's greedy output with the same ones, and the gRPC request's."""
     model, tokenizer = target
-    penalties = dict(frequency=0.5, presence=0.25, repetition=1.25)
-    prompt_ids = tokenizer(PROMPT).input_ids
-    tokens = penalized_reference.greedy(model, prompt_ids, 24, **penalties)
-    assert tokens != penalized_reference.greedy(model, prompt_ids, 24)
+    plain = penalized_reference.greedy(model, tokenizer(PROMPT).input_ids, 24)
+    bias = {plain[2]: -100.0, plain[5]: -2.5}                # bans the third token the target alone writes
+    penalties = dict(frequency=0.5, presence=0.25, repetition=1.25, bias=bias)
+    tokens = penalized_reference.greedy(model, tokenizer(PROMPT).input_ids, 24, **penalties)
+    assert tokens != plain
     answer = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=24, temperature=0,
                                               frequency_penalty=0.5, presence_penalty=0.25,
+                                              logit_bias={str(token): value for token, value in bias.items()},
                                               extra_body={"repetition_penalty": 1.25, "speculation": {"k": 3}})
     grpc_request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=24)
     grpc_request.sampling.frequency_penalty, grpc_request.sampling.presence_penalty = 0.5, 0.25
     grpc_request.sampling.repetition_penalty = 1.25
+    grpc_request.sampling.logit_bias.update(bias)
     grpc_request.speculation.k = 3
     assert answer.choices[0].text == tokenizer.decode(tokens, skip_special_tokens=True) \
         == served.stub.Generate(grpc_request).text

@@ -1,4 +1,4 @@
-"""Repetition, frequency and presence penalties (engine/penalties.py): each row of a verify pass is penalized for
+"""Logit bias and repetition, frequency and presence penalties (engine/penalties.py): each row of a verify pass is penalized for
 its own prefix, drafts before it included, so speculation stays exact with them: greedy output is the target
 alone's with the same penalties at every K, and sampled tokens follow the target alone's penalized distribution
 in both draft modes. The reference (tests/penalized_reference.py) counts tokens one position at a time."""
@@ -15,20 +15,23 @@ from tests.distribution import chi_square_p_value
 from tests.engine_rounds import run_rounds
 
 # dyadic values, so that the reference's per-token arithmetic rounds exactly as the engine's vectorized one
+BIAS = {ord("("): -100.0, ord(" "): 2.5, ord("n"): -1.5}
 PENALTIES = {"repetition": dict(repetition=1.5), "frequency": dict(frequency=0.5), "presence": dict(presence=1.25),
-             "all three": dict(frequency=0.5, presence=0.25, repetition=1.25)}
+             "logit bias": dict(bias=BIAS), "all three": dict(frequency=0.5, presence=0.25, repetition=1.25),
+             "all": dict(frequency=0.5, presence=0.25, repetition=1.25, bias=BIAS)}
 
 
 def sampling(prompt_length: int = 0, frequency: float = 0.0, presence: float = 0.0, repetition: float = 1.0,
-             **fields) -> Sampling:
+             bias: dict | None = None, **fields) -> Sampling:
     return Sampling(frequency_penalty=frequency, presence_penalty=presence, repetition_penalty=repetition,
-                    prompt_length=prompt_length, **fields)
+                    logit_bias=tuple(sorted((bias or {}).items())), prompt_length=prompt_length, **fields)
 
 
 def sampling_params(temperature: float = 0.0, seed: int = 0, frequency: float = 0.0, presence: float = 0.0,
-                    repetition: float = 1.0) -> generation_pb2.SamplingParams:
+                    repetition: float = 1.0, bias: dict | None = None) -> generation_pb2.SamplingParams:
     return generation_pb2.SamplingParams(temperature=temperature, top_p=1.0, seed=seed, frequency_penalty=frequency,
-                                         presence_penalty=presence, repetition_penalty=repetition)
+                                         presence_penalty=presence, repetition_penalty=repetition,
+                                         logit_bias=bias or {})
 
 
 @pytest.mark.parametrize("output", [0, 6], ids=["first-round", "mid-output"])
@@ -36,8 +39,8 @@ def sampling_params(temperature: float = 0.0, seed: int = 0, frequency: float = 
 def test_each_row_is_penalized_for_its_own_prefix_drafts_included(name, output):
     """Row j predicts the token after the committed tokens and drafts 0..j-1: it counts those drafts as output,
     and the prompt's tokens only for the repetition penalty."""
-    gen, vocab, prompt_length, k = torch.Generator().manual_seed(1), 11, 5, 4
-    tokens = torch.randint(0, vocab, (prompt_length + output + k,), generator=gen).tolist()
+    gen, vocab, prompt_length, k = torch.Generator().manual_seed(1), 130, 5, 4
+    tokens = torch.randint(30, 41, (prompt_length + output + k,), generator=gen).tolist()   # repeats, BIAS's tokens
     start, logits = len(tokens) - k, 3 * torch.randn(k + 1, vocab, generator=gen)
     got = penalize(logits, tokens, start, sampling(prompt_length, **PENALTIES[name]))
     for j in range(k + 1):
