@@ -26,8 +26,9 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class Sampling:
-    """Per-request sampling transform. temperature 0 is greedy. The penalties apply to the target's logits only
-    (engine/penalties.py), before this transform; prompt_length is where the output they count begins."""
+    """Per-request sampling transform. temperature 0 is greedy. The logit bias and the penalties apply to the
+    target's and the draft's logits before this transform (engine/penalties.py); prompt_length is where the output
+    the penalties count begins."""
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
