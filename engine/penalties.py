@@ -46,6 +46,8 @@ def penalize(logits: torch.Tensor,  # [K + 1, vocab], row j predicting position 
         bias = torch.zeros(vocab, device=logits.device)
         bias[list(tokens_biased)] = torch.tensor(biases, device=logits.device)
         logits = logits + bias
+    if not sampling.counts_tokens:
+        return logits                      # a logit bias alone: no counts to take
     counts = output_counts(tokens, start, rows - 1, sampling.prompt_length, vocab, logits.device)
     if sampling.repetition_penalty != 1.0:
         prompt = torch.tensor(tokens[:min(sampling.prompt_length, start)], dtype=torch.long, device=logits.device)

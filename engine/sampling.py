@@ -46,8 +46,12 @@ class Sampling:
     @property
     def penalized(self) -> bool:
         """Whether engine/penalties.py changes the logits: a penalty or a logit bias."""
-        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias)
+        return self.counts_tokens or bool(self.logit_bias)
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether a penalty is on: the logits depend on the tokens before them."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
 
 
 def seed_for(seed: int, position: int, stream: int) -> int:
