@@ -1,4 +1,5 @@
-"""Repetition, frequency and presence penalties on the target's and the draft's logits, position by position.
+"""Repetition, frequency and presence penalties, the logit bias and min_tokens on the target's and the draft's
+logits, position by position.
 
 A verify pass has the target's logits at K + 1 positions: row j predicts the token after the committed tokens and
 drafts 0..j-1. Each row is penalized for its own prefix, so a draft accepted at j counts at every row after it,
@@ -11,7 +12,8 @@ mode the target recomputes that q from the draft's hidden states with the same f
 
 Order and meaning as in vLLM: OpenAI's logit bias, then the repetition penalty (transformers'
 RepetitionPenaltyLogitsProcessor) on tokens of the prompt or the output, then OpenAI's frequency and presence
-penalties on tokens of the output.
+penalties on tokens of the output; last, min_tokens keeps EOS and the stop token IDs out of the output's first
+min_tokens tokens (vLLM's MinTokensLogitsProcessor).
 """
 from __future__ import annotations
 
@@ -36,18 +38,32 @@ def penalize(logits: torch.Tensor,  # [K + 1, vocab], row j predicting position 
              tokens: list[int],     # the prompt, the committed output, then the K drafts
              start: int,            # the position row 0 predicts (the first draft's)
              sampling: Sampling) -> torch.Tensor:  # [K + 1, vocab], float32
-    """The logits with the request's logit bias and penalties applied, each row for its own prefix; a request with
-    neither gets them as they are."""
+    """The logits with the request's logit bias, penalties and min_tokens applied, each row for its own prefix; a
+    request with none of them gets them as they are."""
     if not sampling.penalized:
         return logits
-    logits, (rows, vocab) = logits.float(), logits.shape
+    logits = logits.float()
     if sampling.logit_bias:
-        tokens_biased, biases = zip(*sampling.logit_bias)
-        bias = torch.zeros(vocab, device=logits.device)
-        bias[list(tokens_biased)] = torch.tensor(biases, device=logits.device)
-        logits = logits + bias
-    if not sampling.counts_tokens:
-        return logits                      # a logit bias alone: no counts to take
+        logits = biased(logits, sampling.logit_bias)
+    if sampling.counts_tokens:
+        logits = penalized_by_counts(logits, tokens, start, sampling)
+    if sampling.min_tokens and sampling.end_tokens:
+        logits = without_ends(logits, start, sampling)
+    return logits
+
+
+def biased(logits: torch.Tensor, logit_bias: tuple) -> torch.Tensor:  # [K + 1, vocab]
+    """OpenAI's logit bias: (token, bias) pairs added to every row."""
+    tokens_biased, biases = zip(*logit_bias)
+    bias = torch.zeros(logits.shape[-1], device=logits.device)
+    bias[list(tokens_biased)] = torch.tensor(biases, device=logits.device)
+    return logits + bias
+
+
+def penalized_by_counts(logits: torch.Tensor, tokens: list[int], start: int,
+                        sampling: Sampling) -> torch.Tensor:  # [K + 1, vocab]
+    """The repetition penalty (prompt and output), then the frequency and presence penalties (output)."""
+    rows, vocab = logits.shape
     counts = output_counts(tokens, start, rows - 1, sampling.prompt_length, vocab, logits.device)
     if sampling.repetition_penalty != 1.0:
         prompt = torch.tensor(tokens[:min(sampling.prompt_length, start)], dtype=torch.long, device=logits.device)
@@ -55,3 +71,14 @@ def penalize(logits: torch.Tensor,  # [K + 1, vocab], row j predicting position 
         scaled = torch.where(logits > 0, logits / sampling.repetition_penalty, logits * sampling.repetition_penalty)
         logits = torch.where(seen, scaled, logits)
     return logits - sampling.frequency_penalty * counts - sampling.presence_penalty * (counts > 0).float()
+
+
+def without_ends(logits: torch.Tensor, start: int, sampling: Sampling) -> torch.Tensor:  # [K + 1, vocab]
+    """min_tokens: -inf at the end tokens (EOS, stop token IDs) in the rows that predict one of the output's first
+    min_tokens tokens (row j predicts output token start + j - prompt_length)."""
+    early = min(max(sampling.prompt_length + sampling.min_tokens - start, 0), logits.shape[0])
+    if not early:
+        return logits
+    logits = logits.clone()
+    logits[:early, list(sampling.end_tokens)] = float("-inf")
+    return logits

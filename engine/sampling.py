@@ -26,9 +26,9 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class Sampling:
-    """Per-request sampling transform. temperature 0 is greedy. The logit bias and the penalties apply to the
-    target's and the draft's logits before this transform (engine/penalties.py); prompt_length is where the output
-    the penalties count begins."""
+    """Per-request sampling transform. temperature 0 is greedy. The logit bias, the penalties and min_tokens apply
+    to the target's and the draft's logits before this transform (engine/penalties.py); prompt_length is where the
+    output they count begins."""
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -38,6 +38,9 @@ class Sampling:
     repetition_penalty: float = 1.0
     logit_bias: tuple = ()                 # (token, bias) pairs, added before the penalties
     prompt_length: int = 0
+    min_p: float = 0.0
+    min_tokens: int = 0                    # the output's first min_tokens tokens are none of end_tokens
+    end_tokens: tuple = ()                 # EOS (unless ignored) and the stop token IDs
 
     @property
     def greedy(self) -> bool:
@@ -45,8 +48,8 @@ class Sampling:
 
     @property
     def penalized(self) -> bool:
-        """Whether engine/penalties.py changes the logits: a penalty or a logit bias."""
-        return self.counts_tokens or bool(self.logit_bias)
+        """Whether engine/penalties.py changes the logits: a penalty, a logit bias or min_tokens."""
+        return self.counts_tokens or bool(self.logit_bias) or bool(self.min_tokens and self.end_tokens)
 
     @property
     def counts_tokens(self) -> bool:
@@ -68,11 +71,15 @@ def generator(seed: int, position: int, stream: int, device: torch.device | str 
 
 def logits_to_probs(logits: torch.Tensor,  # [n, vocab]
                     sampling: Sampling) -> torch.Tensor:  # [n, vocab], float32
-    """Temperature, then top-k, then top-p, then softmax. Greedy gives one-hot rows on the argmax."""
+    """Temperature, then min-p, then top-k, then top-p, then softmax (vLLM's order). Greedy gives one-hot rows on
+    the argmax."""
     logits = logits.float()
     if sampling.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / sampling.temperature
+    if sampling.min_p > 0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < sampling.min_p * probs.amax(-1, keepdim=True), float("-inf"))
     if 0 < sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -135,18 +135,24 @@ class SessionStore:
         return self._sessions.pop(session_id, None)
 
 
-def sampling_from_proto(params, prompt_length: int = 0) -> Sampling:
-    """specpool.v1.SamplingParams (already normalised by the router) -> Sampling."""
+def sampling_from_proto(params, prompt_length: int = 0, min_tokens=None) -> Sampling:
+    """specpool.v1.SamplingParams (already normalised by the router), with a session start's prompt_length and
+    worker MinTokens -> Sampling."""
     return Sampling(temperature=params.temperature, top_p=params.top_p if params.HasField("top_p") else 1.0,
                     top_k=params.top_k, seed=params.seed, frequency_penalty=params.frequency_penalty,
                     presence_penalty=params.presence_penalty,
                     repetition_penalty=params.repetition_penalty if params.HasField("repetition_penalty") else 1.0,
-                    logit_bias=tuple(sorted(params.logit_bias.items())), prompt_length=prompt_length)
+                    logit_bias=tuple(sorted(params.logit_bias.items())), prompt_length=prompt_length,
+                    min_p=params.min_p, min_tokens=min_tokens.count if min_tokens else 0,
+                    end_tokens=tuple(sorted(min_tokens.token_ids)) if min_tokens else ())
 
 
 def open_session(store: SessionStore, request) -> Session:
-    """Open the session a Propose/Verify request names (sampling and prompt_length travel only with position 0)."""
-    sampling = sampling_from_proto(request.sampling, request.prompt_length) if request.HasField("sampling") else None
+    """Open the session a Propose/Verify request names (sampling, prompt_length and min_tokens travel only with
+    position 0)."""
+    sampling = (sampling_from_proto(request.sampling, request.prompt_length,
+                                    request.min_tokens if request.HasField("min_tokens") else None)
+                if request.HasField("sampling") else None)
     return store.open(request.session_id, request.position, sampling)
 
 

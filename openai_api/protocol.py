@@ -74,6 +74,7 @@ Text = Annotated[str, AfterValidator(_unicode)]
 Flag = strict(bool)
 Temperature, TopP = number(ge=0, le=2), number(gt=0, le=1)      # OpenAI's range; top_p 0 the router's refusal
 Penalty, RepetitionPenalty = number(ge=-2, le=2), number(ge=0.01, le=100)  # OpenAI's range; the router's (validation)
+MinP = number(ge=0, le=1)                                                  # vLLM's range
 
 
 def _token_keys(bias: dict) -> dict:
@@ -128,6 +129,7 @@ class Body(BaseModel):
 MaxTokens = Optional[proto_int("max_new_tokens", ge=1)]
 TopLogprobs = Optional[proto_int("logprobs", le=MAX_TOP_LOGPROBS)]
 TopK, Seed, SpeculationK = proto_int("sampling.top_k", ge=0), proto_int("sampling.seed"), proto_int("speculation.k")
+MinTokens = proto_int("min_new_tokens")
 Stop = one_of("a string or a list of strings", Text, list[Text], list[Text])
 Prompt = one_of("a string, a list of one string, or a list of token IDs", Text, list[Text],
                 list[proto_int("prompt_token_ids")])
@@ -174,9 +176,9 @@ REFUSED: dict[str, Any] = {
     "modalities": ["text"], "audio": None, "reasoning_effort": None, "verbosity": "medium",
     "web_search_options": None, "moderation": None,
     # vLLM's and SGLang's own sampling extensions, which clients moving from them send (those specpool has,
-    # repetition_penalty and ignore_eos, are fields above): the same rule, so that no such request silently gets
-    # other output than it asked for
-    "min_p": 0, "min_tokens": 0, "use_beam_search": False,
+    # repetition_penalty, ignore_eos, min_p and min_tokens, are fields above): the same rule, so that no such
+    # request silently gets other output than it asked for
+    "use_beam_search": False,
     "length_penalty": 1, "include_stop_str_in_output": False, "bad_words": [], "allowed_token_ids": None,
     "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
     "structured_outputs": None, "logits_processors": None, "regex": None, "json_schema": None, "ebnf": None,
@@ -225,11 +227,13 @@ class SamplingFields(Body):
     temperature: Temperature = 1.0
     top_p: Optional[TopP] = None
     top_k: TopK = 0
+    min_p: MinP = 0.0                                           # vLLM's, in the body
     seed: Optional[Seed] = None
     frequency_penalty: Penalty = 0.0
     presence_penalty: Penalty = 0.0
     repetition_penalty: Optional[RepetitionPenalty] = None     # vLLM's, in the body
     ignore_eos: Flag = False                                    # vLLM's: go on past EOS (benchmarks send it)
+    min_tokens: MinTokens = 0                                   # vLLM's: no EOS, stop token or stop string before
     logit_bias: Optional[LogitBias] = None
     stop: Optional[Stop] = None
     n: strict(int, ge=1, le=MAX_N) = 1
@@ -296,15 +300,19 @@ DEFAULT_CHAT_MAX_TOKENS = 256
 PARAMS = {"max_new_tokens": "max_tokens", "sampling.temperature": "temperature", "sampling.top_p": "top_p",
           "sampling.top_k": "top_k", "sampling.seed": "seed", "prompt_token_ids": "prompt",
           "sampling.frequency_penalty": "frequency_penalty", "sampling.presence_penalty": "presence_penalty",
-          "sampling.repetition_penalty": "repetition_penalty", "sampling.logit_bias": "logit_bias"}
+          "sampling.repetition_penalty": "repetition_penalty", "sampling.logit_bias": "logit_bias",
+          "sampling.min_p": "min_p", "min_new_tokens": "min_tokens"}
 
 
 def http_error(exc: RequestError, params: dict[str, str]) -> ApiError:
     """A RequestError (which names a GenerateRequest field: `max_new_tokens: ...`, `stop[2]: ...`) as the 400
-    naming the HTTP parameter behind it, in its message and `param`."""
+    naming the HTTP parameter behind it, in its message and `param` (so is the length a message compares it with:
+    `min_tokens: must be <= max_tokens=16`)."""
     field = exc.field.split("[")[0]
     param = params.get(field, field)
-    detail = re.sub(rf"(?<![\w.]){re.escape(field)}\b", param, str(exc).removeprefix(f"{exc.field}: "))
+    detail = str(exc).removeprefix(f"{exc.field}: ")
+    for named in dict.fromkeys((field, "max_new_tokens")):
+        detail = re.sub(rf"(?<![\w.]){re.escape(named)}\b", params.get(named, named), detail)
     return ApiError(400, f"{param}{exc.field.removeprefix(field)}: {detail}", param)
 
 
@@ -322,6 +330,7 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
                      logprobs: int | None) -> generation_pb2.GenerateRequest:
     """The GenerateRequest this body asks for (the router validates it, naming proto fields)."""
     request = generation_pb2.GenerateRequest(max_new_tokens=max_tokens or 0, ignore_eos=body.ignore_eos,
+                                             min_new_tokens=body.min_tokens,
                                              stop=[body.stop] if isinstance(body.stop, str) else body.stop or [],
                                              stop_token_ids=body.stop_token_ids or [])
     if isinstance(prompt, str):
@@ -329,6 +338,7 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
     else:
         request.prompt_token_ids.extend(prompt)
     request.sampling.temperature, request.sampling.top_k = body.temperature, body.top_k
+    request.sampling.min_p = body.min_p
     if body.top_p is not None:
         request.sampling.top_p = body.top_p
     if body.seed is not None:

@@ -105,9 +105,9 @@ def port_overrides(port: int | None, http_port: int | None, admin_port: int | No
 
 def make_request(args) -> generation_pb2.GenerateRequest:
     request = generation_pb2.GenerateRequest(prompt=args.prompt, max_new_tokens=args.max_new_tokens, stop=args.stop,
-                                             ignore_eos=args.ignore_eos)
-    request.sampling.temperature = args.temperature
-    request.sampling.top_k = args.top_k
+                                             ignore_eos=args.ignore_eos, min_new_tokens=args.min_new_tokens)
+    request.sampling.temperature, request.sampling.top_k = args.temperature, args.top_k
+    request.sampling.min_p = args.min_p
     if args.top_p is not None:
         request.sampling.top_p = args.top_p
     if args.seed is not None:
@@ -334,9 +334,12 @@ def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", nargs="?", help="the prompt; - reads it from stdin")
     parser.add_argument("--prompt-file", help="read the prompt from this file")
     parser.add_argument("--max-new-tokens", type=int_in(1, UINT32), default=64, help="default: 64")
+    parser.add_argument("--min-new-tokens", type=int_in(0, UINT32), default=0,
+                        help="no EOS, stop token or stop string before this many tokens (default 0)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--top-k", type=int_in(0, 2 ** 31 - 1), default=0)
+    parser.add_argument("--min-p", type=float, default=0.0, help="0 to 1 (default 0: off)")
     parser.add_argument("--seed", type=int_in(0, UINT64), default=None)
     parser.add_argument("--frequency-penalty", type=float, default=0.0, help="-2 to 2 (OpenAI's)")
     parser.add_argument("--presence-penalty", type=float, default=0.0, help="-2 to 2 (OpenAI's)")

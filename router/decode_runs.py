@@ -36,8 +36,8 @@ async def decode_run(state: RequestState, target: TargetClient, steps: int, sour
     if lookup is not None:
         extra["lookup"] = lookup
     answers = target.decode_run(state.session_id, state.tokens, state.target_synced, steps,
-                                state.stop_ids | state.eos_ids, state.sampling, state.timeout(target.timeout),
-                                answer_delay_us=int(answer_delay_s * 1e6), prompt_length=state.prompt_len, **extra)
+                                state.stop_ids | state.eos_ids, state.session_start, state.timeout(target.timeout),
+                                answer_delay_us=int(answer_delay_s * 1e6), **extra)
     state.stats.target_calls += 1
     started = time.perf_counter()
     async with contextlib.aclosing(answers):

@@ -27,10 +27,10 @@ async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int],
     draft worker that is unreachable costs the round its drafts, not the request (None: plain decoding)."""
     started, state.draft_called = time.perf_counter(), True
     try:
-        response, wire = await draft.propose(state.session_id, tokens, synced, k, state.sampling, state.draft_mode,
-                                             state.timeout(draft.timeout), runner_ups=True,
+        response, wire = await draft.propose(state.session_id, tokens, synced, k, state.session_start,
+                                             state.draft_mode, state.timeout(draft.timeout), runner_ups=True,
                                              branches=[(len(state.tokens) + j, t) for j, t in branches],
-                                             hand_to=hand_to, prompt_length=state.prompt_len)
+                                             hand_to=hand_to)
     except grpc.aio.AioRpcError as exc:
         return draft_lost(state, draft, exc)
     return drafted(state, response, wire, started, branches)
@@ -73,9 +73,8 @@ async def chained_call(state: RequestState, draft: DraftClient, k: int, next_k: 
     then = worker_pb2.ChainedPredraft(k=next_k + 1, branch_at=[j for j, _ in branches],
                                       branch_rank=[rank for _, rank in branches])
     started, state.draft_called = time.perf_counter(), True
-    answers = draft.propose_chained(state.session_id, state.tokens, state.draft_synced, k, state.sampling,
-                                    state.draft_mode, state.timeout(draft.timeout), then, hand_to,
-                                    prompt_length=state.prompt_len)
+    answers = draft.propose_chained(state.session_id, state.tokens, state.draft_synced, k, state.session_start,
+                                    state.draft_mode, state.timeout(draft.timeout), then, hand_to)
     async with contextlib.aclosing(answers):
         proposal = await handing_to(first, first_drafts(state, draft, answers, started))
         if proposal is None:
@@ -170,8 +169,8 @@ async def hand_off(state: RequestState, target: TargetClient, k: int,
     An unreachable draft worker withdraws it."""
     handoff_id, sent = next(HANDOFF_IDS), time.perf_counter()
     waiting = asyncio.ensure_future(target.verify(
-        state.session_id, state.tokens, state.target_synced, [], b"", state.sampling, state.timeout(target.timeout),
-        handoff_id=handoff_id, prompt_length=state.prompt_len, **logprobs_asked(state)))
+        state.session_id, state.tokens, state.target_synced, [], b"", state.session_start,
+        state.timeout(target.timeout), handoff_id=handoff_id, **logprobs_asked(state)))
     try:
         proposal = await drafting((target.address, handoff_id))
     except BaseException:

@@ -3,6 +3,7 @@ what a round did (Round), the policy a round asks (KPolicy), and the proposal so
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -50,10 +51,21 @@ class RequestState:
     target_sessions: int = 1               # sessions open on its target replica when its last round was planned
     logprobs: list = field(default_factory=list)   # ... generation_pb2.TokenLogprob per output token
     out_of_memory: dict = field(default_factory=dict)   # pool -> its calls for this request that ran out of memory
+    min_new_tokens: int = 0                # no EOS or stop token before this many output tokens
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    @functools.cached_property
+    def session_start(self) -> dict:
+        """The fields of a worker call that opens the request's session (position 0): its sampling, the prompt's
+        length and min_new_tokens with the tokens it keeps out of the output until then."""
+        start = {"sampling": self.sampling, "prompt_length": self.prompt_len}
+        if self.min_new_tokens:
+            start["min_tokens"] = worker_pb2.MinTokens(count=self.min_new_tokens,
+                                                       token_ids=sorted(self.stop_ids | self.eos_ids))
+        return start
 
     def count_out_of_memory(self, pool: str) -> None:
         self.out_of_memory[pool] = self.out_of_memory.get(pool, 0) + 1

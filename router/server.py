@@ -164,7 +164,7 @@ class Router:
                             ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max),
                             stop_strings=tuple(request.stop),
                             top_logprobs=request.logprobs if request.HasField("logprobs") else None,
-                            streamed=streamed)
+                            streamed=streamed, min_new_tokens=request.min_new_tokens)
 
     async def run(self, state: RequestState):
         """The request's rounds on the least-loaded draft and target replicas (sticky for the request); counted in

@@ -110,8 +110,8 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
     answer = await staged_answer(proposal)
     if answer is None:
         answer = await target.verify(state.session_id, state.tokens, state.target_synced, proposal.tokens,
-                                     proposal.hidden, state.sampling, state.timeout(target.timeout),
-                                     prompt_length=state.prompt_len, **logprobs_asked(state))
+                                     proposal.hidden, state.session_start, state.timeout(target.timeout),
+                                     **logprobs_asked(state))
     verdict, wire = answer
     state.stats.wire_bytes += wire
     record_prefix(state, verdict, "target")

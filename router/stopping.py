@@ -1,7 +1,8 @@
 """Stop strings: matched on the decoded output, across token boundaries, as the tokens arrive.
 
 The text is cut before the first stop string, which is never returned; the tokens end with the one that
-completed it. While streaming, only text that could still be the start of a stop string is held back.
+completed it. While streaming, only text that could still be the start of a stop string is held back. A stop
+string completed by one of the output's first min_new_tokens tokens does not count (vLLM's min_tokens).
 """
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ class StopStrings:
     """The output text of one request, decoded incrementally and checked against its stop strings."""
     detokenizer: IncrementalDetokenizer
     stops: tuple = ()
+    min_tokens: int = 0                 # tokens that must come before a match counts (min_new_tokens)
     held: str = ""                      # decoded text not sent yet (it could begin a stop string)
+    pushed: int = 0                     # tokens decoded so far
     _longest: int = field(init=False, default=0)
 
     def __post_init__(self):
@@ -36,9 +39,10 @@ class StopStrings:
         """Decode `tokens` one at a time (so a match knows which token completed it); `final`: the
         output ends after them, so nothing more is held back."""
         for i, token in enumerate(tokens):
-            last = final and i == len(tokens) - 1
+            last, before = final and i == len(tokens) - 1, len(self.held)
             self.held += self.detokenizer.push([token], final=last)
-            cut = self._first_match()
+            self.pushed += 1
+            cut = self._first_match(before) if self.pushed >= self.min_tokens else None
             if cut is not None:
                 text, self.held = self.held[:cut], ""
                 return Piece(i + 1, text, stopped=True)
@@ -46,8 +50,10 @@ class StopStrings:
         text, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
         return Piece(len(tokens), text)
 
-    def _first_match(self) -> int | None:
-        found = [at for at in (self.held.find(stop) for stop in self.stops) if at >= 0]
+    def _first_match(self, before: int) -> int | None:
+        """Where the first stop string that ends past held[:before] (in the text just decoded) begins."""
+        found = [at for at in (self.held.find(stop, max(before - len(stop) + 1, 0)) for stop in self.stops)
+                 if at >= 0]
         return min(found) if found else None
 
     def _prefix_len(self) -> int:
@@ -72,7 +78,7 @@ async def output_chunks(rounds: AsyncIterator[list[int]], state, tokenizer) -> A
     """A request's committed tokens (`rounds`: Router.run) as chunks of output with its stop strings
     applied. A stop string ends the request: state.finish_reason becomes STOP and the tokens after the one
     that completed it are dropped, so the loop stops at its next round and frees the workers' caches."""
-    output = StopStrings(IncrementalDetokenizer(tokenizer), tuple(state.stop_strings))
+    output = StopStrings(IncrementalDetokenizer(tokenizer), tuple(state.stop_strings), state.min_new_tokens)
     async for tokens in rounds:
         start = state.generated - len(tokens)
         piece = output.push(tokens, final=bool(state.finish_reason))

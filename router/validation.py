@@ -81,6 +81,9 @@ def check_lengths(request: generation_pb2.GenerateRequest, prompt_len: int, limi
     if limits.max_context and prompt_len + request.max_new_tokens > limits.max_context:
         raise RequestError("max_new_tokens", f"prompt ({prompt_len} token{'s' * (prompt_len != 1)}) + max_new_tokens "
                            f"({request.max_new_tokens}) exceeds the model's context of {limits.max_context}")
+    if request.min_new_tokens > request.max_new_tokens:
+        raise RequestError("min_new_tokens", f"must be <= max_new_tokens={request.max_new_tokens} "
+                           f"(got {request.min_new_tokens})")
 
 
 def check_sampling(sampling: generation_pb2.SamplingParams) -> None:
@@ -90,6 +93,8 @@ def check_sampling(sampling: generation_pb2.SamplingParams) -> None:
         raise RequestError("sampling.top_p", f"must be in (0, 1] (got {sampling.top_p})")
     if sampling.top_k < 0:
         raise RequestError("sampling.top_k", f"must be >= 0 (got {sampling.top_k})")
+    if not 0 <= sampling.min_p <= 1:            # NaN too
+        raise RequestError("sampling.min_p", f"must be in [0, 1] (got {sampling.min_p})")
     for name in ("frequency_penalty", "presence_penalty"):
         value = getattr(sampling, name)
         if not (math.isfinite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):

@@ -17,7 +17,7 @@ from typing import AsyncIterator, Awaitable, Callable, Union
 import grpc
 
 from engine.handoff import HandoffStream
-from protos.specpool.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
+from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
 from router.oplog import say
 from settings.schema import TlsConfig
 from settings.tls import worker_channel
@@ -416,26 +416,23 @@ class DraftClient(WorkerClient):
         super().__init__(address, worker_pb2_grpc.DraftWorkerStub, ("ProposeStream", worker_pb2.ProposeRequest),
                          timeout, recover, tls, load, name)
 
-    async def propose(self, session_id: int, tokens: list[int], synced: int, k: int,
-                      sampling: generation_pb2.SamplingParams, mode: int, timeout: float, runner_ups: bool = False,
-                      branches: list[tuple[int, int]] = (), hand_to: tuple[str, int] = ("", 0),
-                      prompt_length: int = 0):
-        """k drafts after `tokens` (the worker holding `synced` of them); with `runner_ups`, each draft's
+    async def propose(self, session_id: int, tokens: list[int], synced: int, k: int, start: dict, mode: int,
+                      timeout: float, runner_ups: bool = False, branches: list[tuple[int, int]] = (),
+                      hand_to: tuple[str, int] = ("", 0)):
+        """k drafts after `tokens` (the worker holding `synced` of them; `start`: the session start's fields,
+        RequestState.session_start); with `runner_ups`, each draft's
         runner-up; with `branches` [(context length, token)], also k - 1 drafts after each of those; with
         `hand_to` (target address, handoff id), the drafts also handed straight to that target."""
-        make = _request(worker_pb2.ProposeRequest, session_id, sampling, prompt_length, k=k, mode=mode,
-                        runner_ups=runner_ups, hand_to=hand_to[0], handoff_id=hand_to[1],
+        make = _request(worker_pb2.ProposeRequest, session_id, start, k=k, mode=mode, runner_ups=runner_ups, hand_to=hand_to[0], handoff_id=hand_to[1],
                         branches=[worker_pb2.BranchPoint(at=at, token_id=token) for at, token in branches])
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
-    def propose_chained(self, session_id: int, tokens: list[int], synced: int, k: int,
-                        sampling: generation_pb2.SamplingParams, mode: int, timeout: float,
-                        then: worker_pb2.ChainedPredraft, hand_to: tuple[str, int] = ("", 0),
-                        prompt_length: int = 0) -> AsyncIterator:
+    def propose_chained(self, session_id: int, tokens: list[int], synced: int, k: int, start: dict, mode: int,
+                        timeout: float, then: worker_pb2.ChainedPredraft,
+                        hand_to: tuple[str, int] = ("", 0)) -> AsyncIterator:
         """propose (with runner-ups) with the next round's pre-draft chained to it (ProposeRequest.then): yields
         (response, wire_bytes) for the drafts, then for the pre-draft the worker starts right after them."""
-        make = _request(worker_pb2.ProposeRequest, session_id, sampling, prompt_length, k=k, mode=mode,
-                        runner_ups=True, hand_to=hand_to[0], handoff_id=hand_to[1], then=then)
+        make = _request(worker_pb2.ProposeRequest, session_id, start, k=k, mode=mode, runner_ups=True, hand_to=hand_to[0], handoff_id=hand_to[1], then=then)
         return synced_answers(self.stream.answers, make, tokens, synced, timeout)
 
 
@@ -460,10 +457,10 @@ class TargetClient(WorkerClient):
         await super().close()
 
     async def verify(self, session_id: int, tokens: list[int], synced: int, drafts: list[int],
-                     hidden: bytes, sampling: generation_pb2.SamplingParams, timeout: float,
-                     top_logprobs: int | None = None, handoff_id: int = 0, prompt_length: int = 0):
+                     hidden: bytes, start: dict, timeout: float, top_logprobs: int | None = None,
+                     handoff_id: int = 0):
         """Verify `drafts`; with `handoff_id`, those of that handoff instead, waiting on the target for them."""
-        make = _request(worker_pb2.VerifyRequest, session_id, sampling, prompt_length, top_logprobs=top_logprobs,
+        make = _request(worker_pb2.VerifyRequest, session_id, start, top_logprobs=top_logprobs,
                         draft_token_ids=drafts, draft_hidden_states=hidden, handoff_id=handoff_id)
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
@@ -478,25 +475,22 @@ class TargetClient(WorkerClient):
         return response, request.ByteSize() + response.ByteSize()
 
     def decode_run(self, session_id: int, tokens: list[int], synced: int, steps: int, stop_ids: frozenset,
-                   sampling: generation_pb2.SamplingParams, timeout: float, top_logprobs: int | None = None,
-                   lookup: worker_pb2.PromptLookup | None = None, answer_delay_us: int = 0,
-                   prompt_length: int = 0) -> AsyncIterator:
+                   start: dict, timeout: float, top_logprobs: int | None = None,
+                   lookup: worker_pb2.PromptLookup | None = None, answer_delay_us: int = 0) -> AsyncIterator:
         """Up to `steps` tokens in one call, by plain decoding or (`lookup`) with the target's own prompt-lookup
         drafts: yields (response, wire_bytes) per message (a target step, with the steps held before it in
         `earlier`, see VerifyRequest.answer_delay_us)."""
-        make = _request(worker_pb2.VerifyRequest, session_id, sampling, prompt_length, top_logprobs=top_logprobs,
-                        decode_steps=steps, stop_token_ids=sorted(stop_ids), lookup=lookup,
-                        answer_delay_us=answer_delay_us)
+        make = _request(worker_pb2.VerifyRequest, session_id, start, top_logprobs=top_logprobs, decode_steps=steps,
+                        stop_token_ids=sorted(stop_ids), lookup=lookup, answer_delay_us=answer_delay_us)
         return synced_answers(self.stream.answers, make, tokens, synced, timeout)
 
 
-def _request(request_type, session_id: int, sampling: generation_pb2.SamplingParams, prompt_length: int,
-             **fields) -> Callable:
-    """make_request(position, new_tokens, start) for a draft or target call (sampling and prompt_length only at
-    session start)."""
-    def make(position: int, new: list[int], start: bool):
-        at_start = {"sampling": sampling, "prompt_length": prompt_length} if start else {}
-        return request_type(session_id=session_id, position=position, new_token_ids=new, **at_start, **fields)
+def _request(request_type, session_id: int, start: dict, **fields) -> Callable:
+    """make_request(position, new_tokens, at_start) for a draft or target call (the `start` fields only at the
+    session's start)."""
+    def make(position: int, new: list[int], at_start: bool):
+        return request_type(session_id=session_id, position=position, new_token_ids=new,
+                            **(start if at_start else {}), **fields)
     return make
 
 

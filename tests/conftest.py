@@ -58,6 +58,25 @@ def tiny_pair(tmp_path_factory):
     return str(draft), str(target)
 
 
+def pair_engines(pair: tuple[str, str]) -> tuple:
+    """(DraftEngine, TargetEngine, the target alone as a transformers model) of a pair, in this process."""
+    from transformers import AutoModelForCausalLM
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+    draft, target = pair
+    return DraftEngine(draft), TargetEngine(target, draft), AutoModelForCausalLM.from_pretrained(target).eval()
+
+
+@pytest.fixture(scope="module")
+def byte_engines(byte_pair):
+    return pair_engines(byte_pair)
+
+
+@pytest.fixture(scope="module")
+def tiny_engines(tiny_pair):
+    return pair_engines(tiny_pair)
+
+
 @pytest.fixture(scope="session")
 def family_models(tmp_path_factory):
     """Tiny random models of the families users bring (tests/model_families.py): name -> (draft, target)."""

@@ -3,20 +3,21 @@ of the engines on a device or in a dtype of their own."""
 from protos.specpool.v1 import worker_pb2
 
 
-def run_rounds(draft, target, prompt, k, max_new, sampling, mode):
-    """The router's loop in miniature: sync positions, propose (not at K = 0, plain decoding), verify, commit."""
+def run_rounds(draft, target, prompt, k, max_new, sampling, mode,
+               min_tokens: worker_pb2.MinTokens | None = None):
+    """The router's loop in miniature: sync positions, propose (not at K = 0, plain decoding), verify, commit. The
+    session start's fields (RequestState.session_start) go with each engine's first call."""
     tokens, draft_synced, target_synced = list(prompt), 0, 0
+    start = dict(sampling=sampling, prompt_length=len(prompt), min_tokens=min_tokens)
     while len(tokens) - len(prompt) < max_new:
         before = len(tokens)
         proposal = draft.propose(worker_pb2.ProposeRequest(
-            session_id=1, position=draft_synced, new_token_ids=tokens[draft_synced:], k=k,
-            sampling=sampling if draft_synced == 0 else None, mode=mode,
-            prompt_length=len(prompt) if draft_synced == 0 else 0)) if k else worker_pb2.ProposeResponse()
+            session_id=1, position=draft_synced, new_token_ids=tokens[draft_synced:], k=k, mode=mode,
+            **(start if draft_synced == 0 else {}))) if k else worker_pb2.ProposeResponse()
         drafts = list(proposal.draft_token_ids)
         verdict = target.verify(worker_pb2.VerifyRequest(
             session_id=1, position=target_synced, new_token_ids=tokens[target_synced:], draft_token_ids=drafts,
-            draft_hidden_states=proposal.draft_hidden_states, sampling=sampling if target_synced == 0 else None,
-            prompt_length=len(prompt) if target_synced == 0 else 0))
+            draft_hidden_states=proposal.draft_hidden_states, **(start if target_synced == 0 else {})))
         n = verdict.num_accepted
         tokens += drafts[:n] + [verdict.next_token_id]
         draft_synced, target_synced = before + min(n, k - 1), before + n

@@ -1,5 +1,6 @@
-"""The target alone with penalties, written independently of engine/penalties.py: one token at a time, each logit
-penalized by a plain count of the context, as vLLM's and transformers' docs define the penalties."""
+"""The target alone with penalties, min_tokens and min_p, written independently of engine/penalties.py and
+engine/sampling.py: one token at a time, each logit penalized by a plain count of the context, as vLLM's and
+transformers' docs define them."""
 from __future__ import annotations
 
 import collections
@@ -8,10 +9,14 @@ import torch
 
 
 def penalized_row(logits: torch.Tensor, context: list[int], prompt_length: int, frequency: float = 0.0,
-                  presence: float = 0.0, repetition: float = 1.0, bias: dict | None = None) -> torch.Tensor:
-    """One position's logits [vocab] after the logit bias and the penalties, for the tokens before it (`context`,
-    the prompt first)."""
+                  presence: float = 0.0, repetition: float = 1.0, bias: dict | None = None, min_tokens: int = 0,
+                  ends: tuple = ()) -> torch.Tensor:
+    """One position's logits [vocab] after the logit bias, the penalties and min_tokens (no token of `ends` while the
+    output is shorter than min_tokens), for the tokens before it (`context`, the prompt first)."""
     row = logits.float().clone()
+    if len(context) - prompt_length < min_tokens:
+        for token in ends:
+            row[token] = float("-inf")
     for token, value in (bias or {}).items():
         row[token] = row[token] + value
     output = collections.Counter(context[prompt_length:])
@@ -36,14 +41,21 @@ def greedy(model, prompt: list[int], max_new: int, **penalties) -> list[int]:
     return tokens[len(prompt):]
 
 
-def first_two_joint(model, prompt: list[int], **penalties) -> dict:
-    """P(t0, t1) of `model` alone at temperature 1 with the penalties, as {(t0, t1): p}; (eos, None) when t0 is
-    EOS."""
+def min_p_filtered(probs: torch.Tensor, min_p: float) -> torch.Tensor:
+    """min_p as vLLM documents it: drop the tokens less likely than min_p times the most likely one, renormalise."""
+    kept = torch.where(probs >= min_p * probs.max(), probs, torch.zeros_like(probs))
+    return kept / kept.sum()
+
+
+def first_two_joint(model, prompt: list[int], min_p: float = 0.0, **penalties) -> dict:
+    """P(t0, t1) of `model` alone at temperature 1 with the penalties and min_p, as {(t0, t1): p}; (eos, None) when
+    t0 is EOS."""
     eos = model.generation_config.eos_token_id
 
     def probs(context: list[int]) -> torch.Tensor:
         logits = model(torch.tensor([context])).logits[0, -1]
-        return torch.softmax(penalized_row(logits, context, len(prompt), **penalties).double(), -1)
+        return min_p_filtered(torch.softmax(penalized_row(logits, context, len(prompt), **penalties).double(), -1),
+                              min_p)
     with torch.no_grad():
         p0, joint = probs(prompt), {}
         for t0 in range(p0.shape[0]):

@@ -44,14 +44,15 @@ def test_a_chained_call_answers_the_drafts_then_the_predraft_the_router_would_ha
     builds from its answer (the held context, the last draft, K + 1 drafts, a branch per planned point). Both
     answer the same drafts and the same pre-draft, branch for branch."""
     sampling = generation_pb2.SamplingParams(temperature=0.9, top_p=1.0, seed=3)
+    start = {"sampling": sampling}       # the session start's fields (RequestState.session_start)
     then = worker_pb2.ChainedPredraft(k=5, branch_at=[j for j, _ in BRANCHES], branch_rank=[r for _, r in BRANCHES])
 
     async def scenario(client, _):
-        chained = [answer async for answer, _ in client.propose_chained(1, PROMPT, 0, 4, sampling, mode, 10.0, then)]
-        drafts, _ = await client.propose(2, PROMPT, 0, 4, sampling, mode, 10.0, runner_ups=True)
+        chained = [answer async for answer, _ in client.propose_chained(1, PROMPT, 0, 4, start, mode, 10.0, then)]
+        drafts, _ = await client.propose(2, PROMPT, 0, 4, start, mode, 10.0, runner_ups=True)
         tokens, runner_ups, thirds, _ = choices(drafts)
         points = [(len(PROMPT) + j, (runner_ups, thirds)[rank][j]) for j, rank in BRANCHES]
-        ahead, _ = await client.propose(2, PROMPT + tokens, len(PROMPT) + 3, 5, sampling, mode, 10.0,
+        ahead, _ = await client.propose(2, PROMPT + tokens, len(PROMPT) + 3, 5, start, mode, 10.0,
                                         runner_ups=True, branches=points)
         return chained, drafts, ahead
     chained, drafts, ahead = asyncio.run(with_draft_server(demo_engines[0], scenario))

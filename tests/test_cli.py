@@ -59,6 +59,17 @@ def test_prompt_from_stdin_file_or_argument(tmp_path, monkeypatch):
             cli.read_prompt(commands["generate"], parser.parse_args(argv))
 
 
+def test_generate_options_reach_the_request():
+    """The sampling options of `specpool generate` become the GenerateRequest's fields (the router validates them)."""
+    parser, _ = cli.build_parser()
+    args = parser.parse_args(["generate", "x", "--max-new-tokens", "9", "--min-new-tokens", "4", "--min-p", "0.2",
+                              "--temperature", "0.7", "--repetition-penalty", "1.1", "--ignore-eos", "--k", "3"])
+    request = cli.make_request(args)
+    assert (request.max_new_tokens, request.min_new_tokens, request.ignore_eos, request.speculation.k) == (9, 4, True, 3)
+    assert request.sampling.min_p == pytest.approx(0.2) and request.sampling.temperature == pytest.approx(0.7)
+    assert request.sampling.repetition_penalty == pytest.approx(1.1)
+
+
 def test_admin_address_comes_from_config(tmp_path):
     """reload / status dial Admin where the config puts it: router.admin_host:admin_port (a wildcard host on
     loopback), router.host:port at admin_port -1; --address wins; admin_port 0 cannot be found, and says so."""

@@ -48,6 +48,9 @@ BAD = {
                                     "sampling.repetition_penalty"),
     "logit_bias token outside vocab": (dict(sampling={"logit_bias": {257: 1.0}}), "sampling.logit_bias"),
     "logit_bias above 100": (dict(sampling={"logit_bias": {5: 101.0}}), "sampling.logit_bias"),
+    "min_p above one": (dict(sampling={"min_p": 1.5}), "sampling.min_p"),
+    "nan min_p": (dict(sampling={"min_p": float("nan")}), "sampling.min_p"),
+    "min_new_tokens above max_new_tokens": (dict(min_new_tokens=5), "min_new_tokens"),
     "k above k_max": (dict(speculation={"k": 9}), "speculation.k"),
     "stop id outside vocab": (dict(stop_token_ids=[300]), "stop_token_ids[0]"),
 }

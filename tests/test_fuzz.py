@@ -46,6 +46,10 @@ def requests(draw):
     if draw(st.booleans()):
         request.sampling.logit_bias[draw(INT32)] = draw(FLOATS)
     if draw(st.booleans()):
+        request.sampling.min_p = draw(FLOATS)
+    if draw(st.booleans()):
+        request.min_new_tokens = draw(st.sampled_from([0, 1, 4, 2**32 - 1]))
+    if draw(st.booleans()):
         request.speculation.k = draw(st.sampled_from([0, 1, 3, 8, 9, 2**32 - 1]))
     request.speculation.disable = draw(st.booleans())
     return request

@@ -78,7 +78,7 @@ def test_the_target_verifies_the_drafts_the_draft_worker_handed_it_with_no_copy_
     from router.worker_client import DraftClient, TargetClient
     from target_worker.server import TargetServicer
     draft_engine, target_engine = demo_engines
-    sampling = generation_pb2.SamplingParams(top_p=1.0)
+    start = {"sampling": generation_pb2.SamplingParams(top_p=1.0)}     # the session start's fields
 
     async def scenario():
         draft_server, draft_address = await start_server(worker_pb2_grpc.add_DraftWorkerServicer_to_server,
@@ -87,11 +87,11 @@ def test_the_target_verifies_the_drafts_the_draft_worker_handed_it_with_no_copy_
                                                             TargetServicer(target_engine, 1), "127.0.0.1")
         draft, target = DraftClient(draft_address), TargetClient(target_address)
         try:
-            waiting = asyncio.ensure_future(target.verify(31, PROMPT, 0, [], b"", sampling, 10.0, handoff_id=77))
-            proposal, _ = await draft.propose(31, PROMPT, 0, 4, sampling, worker_pb2.DRAFT_MODE_GREEDY, 10.0,
+            waiting = asyncio.ensure_future(target.verify(31, PROMPT, 0, [], b"", start, 10.0, handoff_id=77))
+            proposal, _ = await draft.propose(31, PROMPT, 0, 4, start, worker_pb2.DRAFT_MODE_GREEDY, 10.0,
                                               hand_to=(target_address, 77))
             handed, _ = await asyncio.wait_for(waiting, 10.0)
-            carried, _ = await target.verify(32, PROMPT, 0, list(proposal.draft_token_ids), b"", sampling, 10.0)
+            carried, _ = await target.verify(32, PROMPT, 0, list(proposal.draft_token_ids), b"", start, 10.0)
         finally:
             for client in (draft, target):
                 await client.close()
@@ -137,7 +137,7 @@ def test_a_call_repeated_from_position_zero_takes_its_handoff_again(demo_engines
     from router.worker_client import TargetClient
     from target_worker.server import TargetServicer
     _, target_engine = demo_engines
-    sampling = generation_pb2.SamplingParams(top_p=1.0)
+    start = {"sampling": generation_pb2.SamplingParams(top_p=1.0)}     # the session start's fields
 
     async def scenario():
         server, address = await start_server(worker_pb2_grpc.add_TargetWorkerServicer_to_server,
@@ -145,8 +145,8 @@ def test_a_call_repeated_from_position_zero_takes_its_handoff_again(demo_engines
         target = TargetClient(address)
         try:
             target.handoffs.send(handoff(41, 5, [14, 200]))
-            handed, _ = await target.verify(41, PROMPT, 3, [], b"", sampling, 10.0, handoff_id=5)   # "holds 3"
-            carried, _ = await target.verify(42, PROMPT, 0, [14, 200], b"", sampling, 10.0)
+            handed, _ = await target.verify(41, PROMPT, 3, [], b"", start, 10.0, handoff_id=5)   # "holds 3"
+            carried, _ = await target.verify(42, PROMPT, 0, [14, 200], b"", start, 10.0)
         finally:
             await target.close()
             await server.stop(None)

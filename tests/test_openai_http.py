@@ -416,8 +416,7 @@ SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"t
     ("/chat/completions", {"verbosity": "high"}, "verbosity"),
     ("/chat/completions", {"web_search_options": {}}, "web_search_options"),
     ("/chat/completions", {"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
-    ("/completions", {"min_tokens": 4}, "min_tokens"),
-    ("/chat/completions", {"min_p": 0.1}, "min_p"),
+    ("/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/chat/completions", {"guided_json": {"type": "object"}}, "guided_json"),
 ])
 def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(served, path, body, param):
@@ -436,11 +435,55 @@ def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(serve
     ("/chat/completions", {"repetition_penalty": -1.2}, "repetition_penalty"),
     ("/completions", {"logit_bias": {"x": 1}}, "logit_bias"), ("/completions", {"logit_bias": {"5": 101}}, "logit_bias.5"),
     ("/chat/completions", {"logit_bias": {"99999": 1}}, "logit_bias"),
+    ("/completions", {"min_p": 1.5}, "min_p"), ("/chat/completions", {"min_p": "0.1"}, "min_p"),
+    ("/completions", {"min_tokens": -1}, "min_tokens"), ("/completions", {"min_tokens": 2.0}, "min_tokens"),
 ])
 def test_penalties_out_of_range_or_of_another_type_are_refused_naming_them(served, path, body, param):
     """frequency_penalty and presence_penalty in OpenAI's [-2, 2], repetition_penalty > 0, each a JSON number;
-    logit_bias's keys token IDs of the vocabulary, its values in [-100, 100]."""
+    logit_bias's keys token IDs of the vocabulary, its values in [-100, 100]; min_p in [0, 1]; min_tokens a whole
+    number >= 0."""
     assert_refused_naming(served, path, body, param)
+
+
+def test_min_tokens_above_max_tokens_is_refused_naming_both_as_sent(served):
+    error = assert_refused_naming(served, "/completions", {"min_tokens": 9, "max_tokens": 4}, "min_tokens")
+    assert error["message"] == "min_tokens: must be <= max_tokens=4 (got 9)"
+    error = assert_refused_naming(served, "/chat/completions", {"min_tokens": 9, "max_completion_tokens": 4},
+                                  "min_tokens")
+    assert error["message"] == "min_tokens: must be <= max_completion_tokens=4 (got 9)"
+
+
+def test_sdk_completion_with_min_tokens_goes_on_past_the_stop_token_the_target_alone_writes(served, target):
+    """vLLM's min_tokens (in the body), greedy at K = 3 through the whole stack: the stop token the target alone
+    writes third is kept out of the first 8 tokens, so the output is the target alone's under that rule, and the
+    gRPC request's (min_new_tokens)."""
+    model, tokenizer = target
+    prompt_ids = tokenizer(PROMPT).input_ids
+    plain = penalized_reference.greedy(model, prompt_ids, 12)
+    ends = (plain[2], model.generation_config.eos_token_id)
+    expected = penalized_reference.greedy(model, prompt_ids, 12, min_tokens=8, ends=ends)
+    expected = expected[:next(i for i, t in enumerate(expected) if t in ends or i == 11) + 1]   # to the stop
+    assert len(expected) > 8 and expected[:3] != plain[:3]
+    answer = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=12, temperature=0,
+                                              extra_body={"min_tokens": 8, "stop_token_ids": [plain[2]],
+                                                          "speculation": {"k": 3}})
+    grpc_request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=12, min_new_tokens=8,
+                                                  stop_token_ids=[plain[2]])
+    grpc_request.speculation.k = 3
+    assert answer.usage.completion_tokens == len(expected)
+    assert answer.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True) \
+        == served.stub.Generate(grpc_request).text
+
+
+def test_sdk_completion_with_min_p_is_served_and_seeded_alike_on_both_apis(served):
+    """vLLM's min_p (in the body) reaches the sampler: a seeded request's text is the gRPC request's with the same
+    min_p (its distribution is tested on the engines, tests/test_min_p.py)."""
+    answer = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=8, temperature=1.0,
+                                              seed=11, extra_body={"min_p": 0.3, "speculation": {"k": 3}})
+    grpc_request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=8)
+    grpc_request.sampling.temperature, grpc_request.sampling.seed, grpc_request.sampling.min_p = 1.0, 11, 0.3
+    grpc_request.speculation.k = 3
+    assert answer.choices[0].text == served.stub.Generate(grpc_request).text
 
 
 def test_ignore_eos_is_a_json_boolean_that_reaches_the_generate_request(served):

@@ -54,15 +54,6 @@ def test_a_request_without_penalties_gets_its_logits_untouched():
     assert penalize(logits, [1, 2, 3, 4], 2, sampling(prompt_length=1)) is logits
 
 
-@pytest.fixture(scope="module")
-def byte_engines(byte_pair):
-    from transformers import AutoModelForCausalLM
-    from draft_worker.proposer import DraftEngine
-    from target_worker.verifier import TargetEngine
-    draft, target = byte_pair
-    return DraftEngine(draft), TargetEngine(target, draft), AutoModelForCausalLM.from_pretrained(target).eval()
-
-
 @pytest.mark.parametrize("k", [0, 1, 4])
 @pytest.mark.parametrize("name", list(PENALTIES))
 def test_greedy_rounds_match_the_target_alone_with_the_same_penalties(byte_engines, name, k):
@@ -97,16 +88,6 @@ def test_a_draft_that_is_the_target_has_every_draft_accepted_with_penalties_too(
 
 PROMPT, SAMPLES = [0, 1, 2, 3], 2000
 STRONG = dict(frequency=1.0, presence=0.5, repetition=1.5)
-
-
-@pytest.fixture(scope="module")
-def tiny_engines(tiny_pair):
-    from transformers import AutoModelForCausalLM
-    from draft_worker.proposer import DraftEngine
-    from target_worker.verifier import TargetEngine
-    draft, target = tiny_pair
-    model = AutoModelForCausalLM.from_pretrained(target).eval()
-    return DraftEngine(draft), TargetEngine(target, draft), model
 
 
 @pytest.mark.parametrize("mode", [worker_pb2.DRAFT_MODE_SAMPLED, worker_pb2.DRAFT_MODE_GREEDY],

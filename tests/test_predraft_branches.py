@@ -115,26 +115,25 @@ class EngineClient:
     async def release(self, session_id):
         self.engine.release(session_id)
 
-    def fields(self, tokens, synced, sampling, prompt_length, **rest) -> dict:
-        return dict(position=synced, new_token_ids=tokens[synced:], sampling=None if synced else sampling,
-                    prompt_length=0 if synced else prompt_length, **rest)
+    def fields(self, tokens, synced, start) -> dict:
+        return dict(position=synced, new_token_ids=tokens[synced:], **({} if synced else start))
 
 
 class DraftClient(EngineClient):
-    async def propose(self, session_id, tokens, synced, k, sampling, mode, timeout, runner_ups=False, branches=(),
-                      hand_to=("", 0), prompt_length=0):
+    async def propose(self, session_id, tokens, synced, k, start, mode, timeout, runner_ups=False, branches=(),
+                      hand_to=("", 0)):
         await asyncio.sleep(0)              # sent beside the verify: it runs after the verify was sent
         points = [worker_pb2.BranchPoint(at=at, token_id=t) for at, t in branches]
         return self.engine.propose(worker_pb2.ProposeRequest(
             session_id=session_id, k=k, mode=mode, runner_ups=runner_ups, branches=points,
-            **self.fields(tokens, synced, sampling, prompt_length))), 0
+            **self.fields(tokens, synced, start))), 0
 
 
 class TargetClient(EngineClient):
-    async def verify(self, session_id, tokens, synced, drafts, hidden, sampling, timeout, prompt_length=0):
+    async def verify(self, session_id, tokens, synced, drafts, hidden, start, timeout):
         return self.engine.verify(worker_pb2.VerifyRequest(
             session_id=session_id, draft_token_ids=drafts, draft_hidden_states=hidden,
-            **self.fields(tokens, synced, sampling, prompt_length))), 0
+            **self.fields(tokens, synced, start))), 0
 
 
 def greedy_loop(engines, session_id: int, policy, max_new: int):
