@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
+from engine.constraints import session_constraint
 from engine.modeling import RaggedBatch, batchable, fork_session, load_model
 from engine.penalties import penalize
 from engine.prefill_chunks import chunk_ends, prefilled
@@ -38,7 +39,9 @@ class DraftRow(NamedTuple):
     k: int                         # drafts to make
     start: int                     # context length at the first draft (its position, for the sampling stream)
     branch: bool = False
-    context: list | None = None    # the tokens before its first draft, for the penalties (None: none asked)
+    context: list | None = None    # the tokens before its first draft, for the penalties and the grammar (None:
+                                   # neither asked)
+    constraint: object = None      # a structured-output request's grammar matcher (its own session's)
 
 
 @dataclass
@@ -79,13 +82,15 @@ def answer_rows(rows: list[DraftRow], drafted: list[Drafted], results: list) -> 
 
 def penalized_row(row: DraftRow, out: Drafted, logits: torch.Tensor,   # [vocab]
                   top3: list[int]) -> tuple[torch.Tensor, list[int]]:
-    """A row's logits at its next draft and their best three tokens, after the request's penalties for the row's
-    context and the drafts it made so far (as they are, for a request without penalties)."""
+    """A row's logits at its next draft and their best three tokens, after the request's penalties and grammar for
+    the row's context and the drafts it made so far (as they are, for a request with neither)."""
     if row.context is None:
         return logits, top3
-    tokens = row.context + out.tokens
-    logits = penalize(logits[None], tokens, len(tokens), row.session.sampling)[0]
-    return logits, logits.topk(min(3, logits.shape[-1])).indices.tolist()
+    tokens, sampling = row.context + out.tokens, row.session.sampling
+    logits = penalize(logits[None], tokens, len(tokens), sampling)
+    if row.constraint is not None:
+        logits = row.constraint.mask(logits, tokens, len(tokens), sampling.prompt_length, committed=False)
+    return logits[0], logits[0].topk(min(3, logits.shape[-1])).indices.tolist()
 
 
 class DraftEngine:
@@ -94,6 +99,7 @@ class DraftEngine:
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu", max_sessions: int = 256,
                  prefix_cache_tokens: int = 0, prefill_chunk_tokens: int = 0):
         self.model = load_model(model_path, dtype, device)
+        self.model_path = model_path
         self.head = self.model.get_output_embeddings()
         self.sessions = SessionStore(max_sessions)
         self.batched = batchable(self.model)
@@ -160,17 +166,22 @@ class DraftEngine:
         """The request's own row, then one per pre-draft branch (a fork of the session's cache at the branch
         point; none for a model whose cache cannot be forked, which answers each branch with no drafts). The
         session holds the first `skip` new tokens already (from the prefix cache)."""
-        new, penalized = list(request.new_token_ids)[skip:], session.sampling.penalized
+        new, constraint = list(request.new_token_ids)[skip:], self._constraint(session)
+        penalized = session.sampling.penalized or constraint is not None
         rows = [DraftRow(index, session, request, new, request.k, session.length + len(new),
-                         context=session.tokens if penalized else None)]
+                         context=session.tokens if penalized else None, constraint=constraint)]
         for b in request.branches if self.batched else ():
             if not 0 < b.at <= session.length + len(new):
                 raise ValueError(f"branches.at: {b.at} is past the context ({session.length + len(new)} tokens)")
             held = min(b.at, session.length)
             rows.append(DraftRow(index, fork_session(self.model, session, held), request,
                                  new[:b.at - held] + [b.token_id], request.k - 1, b.at + 1, branch=True,
-                                 context=session.tokens[:b.at] + [b.token_id] if penalized else None))
+                                 context=session.tokens[:b.at] + [b.token_id] if penalized else None,
+                                 constraint=constraint))
         return rows
+
+    def _constraint(self, session: Session):
+        return session_constraint(session, self.model_path, self.model.config.vocab_size)
 
     def _remember(self, group: list, found: dict, requests: list, results: list) -> None:
         """Put the contexts of the sessions that started (or ended a prompt in chunks) and drafted into the prefix

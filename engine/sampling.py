@@ -41,6 +41,8 @@ class Sampling:
     min_p: float = 0.0
     min_tokens: int = 0                    # the output's first min_tokens tokens are none of end_tokens
     end_tokens: tuple = ()                 # EOS (unless ignored) and the stop token IDs
+    grammar: str = ""                      # structured output: the llguidance grammar p follows (constraints.py)
+    grammar_eos: tuple = ()                # ... and the EOS tokens it allows once complete
 
     @property
     def greedy(self) -> bool:

@@ -33,6 +33,7 @@ class Session:
                                    # its release leaves in the prefix cache (engine.prefix_cache.PrefixCache.keep)
     ngram: object = None           # the target's prompt-lookup index of the committed tokens (engine.ngram)
     chunked: bool = False          # the worker holds part of its prompt, computed in chunks (prefill_chunks.py)
+    constraint: object = None      # a structured-output request's grammar matcher (engine/constraints.py)
     opened: int = 0                # the store's open count when it was last opened (SessionStore._evict)
     _own: object = field(default=None, repr=False)     # its own DynamicCache, as last handed back
     _batch: object = field(default=None, repr=False)   # the RaggedBatch it was left in, not handed back yet
@@ -135,23 +136,26 @@ class SessionStore:
         return self._sessions.pop(session_id, None)
 
 
-def sampling_from_proto(params, prompt_length: int = 0, min_tokens=None) -> Sampling:
-    """specpool.v1.SamplingParams (already normalised by the router), with a session start's prompt_length and
-    worker MinTokens -> Sampling."""
+def sampling_from_proto(params, prompt_length: int = 0, min_tokens=None, grammar=None) -> Sampling:
+    """specpool.v1.SamplingParams (already normalised by the router), with a session start's prompt_length, worker
+    MinTokens and Grammar -> Sampling."""
     return Sampling(temperature=params.temperature, top_p=params.top_p if params.HasField("top_p") else 1.0,
                     top_k=params.top_k, seed=params.seed, frequency_penalty=params.frequency_penalty,
                     presence_penalty=params.presence_penalty,
                     repetition_penalty=params.repetition_penalty if params.HasField("repetition_penalty") else 1.0,
                     logit_bias=tuple(sorted(params.logit_bias.items())), prompt_length=prompt_length,
                     min_p=params.min_p, min_tokens=min_tokens.count if min_tokens else 0,
-                    end_tokens=tuple(sorted(min_tokens.token_ids)) if min_tokens else ())
+                    end_tokens=tuple(sorted(min_tokens.token_ids)) if min_tokens else (),
+                    grammar=grammar.llguidance if grammar else "",
+                    grammar_eos=tuple(grammar.eos_token_ids) if grammar else ())
 
 
 def open_session(store: SessionStore, request) -> Session:
-    """Open the session a Propose/Verify request names (sampling, prompt_length and min_tokens travel only with
-    position 0)."""
+    """Open the session a Propose/Verify request names (sampling, prompt_length, min_tokens and grammar travel only
+    with position 0)."""
     sampling = (sampling_from_proto(request.sampling, request.prompt_length,
-                                    request.min_tokens if request.HasField("min_tokens") else None)
+                                    request.min_tokens if request.HasField("min_tokens") else None,
+                                    request.grammar if request.HasField("grammar") else None)
                 if request.HasField("sampling") else None)
     return store.open(request.session_id, request.position, sampling)
 

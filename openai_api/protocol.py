@@ -16,6 +16,8 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Fiel
                       create_model, model_validator)
 from pydantic_core import PydanticCustomError
 
+from openai_api.structured import PARAMETERS as STRUCTURED_PARAMETERS
+from openai_api.structured import JsonSchema, ResponseFormat, StructuredOutputs, structured_output
 from protos.specpool.v1 import generation_pb2
 from router.validation import MAX_TOP_LOGPROBS, RequestError
 
@@ -172,16 +174,15 @@ class SameAs:
 # hint whose output is the model's own, prompt_cache_key, safety_identifier) are ignored, as any unknown key.
 REFUSED: dict[str, Any] = {
     "best_of": SameAs("n"), "suffix": "",
-    "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "functions": [], "function_call": "none",
+    "tools": [], "tool_choice": "none", "functions": [], "function_call": "none",
     "modalities": ["text"], "audio": None, "reasoning_effort": None, "verbosity": "medium",
     "web_search_options": None, "moderation": None,
     # vLLM's and SGLang's own sampling extensions, which clients moving from them send (those specpool has,
-    # repetition_penalty, ignore_eos, min_p and min_tokens, are fields above): the same rule, so that no such
-    # request silently gets other output than it asked for
+    # repetition_penalty, ignore_eos, min_p, min_tokens and the structured-output ones, are fields above): the same
+    # rule, so that no such request silently gets other output than it asked for
     "use_beam_search": False,
     "length_penalty": 1, "include_stop_str_in_output": False, "bad_words": [], "allowed_token_ids": None,
-    "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
-    "structured_outputs": None, "logits_processors": None, "regex": None, "json_schema": None, "ebnf": None,
+    "logits_processors": None,
 }
 
 
@@ -242,14 +243,25 @@ class SamplingFields(Body):
     stream_options: Annotated[StreamOptions | None, only_when_true("stream")] = None
     speculation: Speculation | None = None
     user: Text | None = None
+    response_format: ResponseFormat | None = None              # structured output (openai_api/structured.py)
+    structured_outputs: StructuredOutputs | None = None        # ... vLLM's
+    guided_json: Union[JsonSchema, Text, None] = None
+    guided_regex: Text | None = None
+    guided_choice: Annotated[list[Text], Field(min_length=1)] | None = None
+    guided_grammar: Text | None = None
+    json_schema: Union[JsonSchema, Text, None] = None          # ... SGLang's
+    regex: Text | None = None
+    ebnf: Text | None = None
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
     def params(self) -> dict[str, str]:
-        """The HTTP parameter behind each GenerateRequest field a RequestError may name."""
-        return PARAMS
+        """The HTTP parameter behind each GenerateRequest field a RequestError may name (structured_output's: the
+        parameter that asked for it)."""
+        asked = next((param for param in STRUCTURED_PARAMETERS if getattr(self, param) is not None), None)
+        return {**PARAMS, "structured_output": asked} if asked else PARAMS
 
 
 # The refused parameters after SamplingFields' own, so that a SameAs finds the parameter it names validated
@@ -291,7 +303,7 @@ class ChatRequest(SamplingBody):
 
     def params(self) -> dict[str, str]:
         length = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
-        return {**PARAMS, "prompt": "messages", "prompt_token_ids": "messages", "max_new_tokens": length}
+        return {**super().params(), "prompt": "messages", "prompt_token_ids": "messages", "max_new_tokens": length}
 
 
 DEFAULT_CHAT_MAX_TOKENS = 256
@@ -309,7 +321,7 @@ def http_error(exc: RequestError, params: dict[str, str]) -> ApiError:
     naming the HTTP parameter behind it, in its message and `param` (so is the length a message compares it with:
     `min_tokens: must be <= max_tokens=16`)."""
     field = exc.field.split("[")[0]
-    param = params.get(field, field)
+    param = params.get(field) or params.get(field.split(".")[0], field)
     detail = str(exc).removeprefix(f"{exc.field}: ")
     for named in dict.fromkeys((field, "max_new_tokens")):
         detail = re.sub(rf"(?<![\w.]){re.escape(named)}\b", params.get(named, named), detail)
@@ -355,6 +367,13 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
             request.speculation.k = body.speculation.k
     if logprobs is not None:
         request.logprobs = logprobs
+    try:
+        asked = structured_output(body)
+    except ValueError as exc:
+        param, message = exc.args
+        raise ApiError(400, f"{param}: {message}", param) from None
+    if asked is not None:
+        request.structured_output.CopyFrom(asked[1])
     return request
 
 

@@ -37,6 +37,7 @@ from router.request_state import DRAFT_MODES, RequestState
 from router.speculation import generate, releases_done
 from router.stopping import output_chunks
 from router.text import encode, max_token_chars
+from router.structured_output import compiled, matcher_tokenizer
 from router.validation import MAX_REQUEST_ID_CHARS, ModelLimits, RequestError, check_prompt_text, validate
 from router.affinity import PrefixAffinity
 from router.worker_client import DraftClient, TargetClient
@@ -127,6 +128,11 @@ class Router:
         finally:
             self._slots.release()
 
+    @functools.cached_property
+    def grammar_tokenizer(self):
+        """The tokenizer structured-output grammars are checked against (router/structured_output.py)."""
+        return matcher_tokenizer(self.tokenizer, self.model_info["vocab_size"], self.eos_ids)
+
     @property
     def limits(self) -> ModelLimits:
         return ModelLimits(self.model_info["vocab_size"], self.model_info["max_context"],
@@ -143,6 +149,8 @@ class Router:
         else:
             prompt_ids = list(request.prompt_token_ids)
         validate(request, prompt_ids, self.limits)
+        grammar = await asyncio.to_thread(compiled, request, self.eos_ids, self.grammar_tokenizer) \
+            if request.HasField("structured_output") else None
         sampling = generation_pb2.SamplingParams()
         sampling.CopyFrom(request.sampling)
         sampling.top_p = request.sampling.top_p if request.sampling.HasField("top_p") else 1.0
@@ -164,7 +172,7 @@ class Router:
                             ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max),
                             stop_strings=tuple(request.stop),
                             top_logprobs=request.logprobs if request.HasField("logprobs") else None,
-                            streamed=streamed, min_new_tokens=request.min_new_tokens)
+                            streamed=streamed, min_new_tokens=request.min_new_tokens, grammar=grammar)
 
     async def run(self, state: RequestState):
         """The request's rounds on the least-loaded draft and target replicas (sticky for the request); counted in

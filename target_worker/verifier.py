@@ -10,6 +10,7 @@ import torch
 
 from protos.specpool.v1 import worker_pb2
 from engine.batching import BatchStats, forward_groups, only_answer, prefills, run_isolated
+from engine.constraints import session_constraint
 from engine.ngram import LookupMissed, NgramIndex
 from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
 from engine.penalties import penalize
@@ -20,14 +21,23 @@ from engine.sessions import SessionStore, open_sessions
 
 
 def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, sampling: Sampling,
-                            tokens: list[int] | tuple = (), start: int = 0) -> torch.Tensor:
+                            tokens: list[int] | tuple = (), start: int = 0, constraint=None) -> torch.Tensor:
     """q [K, vocab] recomputed from the draft's final hidden states (K x hidden, the head's dtype), the penalties
-    applied as the draft applied them: row j for `tokens` up to draft j (the K drafts from `start` on)."""
+    and a structured-output request's grammar applied as the draft applied them: row j for `tokens` up to draft j
+    (the K drafts from `start` on)."""
     weight = head.weight
     raw = torch.frombuffer(bytearray(hidden_bytes), dtype=torch.uint8)
     hidden = raw.view(weight.dtype).view(k, -1).to(weight.device)
     with torch.inference_mode():
-        return logits_to_probs(penalize(head(hidden), tokens, start, sampling), sampling)
+        return logits_to_probs(restricted(head(hidden), tokens, start, sampling, constraint), sampling)
+
+
+def restricted(logits: torch.Tensor, tokens: list[int], start: int, sampling: Sampling,
+               constraint=None) -> torch.Tensor:  # [rows, vocab]
+    """Rows of logits predicting positions start, start + 1, ... after the request's penalties and (`constraint`)
+    its grammar, each for its own prefix in `tokens`."""
+    logits = penalize(logits, tokens, start, sampling)
+    return logits if constraint is None else constraint.mask(logits, tokens, start, sampling.prompt_length)
 
 
 def own_drafts(request: worker_pb2.VerifyRequest, session) -> list[int]:
@@ -66,6 +76,7 @@ class TargetEngine:
                  draft_dtype: str = "float32", tp_plan: str | None = None, max_sessions: int = 256,
                  prefix_cache_tokens: int = 0, prefill_chunk_tokens: int = 0):
         self.model = load_model(model_path, dtype, device, tp_plan)
+        self.model_path = model_path
         self.draft_head = load_lm_head(draft_model_path, draft_dtype, device if not tp_plan else self.model.device)
         self.sessions = SessionStore(max_sessions)
         self.batched = batchable(self.model)
@@ -112,7 +123,8 @@ class TargetEngine:
                 results[i] = prefilled(self.sessions, requests[i], session, found[i])
                 continue
             try:
-                row_logits = penalize(row_logits, session.tokens, start, session.sampling)   # [K + 1, vocab]
+                row_logits = restricted(row_logits, session.tokens, start, session.sampling,
+                                        self._constraint(session))                  # [K + 1, vocab]
                 results[i] = self._sample_row(requests[i], row_drafts, session, row_logits, start)
                 add_logprobs(results[i], requests[i], row_drafts, row_logits, session.sampling)
             except Exception as exc:  # noqa: BLE001 - a bad row fails alone
@@ -162,6 +174,9 @@ class TargetEngine:
                 results[i] = exc
         return kept, drafts
 
+    def _constraint(self, session):
+        return session_constraint(session, self.model_path, self.model.config.vocab_size)
+
     def _sample_row(self, request, drafts: list[int], session, logits: torch.Tensor,
                     start: int) -> worker_pb2.VerifyResponse:
         """Rejection-sample one row: logits [K + 1, vocab] of the target at the K drafts and after them."""
@@ -174,7 +189,7 @@ class TargetEngine:
             num_accepted, next_token = match_sample(draft_ids, target_probs, session.sampling.seed, start)
             return worker_pb2.VerifyResponse(num_accepted=num_accepted, next_token_id=next_token)
         draft_probs = draft_probs_from_hidden(self.draft_head, request.draft_hidden_states, len(drafts),
-                                              session.sampling, session.tokens, start)
+                                              session.sampling, session.tokens, start, self._constraint(session))
         num_accepted, next_token = rejection_sample(draft_ids, draft_probs.to(target_probs.device), target_probs,
                                                     session.sampling.seed, start)
         return worker_pb2.VerifyResponse(num_accepted=num_accepted, next_token_id=next_token)

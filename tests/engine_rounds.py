@@ -4,11 +4,11 @@ from protos.specpool.v1 import worker_pb2
 
 
 def run_rounds(draft, target, prompt, k, max_new, sampling, mode,
-               min_tokens: worker_pb2.MinTokens | None = None):
+               min_tokens: worker_pb2.MinTokens | None = None, grammar: worker_pb2.Grammar | None = None):
     """The router's loop in miniature: sync positions, propose (not at K = 0, plain decoding), verify, commit. The
     session start's fields (RequestState.session_start) go with each engine's first call."""
     tokens, draft_synced, target_synced = list(prompt), 0, 0
-    start = dict(sampling=sampling, prompt_length=len(prompt), min_tokens=min_tokens)
+    start = dict(sampling=sampling, prompt_length=len(prompt), min_tokens=min_tokens, grammar=grammar)
     while len(tokens) - len(prompt) < max_new:
         before = len(tokens)
         proposal = draft.propose(worker_pb2.ProposeRequest(

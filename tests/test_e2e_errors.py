@@ -51,6 +51,12 @@ BAD = {
     "min_p above one": (dict(sampling={"min_p": 1.5}), "sampling.min_p"),
     "nan min_p": (dict(sampling={"min_p": float("nan")}), "sampling.min_p"),
     "min_new_tokens above max_new_tokens": (dict(min_new_tokens=5), "min_new_tokens"),
+    "malformed regex": (dict(structured_output=generation_pb2.StructuredOutput(regex="a[b")),
+                        "structured_output.regex"),
+    "schema not JSON": (dict(structured_output=generation_pb2.StructuredOutput(json_schema="{")),
+                        "structured_output.json_schema"),
+    "structured output ignoring EOS": (dict(structured_output=generation_pb2.StructuredOutput(json_object=True),
+                                            ignore_eos=True), "ignore_eos"),
     "k above k_max": (dict(speculation={"k": 9}), "speculation.k"),
     "stop id outside vocab": (dict(stop_token_ids=[300]), "stop_token_ids[0]"),
 }

@@ -50,6 +50,8 @@ def requests(draw):
     if draw(st.booleans()):
         request.min_new_tokens = draw(st.sampled_from([0, 1, 4, 2**32 - 1]))
     if draw(st.booleans()):
+        request.structured_output.regex = draw(st.sampled_from(["[0-9]+", "a[b", r"[^\s\S]", "", "(x|y)*"]))
+    if draw(st.booleans()):
         request.speculation.k = draw(st.sampled_from([0, 1, 3, 8, 9, 2**32 - 1]))
     request.speculation.disable = draw(st.booleans())
     return request

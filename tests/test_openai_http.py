@@ -395,16 +395,12 @@ def test_unknown_keys_are_refused_inside_speculation_only(served):
 
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
-SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
 
 
 @pytest.mark.parametrize("path, body, param", [
     ("/completions", {"best_of": 2}, "best_of"),
     ("/completions", {"best_of": 3, "n": 2}, "best_of"), ("/completions", {"best_of": 1.0}, "best_of"),
     ("/completions", {"suffix": "\n}"}, "suffix"),
-    ("/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("/chat/completions", {"response_format": SCHEMA}, "response_format"),
     ("/chat/completions", {"tools": [TOOL]}, "tools"),
     ("/chat/completions", {"tool_choice": "required"}, "tool_choice"),
     ("/chat/completions", {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
@@ -417,7 +413,7 @@ SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"t
     ("/chat/completions", {"web_search_options": {}}, "web_search_options"),
     ("/chat/completions", {"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
     ("/completions", {"use_beam_search": True}, "use_beam_search"),
-    ("/chat/completions", {"guided_json": {"type": "object"}}, "guided_json"),
+    ("/chat/completions", {"bad_words": ["x"]}, "bad_words"),
 ])
 def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(served, path, body, param):
     """An OpenAI parameter that would change the output and that specpool does not implement (logit_bias, best_of, suffix, structured output, tools, audio, reasoning, ...) is a 400 naming it and the
@@ -518,6 +514,60 @@ def test_sdk_completion_with_penalties_and_logit_bias_matches_the_target_alone_w
     grpc_request.speculation.k = 3
     assert answer.choices[0].text == tokenizer.decode(tokens, skip_special_tokens=True) \
         == served.stub.Generate(grpc_request).text
+
+
+def test_response_format_json_schema_is_the_target_alones_output_under_the_schema_on_both_apis(served, target):
+    """OpenAI's response_format json_schema (in a completion's body, as vLLM takes it), greedy at K = 3 through the
+    whole stack: JSON the schema accepts, the target alone's output under the schema token for token, ended by EOS
+    (finish reason `stop`), and gRPC's structured_output.json_schema."""
+    from tests.test_structured_output import POINT, constrained_greedy, grammar_of
+    model, tokenizer = target
+    grammar = grammar_of(frozenset({tokenizer.eos_token_id}), json_schema=json.dumps(POINT))
+    expected = constrained_greedy(model, str(DEMO / "target"), grammar, tokenizer("x = ").input_ids, 48)
+    response_format = {"type": "json_schema", "json_schema": {"name": "point", "schema": POINT, "strict": True}}
+    answer = served.client.completions.create(model=served.model, prompt="x = ", max_tokens=48, temperature=0,
+                                              extra_body={"response_format": response_format})
+    value = json.loads(answer.choices[0].text)
+    assert set(value) == {"name", "n"} and isinstance(value["n"], int) and answer.choices[0].finish_reason == "stop"
+    assert answer.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
+    assert answer.usage.completion_tokens == len(expected)
+    grpc_request = generation_pb2.GenerateRequest(prompt="x = ", max_new_tokens=48, structured_output=
+                                                  generation_pb2.StructuredOutput(json_schema=json.dumps(POINT)))
+    assert served.stub.Generate(grpc_request).token_ids == expected
+
+
+@pytest.mark.parametrize("body, check", [
+    ({"guided_choice": ["yes", "no", "maybe not"]}, lambda text: text in ("yes", "no", "maybe not")),
+    ({"structured_outputs": {"choice": ["left", "right"]}}, lambda text: text in ("left", "right")),
+    ({"guided_regex": "[0-9]{2}-[a-z]{3}"}, lambda text: len(text) == 6 and text[2] == "-" and text[:2].isdigit()),
+    ({"regex": "(True|False)"}, lambda text: text in ("True", "False")),
+    ({"response_format": {"type": "json_object"}}, lambda text: isinstance(json.loads(text), dict)),
+    ({"guided_grammar": 'root ::= "def " [a-z]+ "():"'}, lambda text: text.startswith("def ") and text.endswith("():")),
+])
+def test_vllm_and_sglang_structured_output_parameters_shape_a_sampled_output(served, body, check):
+    """Sampled (temperature 1, seeded) at K = 3: the output has the structure asked for, whatever the draws."""
+    for seed in range(3):
+        response = httpx.post(served.base_url + "/completions", json={
+            "model": served.model, "prompt": "x = ", "max_tokens": 64, "temperature": 1.0, "seed": seed, **body})
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["finish_reason"] == "stop" and check(choice["text"]), choice
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"guided_regex": "a[b"}, "guided_regex"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "guided_regex"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({"structured_outputs": {"whitespace": "x"}}, "structured_outputs.whitespace"),
+    ({"guided_grammar": "root ::= ("}, "guided_grammar"),
+    ({"guided_regex": "a", "ignore_eos": True}, "ignore_eos"),
+])
+def test_a_malformed_or_conflicting_structured_output_is_refused_naming_its_parameter(served, body, param):
+    assert_refused_naming(served, "/completions", body, param)
 
 
 def served_choices(served, path: str, extra: dict) -> tuple[list, dict]:

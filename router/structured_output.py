@@ -1,0 +1,86 @@
+"""Structured output: GenerateRequest.structured_output compiled to the llguidance grammar the workers follow.
+
+The router checks the grammar here, so that a bad schema, regex or grammar is INVALID_ARGUMENT naming its field
+before any worker sees it; the target restricts p to it (engine/constraints.py). llguidance imports no torch.
+
+    grammar = compiled(request)      # worker_pb2.Grammar, or None for a request without structured output
+"""
+from __future__ import annotations
+
+import json
+
+from protos.specpool.v1 import generation_pb2, worker_pb2
+from router.validation import RequestError
+
+MAX_GRAMMAR_CHARS = 1 << 20    # a schema, regex, grammar or the choices together, as sent
+
+
+def llguidance_grammar(structured: generation_pb2.StructuredOutput) -> tuple[str, str]:
+    """(field, llguidance grammar) of the structure asked for; RequestError for a malformed one."""
+    from llguidance import LLMatcher
+    kind = structured.WhichOneof("kind")
+    field = f"structured_output.{kind}"
+    if kind == "json_schema":
+        try:
+            schema = json.loads(structured.json_schema)
+        except ValueError as exc:
+            raise RequestError(field, f"not JSON: {exc}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise RequestError(field, f"must be a JSON Schema: an object or a boolean (got {type(schema).__name__})")
+        return field, LLMatcher.grammar_from_json_schema(schema)
+    if kind == "json_object":
+        if not structured.json_object:
+            raise RequestError(field, "must be true (leave structured_output unset for free text)")
+        return field, LLMatcher.grammar_from_json_schema({"type": "object"})
+    if kind == "regex":
+        return field, LLMatcher.grammar_from_regex(structured.regex)
+    if kind == "choice":
+        if not structured.choice.options:
+            raise RequestError(f"{field}.options", "must not be empty")
+        return field, LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(option)
+                                                                          for option in structured.choice.options))
+    from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
+    try:
+        return field, LLMatcher.grammar_from_lark(any_to_lark(structured.grammar))
+    except GbnfToLarkError as exc:
+        raise RequestError(field, f"not a Lark or GBNF grammar: {exc}") from None
+
+
+def matcher_tokenizer(tokenizer, vocab_size: int, eos_ids: frozenset):
+    """llguidance's view of the router's tokenizer (a `tokenizers.Tokenizer`), to check grammars against the
+    vocabulary; None where llguidance cannot read it (the workers then find what only the vocabulary shows)."""
+    from llguidance import LLTokenizer
+    try:
+        return LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size, eos_token=sorted(eos_ids))
+    except (ValueError, AttributeError):
+        return None
+
+
+def compiled(request: generation_pb2.GenerateRequest, eos_ids: frozenset,
+             tokenizer=None) -> worker_pb2.Grammar | None:
+    """The request's grammar for the workers, checked (with `tokenizer`, matcher_tokenizer's, also against the
+    vocabulary: a regex no token can start is caught only there). None: no structured output. A grammar ends its
+    output with EOS, so it is refused beside ignore_eos or min_new_tokens."""
+    if not request.HasField("structured_output") or request.structured_output.WhichOneof("kind") is None:
+        return None
+    if request.ignore_eos:
+        raise RequestError("ignore_eos", "cannot be combined with structured_output (its output ends with EOS)")
+    if request.min_new_tokens:
+        raise RequestError("min_new_tokens", "cannot be combined with structured_output")
+    if request.structured_output.ByteSize() > MAX_GRAMMAR_CHARS:
+        raise RequestError("structured_output", f"at most {MAX_GRAMMAR_CHARS} bytes")
+    if not eos_ids:
+        raise RequestError("structured_output", "the model has no EOS token to end a structured output with")
+    field, grammar = llguidance_grammar(request.structured_output)
+    from llguidance import LLMatcher
+    error = LLMatcher.validate_grammar(grammar)
+    if not error and tokenizer is not None:
+        matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        matcher.compute_logit_bias()                    # the first token's mask: where a dead start shows
+        if matcher.is_error():
+            raise RequestError(field, "no text the model's tokens can spell matches it "
+                                      f"({(matcher.get_error() or '?').splitlines()[0]})")
+    if error:                   # "at 1(8): invalid regex ... parse error:", a diagram, "error: unclosed ..."
+        lines = [line.strip() for line in error.strip().splitlines()]
+        raise RequestError(field, " ".join([lines[0]] + [line for line in lines[1:] if line.startswith("error:")]))
+    return worker_pb2.Grammar(llguidance=grammar, eos_token_ids=sorted(eos_ids))

@@ -1,0 +1,175 @@
+"""Structured output (GenerateRequest.structured_output; HTTP response_format and vLLM's and SGLang's parameters):
+the target's p at each position is its own distribution restricted to the tokens the grammar allows after that
+row's prefix (engine/constraints.py), so greedy output is the target alone's under the grammar at every K, sampled
+tokens follow the target alone's constrained distribution in both draft modes, and the draft, masking its own rows
+alike, proposes what the target can accept. The router refuses a malformed structure naming its field."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from protos.specpool.v1 import generation_pb2, worker_pb2
+from router.structured_output import compiled
+from router.validation import RequestError
+from tests.distribution import chi_square_p_value
+from tests.engine_rounds import run_rounds
+
+POINT = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+         "required": ["name", "n"], "additionalProperties": False}
+EOS_IDS = frozenset({0})
+DEMO = Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair"
+
+
+def grammar_of(eos_ids=EOS_IDS, **structure) -> worker_pb2.Grammar:
+    return compiled(generation_pb2.GenerateRequest(structured_output=generation_pb2.StructuredOutput(**structure)),
+                    eos_ids)
+
+
+def constrained_greedy(model, tokenizer_path: str, grammar: worker_pb2.Grammar, prompt: list[int],
+                       max_new: int) -> list[int]:
+    """The target alone, greedy, each step's logits restricted by an llguidance matcher of its own (no specpool
+    code), stopping after EOS."""
+    import llguidance
+    import llguidance.hf
+    from transformers import AutoTokenizer
+    tokenizer = llguidance.hf.from_tokenizer(AutoTokenizer.from_pretrained(tokenizer_path),
+                                             n_vocab=model.config.vocab_size, eos_token=list(grammar.eos_token_ids))
+    matcher, out = llguidance.LLMatcher(tokenizer, grammar.llguidance), []
+    with torch.no_grad():
+        while len(out) < max_new and not (out and out[-1] in grammar.eos_token_ids):
+            logits = model(torch.tensor([prompt + out])).logits[0, -1]
+            allowed = torch.frombuffer(bytearray(matcher.compute_logit_bias()), dtype=torch.uint8) > 0
+            out.append(int(logits.masked_fill(~allowed, float("-inf")).argmax()))
+            assert matcher.consume_token(out[-1])
+    return out
+
+
+@pytest.fixture(scope="module")
+def demo():
+    """The demo pair's engines in this process, its target alone and its tokenizer (a real BPE vocabulary)."""
+    from transformers import AutoTokenizer
+    from tests.conftest import pair_engines
+    draft, target, model = pair_engines((str(DEMO / "draft"), str(DEMO / "target")))
+    return draft, target, model, AutoTokenizer.from_pretrained(str(DEMO / "target"))
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+def test_greedy_rounds_match_the_target_alone_under_a_json_schema(demo, k):
+    """The output is the target alone's under the schema, token for token, and it is JSON the schema accepts."""
+    draft, target, model, tokenizer = demo
+    grammar = grammar_of(json_schema=json.dumps(POINT))
+    prompt = tokenizer("x = ").input_ids
+    expected = constrained_greedy(model, target.model_path, grammar, prompt, 48)
+    assert expected[-1] in EOS_IDS                           # complete within 48 tokens
+    tokens = run_rounds(draft, target, prompt, k, len(expected), generation_pb2.SamplingParams(top_p=1.0),
+                        worker_pb2.DRAFT_MODE_GREEDY, grammar=grammar)
+    assert tokens == expected
+    value = json.loads(tokenizer.decode(tokens, skip_special_tokens=True))
+    assert set(value) == {"name", "n"} and isinstance(value["name"], str) and isinstance(value["n"], int)
+
+
+def test_the_draft_masks_its_rows_as_the_target_does(demo):
+    """Drafting with the target's own model under the schema, every greedy draft is accepted: the draft restricts
+    each of its rows to what the grammar allows after that row's own prefix, its earlier drafts included."""
+    from draft_worker.proposer import DraftEngine
+    _, target, _, tokenizer = demo
+    draft = DraftEngine(target.model_path)
+    grammar = grammar_of(json_schema=json.dumps(POINT))
+    prompt = tokenizer("x = ").input_ids
+    start = dict(sampling=generation_pb2.SamplingParams(top_p=1.0), prompt_length=len(prompt), grammar=grammar)
+    tokens, accepted = list(prompt), 0
+    for _ in range(3):
+        drafts = list(draft.propose(worker_pb2.ProposeRequest(session_id=1, position=0, new_token_ids=tokens, k=4,
+                                                              mode=worker_pb2.DRAFT_MODE_GREEDY, **start)).draft_token_ids)
+        verdict = target.verify(worker_pb2.VerifyRequest(session_id=1, position=0, new_token_ids=tokens,
+                                                         draft_token_ids=drafts, **start))
+        accepted += verdict.num_accepted
+        tokens += drafts[:verdict.num_accepted] + [verdict.next_token_id]
+    assert accepted == 3 * 4
+
+
+PROMPT, SAMPLES, REGEX = [0, 1, 2, 3], 2000, "[a-c][b-f]"
+
+
+def constrained_joint(model, prompt: list[int], first: str, second: str) -> dict:
+    """P(t0, t1) of the target alone at temperature 1 with t0's letter in `first` and t1's in `second` (the tiny
+    pair's token i is letter i)."""
+    letters = "abcdefgh"
+    with torch.no_grad():
+        p0 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), -1)
+        keep0 = [letters.index(c) for c in first]
+        joint = {}
+        for t0 in keep0:
+            p1 = torch.softmax(model(torch.tensor([prompt + [t0]])).logits[0, -1].double(), -1)
+            keep1 = [letters.index(c) for c in second]
+            joint.update({(t0, t1): float(p0[t0] / p0[keep0].sum() * p1[t1] / p1[keep1].sum()) for t1 in keep1})
+    return joint
+
+
+@pytest.mark.parametrize("mode", [worker_pb2.DRAFT_MODE_SAMPLED, worker_pb2.DRAFT_MODE_GREEDY],
+                         ids=["sampled-draft", "greedy-draft"])
+def test_sampled_tokens_follow_the_target_alones_constrained_distribution(tiny_engines, tiny_pair, mode):
+    """K = 2 decides both tokens of REGEX in one round, the second on a row restricted after the first draft; over
+    SAMPLES seeds (t0, t1) follows the target alone's joint restricted to the regex, which differs from the plain
+    one by far more than the test can miss (the plain joint puts most of its mass outside it)."""
+    from tests import penalized_reference
+    draft, target, model = tiny_engines
+    eos = model.generation_config.eos_token_id
+    exact = constrained_joint(model, PROMPT, "abc", "bcdef")
+    plain = penalized_reference.first_two_joint(model, PROMPT)
+    assert sum(abs(exact.get(cell, 0.0) - p) for cell, p in plain.items()) > 0.5
+    grammar = grammar_of(frozenset({eos}), regex=REGEX)
+    outcomes = [tuple(run_rounds(draft, target, PROMPT, 2, 2, generation_pb2.SamplingParams(
+        temperature=1.0, top_p=1.0, seed=seed), mode, grammar=grammar)) for seed in range(SAMPLES)]
+    cells = sorted(exact)
+    counts = [outcomes.count(cell) for cell in cells]
+    assert sum(counts) == SAMPLES                        # never outside the regex
+    assert chi_square_p_value(counts, [exact[c] for c in cells]) > 1e-4
+
+
+@pytest.mark.parametrize("structure, field", [
+    (dict(json_schema="{not json"), "structured_output.json_schema"),
+    (dict(json_schema="[1, 2]"), "structured_output.json_schema"),
+    (dict(json_schema='{"type": "nonsense"}'), "structured_output.json_schema"),
+    (dict(json_object=False), "structured_output.json_object"),
+    (dict(regex="a[b"), "structured_output.regex"),
+    (dict(choice=generation_pb2.Choices()), "structured_output.choice.options"),
+    (dict(grammar="start: undefined_rule"), "structured_output.grammar"),
+    (dict(grammar="root ::= ("), "structured_output.grammar"),
+])
+def test_a_malformed_structure_is_refused_naming_its_field(structure, field):
+    with pytest.raises(RequestError) as info:
+        grammar_of(**structure)
+    assert info.value.field == field, str(info.value)
+
+
+def test_every_kind_compiles_and_one_that_ends_with_eos_cannot_ignore_it():
+    for structure in (dict(json_schema=json.dumps(POINT)), dict(json_object=True), dict(regex="[0-9]+"),
+                      dict(choice=generation_pb2.Choices(options=["yes", 'no "way"'])), dict(grammar='start: "x"+'),
+                      dict(grammar='root ::= "yes" | "no"')):
+        assert grammar_of(**structure).eos_token_ids == [0]
+    for fields, field in ((dict(ignore_eos=True), "ignore_eos"), (dict(min_new_tokens=2), "min_new_tokens")):
+        request = generation_pb2.GenerateRequest(structured_output=generation_pb2.StructuredOutput(regex="a"), **fields)
+        with pytest.raises(RequestError) as info:
+            compiled(request, EOS_IDS)
+        assert info.value.field == field
+    assert compiled(generation_pb2.GenerateRequest(), EOS_IDS) is None
+
+
+def test_a_structure_no_token_sequence_can_match_is_refused_by_the_router(demo):
+    """A regex of no string passes llguidance's own check but not a matcher over the vocabulary: the router builds
+    one from its tokenizer.json (router.structured_output.matcher_tokenizer), so no worker sees it."""
+    from router.structured_output import matcher_tokenizer
+    from router.text import load_tokenizer
+    tokenizer = matcher_tokenizer(load_tokenizer(str(DEMO / "target")), 768, EOS_IDS)
+    assert tokenizer is not None
+    assert grammar_of(regex=r"[^\s\S]")                  # without the vocabulary it compiles
+    request = generation_pb2.GenerateRequest(structured_output=generation_pb2.StructuredOutput(regex=r"[^\s\S]"))
+    with pytest.raises(RequestError) as info:
+        compiled(request, EOS_IDS, tokenizer)
+    assert info.value.field == "structured_output.regex"
+    request.structured_output.regex = "[0-9]+"
+    assert compiled(request, EOS_IDS, tokenizer).llguidance
