@@ -118,7 +118,28 @@ def make_request(args) -> generation_pb2.GenerateRequest:
         request.sampling.repetition_penalty = args.repetition_penalty
     if args.k is not None:
         request.speculation.k = args.k
+    structure = structured_output(args)
+    if structure is not None:
+        request.structured_output.CopyFrom(structure)
     return request
+
+
+def structured_output(args) -> generation_pb2.StructuredOutput | None:
+    """--json-schema, --json, --regex, --choice or --grammar (at most one) as the request's structured_output."""
+    if args.json_schema or args.grammar:
+        path = args.json_schema or args.grammar
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SystemExit(f"specpool generate: cannot read {path}: {exc}") from None
+        return generation_pb2.StructuredOutput(**{"json_schema" if args.json_schema else "grammar": text})
+    if args.json:
+        return generation_pb2.StructuredOutput(json_object=True)
+    if args.regex is not None:
+        return generation_pb2.StructuredOutput(regex=args.regex)
+    if args.choice:
+        return generation_pb2.StructuredOutput(choice=generation_pb2.Choices(options=args.choice))
+    return None
 
 
 def summary(response: generation_pb2.GenerateResponse, tokens: int, seconds: float) -> str:
@@ -348,6 +369,12 @@ def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--ignore-eos", action="store_true", help="go on past the model's EOS token")
+    structure = parser.add_mutually_exclusive_group()
+    structure.add_argument("--json-schema", metavar="FILE", help="the output is JSON this schema (a file) accepts")
+    structure.add_argument("--json", action="store_true", help="the output is a JSON object")
+    structure.add_argument("--regex", help="the output matches this regular expression")
+    structure.add_argument("--choice", action="append", help="the output is one of these (repeatable)")
+    structure.add_argument("--grammar", metavar="FILE", help="the output follows this Lark or GBNF grammar (a file)")
 
 
 def read_prompt(parser: argparse.ArgumentParser, args) -> None:

@@ -68,6 +68,23 @@ def test_generate_options_reach_the_request():
     assert (request.max_new_tokens, request.min_new_tokens, request.ignore_eos, request.speculation.k) == (9, 4, True, 3)
     assert request.sampling.min_p == pytest.approx(0.2) and request.sampling.temperature == pytest.approx(0.7)
     assert request.sampling.repetition_penalty == pytest.approx(1.1)
+    assert not request.HasField("structured_output")
+
+
+def test_generate_structure_options_become_the_structured_output(tmp_path):
+    parser, _ = cli.build_parser()
+    (tmp_path / "point.json").write_text('{"type": "object"}')
+    cases = {("--json-schema", str(tmp_path / "point.json")): ("json_schema", '{"type": "object"}'),
+             ("--json",): ("json_object", True), ("--regex", "[0-9]+"): ("regex", "[0-9]+"),
+             ("--choice", "yes", "--choice", "no"): ("choice", ["yes", "no"])}
+    for options, (kind, value) in cases.items():
+        structure = cli.make_request(parser.parse_args(["generate", "x", *options])).structured_output
+        assert structure.WhichOneof("kind") == kind
+        assert (list(structure.choice.options) if kind == "choice" else getattr(structure, kind)) == value
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "x", "--json", "--regex", "a"])
+    with pytest.raises(SystemExit, match="cannot read"):
+        cli.make_request(parser.parse_args(["generate", "x", "--grammar", str(tmp_path / "missing.lark")]))
 
 
 def test_admin_address_comes_from_config(tmp_path):
