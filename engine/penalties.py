@@ -1,5 +1,5 @@
-"""Repetition, frequency and presence penalties, the logit bias and min_tokens on the target's and the draft's
-logits, position by position.
+"""Repetition, frequency and presence penalties, the logit bias, allowed tokens and min_tokens on the target's and
+the draft's logits, position by position.
 
 A verify pass has the target's logits at K + 1 positions: row j predicts the token after the committed tokens and
 drafts 0..j-1. Each row is penalized for its own prefix, so a draft accepted at j counts at every row after it,
@@ -10,7 +10,7 @@ mode the target recomputes that q from the draft's hidden states with the same f
 
     logits = penalize(logits, session.tokens, start, sampling)   # before greedy_match / logits_to_probs
 
-Order and meaning as in vLLM: OpenAI's logit bias, then the repetition penalty (transformers'
+Order and meaning as in vLLM: allowed_token_ids, OpenAI's logit bias, then the repetition penalty (transformers'
 RepetitionPenaltyLogitsProcessor) on tokens of the prompt or the output, then OpenAI's frequency and presence
 penalties on tokens of the output; last, min_tokens keeps EOS and the stop token IDs out of the output's first
 min_tokens tokens (vLLM's MinTokensLogitsProcessor).
@@ -43,6 +43,8 @@ def penalize(logits: torch.Tensor,  # [K + 1, vocab], row j predicting position 
     if not sampling.penalized:
         return logits
     logits = logits.float()
+    if sampling.allowed_tokens:
+        logits = only(logits, sampling.allowed_tokens)
     if sampling.logit_bias:
         logits = biased(logits, sampling.logit_bias)
     if sampling.counts_tokens:
@@ -50,6 +52,13 @@ def penalize(logits: torch.Tensor,  # [K + 1, vocab], row j predicting position 
     if sampling.min_tokens and sampling.end_tokens:
         logits = without_ends(logits, start, sampling)
     return logits
+
+
+def only(logits: torch.Tensor, allowed: tuple) -> torch.Tensor:  # [K + 1, vocab]
+    """vLLM's allowed_token_ids: every other token's logit -inf, in every row."""
+    keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    keep[list(allowed)] = True
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def biased(logits: torch.Tensor, logit_bias: tuple) -> torch.Tensor:  # [K + 1, vocab]

@@ -144,7 +144,7 @@ def sampling_from_proto(params, prompt_length: int = 0, min_tokens=None, grammar
                     presence_penalty=params.presence_penalty,
                     repetition_penalty=params.repetition_penalty if params.HasField("repetition_penalty") else 1.0,
                     logit_bias=tuple(sorted(params.logit_bias.items())), prompt_length=prompt_length,
-                    min_p=params.min_p, min_tokens=min_tokens.count if min_tokens else 0,
+                    min_p=params.min_p, allowed_tokens=tuple(sorted(set(params.allowed_token_ids))), min_tokens=min_tokens.count if min_tokens else 0,
                     end_tokens=tuple(sorted(min_tokens.token_ids)) if min_tokens else (),
                     grammar=grammar.llguidance if grammar else "",
                     grammar_eos=tuple(grammar.eos_token_ids) if grammar else ())

@@ -135,7 +135,7 @@ MinTokens = proto_int("min_new_tokens")
 Stop = one_of("a string or a list of strings", Text, list[Text], list[Text])
 Prompt = one_of("a string, a list of one string, or a list of token IDs", Text, list[Text],
                 list[proto_int("prompt_token_ids")])
-StopTokenId = proto_int("stop_token_ids")
+StopTokenId, AllowedTokenId = proto_int("stop_token_ids"), proto_int("sampling.allowed_token_ids")
 # A sane bound on one body's fan-out (each choice is a router request, holding a slot and both workers'
 # caches); check_n in app.py refuses an n the router could never admit at once, which may be lower
 MAX_N = 16
@@ -181,7 +181,7 @@ REFUSED: dict[str, Any] = {
     # repetition_penalty, ignore_eos, min_p, min_tokens and the structured-output ones, are fields above): the same
     # rule, so that no such request silently gets other output than it asked for
     "use_beam_search": False,
-    "length_penalty": 1, "include_stop_str_in_output": False, "bad_words": [], "allowed_token_ids": None,
+    "length_penalty": 1, "include_stop_str_in_output": False, "bad_words": [],
     "logits_processors": None,
 }
 
@@ -239,6 +239,7 @@ class SamplingFields(Body):
     stop: Optional[Stop] = None
     n: strict(int, ge=1, le=MAX_N) = 1
     stop_token_ids: Optional[list[StopTokenId]] = None
+    allowed_token_ids: Annotated[list[AllowedTokenId], Field(min_length=1)] | None = None     # vLLM's
     stream: Flag = False
     stream_options: Annotated[StreamOptions | None, only_when_true("stream")] = None
     speculation: Speculation | None = None
@@ -313,7 +314,8 @@ PARAMS = {"max_new_tokens": "max_tokens", "sampling.temperature": "temperature",
           "sampling.top_k": "top_k", "sampling.seed": "seed", "prompt_token_ids": "prompt",
           "sampling.frequency_penalty": "frequency_penalty", "sampling.presence_penalty": "presence_penalty",
           "sampling.repetition_penalty": "repetition_penalty", "sampling.logit_bias": "logit_bias",
-          "sampling.min_p": "min_p", "min_new_tokens": "min_tokens"}
+          "sampling.min_p": "min_p", "min_new_tokens": "min_tokens",
+          "sampling.allowed_token_ids": "allowed_token_ids"}
 
 
 def http_error(exc: RequestError, params: dict[str, str]) -> ApiError:
@@ -351,6 +353,7 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
         request.prompt_token_ids.extend(prompt)
     request.sampling.temperature, request.sampling.top_k = body.temperature, body.top_k
     request.sampling.min_p = body.min_p
+    request.sampling.allowed_token_ids.extend(body.allowed_token_ids or [])
     if body.top_p is not None:
         request.sampling.top_p = body.top_p
     if body.seed is not None:

@@ -137,7 +137,7 @@ class Router:
     def limits(self) -> ModelLimits:
         return ModelLimits(self.model_info["vocab_size"], self.model_info["max_context"],
                            self.config.speculation.k_max, self.config.router.max_prompt_tokens,
-                           self.config.router.max_new_tokens, self._max_token_chars)
+                           self.config.router.max_new_tokens, self._max_token_chars, self.eos_ids)
 
     async def admit(self, request: generation_pb2.GenerateRequest, streamed: bool = True) -> RequestState:
         """Validate and normalise a request into the router's state for it (raises RequestError). A text

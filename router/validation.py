@@ -37,6 +37,7 @@ class ModelLimits:
     max_prompt_tokens: int = 0  # 0: only the context window limits it
     max_new_tokens: int = 0     # 0: only the context window limits it
     max_token_chars: int = 0    # most characters one token stands for (0: unknown, no check before encoding)
+    eos_ids: frozenset = frozenset()   # the model's EOS tokens
 
     @property
     def prompt_token_limit(self) -> int:
@@ -111,6 +112,7 @@ def validate(request: generation_pb2.GenerateRequest, prompt_ids: list[int], lim
     check_lengths(request, len(prompt_ids), limits)
     check_sampling(request.sampling)
     check_logit_bias(request.sampling, limits.vocab_size)
+    check_allowed_tokens(request, limits)
     if request.speculation.HasField("k") and request.speculation.k > limits.k_max:
         raise RequestError("speculation.k", f"must be <= k_max={limits.k_max} (got {request.speculation.k})")
     check_token_ids("stop_token_ids", request.stop_token_ids, limits.vocab_size)
@@ -126,6 +128,20 @@ def check_logit_bias(sampling: generation_pb2.SamplingParams, vocab_size: int) -
         if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
             raise RequestError("sampling.logit_bias", f"token {token}: the bias must be in [-{MAX_LOGIT_BIAS:g}, "
                                f"{MAX_LOGIT_BIAS:g}] (got {bias})")
+
+
+def check_allowed_tokens(request: generation_pb2.GenerateRequest, limits: ModelLimits) -> None:
+    """In the vocabulary; not beside a structure (whose masks could leave no token), nor only the tokens that
+    min_new_tokens keeps out."""
+    allowed = request.sampling.allowed_token_ids
+    if not allowed:
+        return
+    check_token_ids("sampling.allowed_token_ids", allowed, limits.vocab_size)
+    if request.HasField("structured_output"):
+        raise RequestError("sampling.allowed_token_ids", "cannot be combined with structured_output")
+    ends = set(request.stop_token_ids) | (set() if request.ignore_eos else set(limits.eos_ids))
+    if request.min_new_tokens and set(allowed) <= ends:
+        raise RequestError("sampling.allowed_token_ids", "only EOS or stop tokens, which min_new_tokens keeps out")
 
 
 def check_outputs(request: generation_pb2.GenerateRequest) -> None:

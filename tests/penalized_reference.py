@@ -10,10 +10,14 @@ import torch
 
 def penalized_row(logits: torch.Tensor, context: list[int], prompt_length: int, frequency: float = 0.0,
                   presence: float = 0.0, repetition: float = 1.0, bias: dict | None = None, min_tokens: int = 0,
-                  ends: tuple = ()) -> torch.Tensor:
-    """One position's logits [vocab] after the logit bias, the penalties and min_tokens (no token of `ends` while the
-    output is shorter than min_tokens), for the tokens before it (`context`, the prompt first)."""
+                  ends: tuple = (), allowed: tuple = ()) -> torch.Tensor:
+    """One position's logits [vocab] after allowed_token_ids (`allowed`), the logit bias, the penalties and min_tokens
+    (no token of `ends` while the output is shorter than min_tokens), for the tokens before it (`context`, the
+    prompt first)."""
     row = logits.float().clone()
+    for token in range(row.shape[0]) if allowed else ():
+        if token not in allowed:
+            row[token] = float("-inf")
     if len(context) - prompt_length < min_tokens:
         for token in ends:
             row[token] = float("-inf")

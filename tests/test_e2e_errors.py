@@ -20,6 +20,8 @@ def request(**fields):
     for key, value in sampling.items():
         if isinstance(value, dict):
             getattr(req.sampling, key).update(value)        # a map field: updated, never assigned
+        elif isinstance(value, list):
+            getattr(req.sampling, key).extend(value)        # a repeated field: extended
         else:
             setattr(req.sampling, key, value)
     for key, value in speculation.items():
@@ -57,6 +59,11 @@ BAD = {
                         "structured_output.json_schema"),
     "structured output ignoring EOS": (dict(structured_output=generation_pb2.StructuredOutput(json_object=True),
                                             ignore_eos=True), "ignore_eos"),
+    "allowed token outside vocab": (dict(sampling={"allowed_token_ids": [5, 300]}), "sampling.allowed_token_ids[1]"),
+    "allowed tokens beside a structure": (dict(sampling={"allowed_token_ids": [5]}, structured_output=
+                                               generation_pb2.StructuredOutput(regex="a")), "sampling.allowed_token_ids"),
+    "only stop tokens allowed before min_new_tokens": (dict(sampling={"allowed_token_ids": [5]}, stop_token_ids=[5],
+                                                            min_new_tokens=2), "sampling.allowed_token_ids"),
     "k above k_max": (dict(speculation={"k": 9}), "speculation.k"),
     "stop id outside vocab": (dict(stop_token_ids=[300]), "stop_token_ids[0]"),
 }

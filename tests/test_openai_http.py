@@ -433,6 +433,10 @@ def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(serve
     ("/chat/completions", {"logit_bias": {"99999": 1}}, "logit_bias"),
     ("/completions", {"min_p": 1.5}, "min_p"), ("/chat/completions", {"min_p": "0.1"}, "min_p"),
     ("/completions", {"min_tokens": -1}, "min_tokens"), ("/completions", {"min_tokens": 2.0}, "min_tokens"),
+    ("/completions", {"allowed_token_ids": []}, "allowed_token_ids"),
+    ("/completions", {"allowed_token_ids": [5, 99999]}, "allowed_token_ids"),
+    ("/completions", {"allowed_token_ids": ["5"]}, "allowed_token_ids"),
+    ("/completions", {"allowed_token_ids": [5], "guided_regex": "a"}, "allowed_token_ids"),
 ])
 def test_penalties_out_of_range_or_of_another_type_are_refused_naming_them(served, path, body, param):
     """frequency_penalty and presence_penalty in OpenAI's [-2, 2], repetition_penalty > 0, each a JSON number;
@@ -469,6 +473,24 @@ def test_sdk_completion_with_min_tokens_goes_on_past_the_stop_token_the_target_a
     assert answer.usage.completion_tokens == len(expected)
     assert answer.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True) \
         == served.stub.Generate(grpc_request).text
+
+
+def test_allowed_token_ids_give_the_target_alones_output_restricted_to_them(served, target):
+    """vLLM's allowed_token_ids, greedy at K = 3 through the whole stack: the target alone's greedy output with every
+    other token's logit -inf, which here differs from its plain output; gRPC's SamplingParams.allowed_token_ids alike."""
+    model, tokenizer = target
+    prompt_ids = tokenizer(PROMPT).input_ids
+    plain = penalized_reference.greedy(model, prompt_ids, 12)
+    allowed = tuple(sorted(set(plain[3:]) | {tokenizer.eos_token_id}))
+    expected = penalized_reference.greedy(model, prompt_ids, 12, allowed=allowed)
+    assert expected != plain and set(expected) <= set(allowed)
+    answer = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=12, temperature=0,
+                                              extra_body={"allowed_token_ids": list(allowed), "speculation": {"k": 3}})
+    grpc_request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=12)
+    grpc_request.sampling.allowed_token_ids.extend(allowed)
+    grpc_request.speculation.k = 3
+    assert served.stub.Generate(grpc_request).token_ids == expected
+    assert answer.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
 
 
 def test_sdk_completion_with_min_p_is_served_and_seeded_alike_on_both_apis(served):

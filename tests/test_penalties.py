@@ -1,4 +1,4 @@
-"""Logit bias and repetition, frequency and presence penalties (engine/penalties.py): each row of a verify pass is penalized for
+"""Logit bias, allowed tokens and repetition, frequency and presence penalties (engine/penalties.py): each row of a verify pass is penalized for
 its own prefix, drafts before it included, so speculation stays exact with them: greedy output is the target
 alone's with the same penalties at every K, and sampled tokens follow the target alone's penalized distribution
 in both draft modes. The reference (tests/penalized_reference.py) counts tokens one position at a time."""
@@ -16,22 +16,26 @@ from tests.engine_rounds import run_rounds
 
 # dyadic values, so that the reference's per-token arithmetic rounds exactly as the engine's vectorized one
 BIAS = {ord("("): -100.0, ord(" "): 2.5, ord("n"): -1.5}
+ALLOWED = tuple(sorted(set(b"def fib(n): return") | set(range(30, 38))))      # vLLM's allowed_token_ids
 PENALTIES = {"repetition": dict(repetition=1.5), "frequency": dict(frequency=0.5), "presence": dict(presence=1.25),
              "logit bias": dict(bias=BIAS), "all three": dict(frequency=0.5, presence=0.25, repetition=1.25),
-             "all": dict(frequency=0.5, presence=0.25, repetition=1.25, bias=BIAS)}
+             "allowed tokens": dict(allowed=ALLOWED),
+             "all": dict(frequency=0.5, presence=0.25, repetition=1.25, bias=BIAS, allowed=ALLOWED)}
 
 
 def sampling(prompt_length: int = 0, frequency: float = 0.0, presence: float = 0.0, repetition: float = 1.0,
-             bias: dict | None = None, **fields) -> Sampling:
+             bias: dict | None = None, allowed: tuple = (), **fields) -> Sampling:
     return Sampling(frequency_penalty=frequency, presence_penalty=presence, repetition_penalty=repetition,
-                    logit_bias=tuple(sorted((bias or {}).items())), prompt_length=prompt_length, **fields)
+                    logit_bias=tuple(sorted((bias or {}).items())), prompt_length=prompt_length,
+                    allowed_tokens=allowed, **fields)
 
 
 def sampling_params(temperature: float = 0.0, seed: int = 0, frequency: float = 0.0, presence: float = 0.0,
-                    repetition: float = 1.0, bias: dict | None = None) -> generation_pb2.SamplingParams:
+                    repetition: float = 1.0, bias: dict | None = None,
+                    allowed: tuple = ()) -> generation_pb2.SamplingParams:
     return generation_pb2.SamplingParams(temperature=temperature, top_p=1.0, seed=seed, frequency_penalty=frequency,
                                          presence_penalty=presence, repetition_penalty=repetition,
-                                         logit_bias=bias or {})
+                                         logit_bias=bias or {}, allowed_token_ids=allowed)
 
 
 @pytest.mark.parametrize("output", [0, 6], ids=["first-round", "mid-output"])
@@ -88,21 +92,23 @@ def test_a_draft_that_is_the_target_has_every_draft_accepted_with_penalties_too(
 
 PROMPT, SAMPLES = [0, 1, 2, 3], 2000
 STRONG = dict(frequency=1.0, presence=0.5, repetition=1.5)
+RESTRICTED = dict(allowed=(1, 3, 4, 5, 8))     # the tiny pair's likeliest first token (0) left out, EOS (8) kept
 
 
+@pytest.mark.parametrize("penalties", [STRONG, RESTRICTED], ids=["penalties", "allowed-tokens"])
 @pytest.mark.parametrize("mode", [worker_pb2.DRAFT_MODE_SAMPLED, worker_pb2.DRAFT_MODE_GREEDY],
                          ids=["sampled-draft", "greedy-draft"])
-def test_sampled_tokens_follow_the_target_alones_penalized_distribution(tiny_engines, mode):
+def test_sampled_tokens_follow_the_target_alones_penalized_distribution(tiny_engines, mode, penalties):
     """K = 2 drafts the first two tokens in one round, so the second is decided on a row penalized for the first
-    draft; over SAMPLES seeds (t0, t1) follows the target alone's penalized joint, which differs from the plain
-    one by far more than the test can miss."""
+    draft; over SAMPLES seeds (t0, t1) follows the target alone's penalized (or restricted) joint, which differs
+    from the plain one by far more than the test can miss."""
     draft, target, model = tiny_engines
-    exact = penalized_reference.first_two_joint(model, PROMPT, **STRONG)
+    exact = penalized_reference.first_two_joint(model, PROMPT, **penalties)
     plain = penalized_reference.first_two_joint(model, PROMPT)
     assert sum(abs(exact[cell] - plain[cell]) for cell in exact) > 0.2
     outcomes, eos = [], model.generation_config.eos_token_id
     for seed in range(SAMPLES):
-        tokens = run_rounds(draft, target, PROMPT, 2, 2, sampling_params(1.0, seed, **STRONG), mode)
+        tokens = run_rounds(draft, target, PROMPT, 2, 2, sampling_params(1.0, seed, **penalties), mode)
         outcomes.append((tokens[0], None if tokens[0] == eos else tokens[1]))
     cells = sorted(exact, key=lambda c: (c[0], -1 if c[1] is None else c[1]))
     counts = [outcomes.count(cell) for cell in cells]
