@@ -170,7 +170,7 @@ class Router:
                             eos_ids=frozenset() if request.ignore_eos else self.eos_ids,
                             method=self.config.draft.method,
                             ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max),
-                            stop_strings=tuple(request.stop),
+                            stop_strings=tuple(request.stop), include_stop=request.include_stop_str_in_output,
                             top_logprobs=request.logprobs if request.HasField("logprobs") else None,
                             streamed=streamed, min_new_tokens=request.min_new_tokens, grammar=grammar)
 

@@ -1,7 +1,7 @@
 """Stop strings: matched on the decoded output, across token boundaries, as the tokens arrive.
 
-The text is cut before the first stop string, which is never returned; the tokens end with the one that
-completed it. While streaming, only text that could still be the start of a stop string is held back. A stop
+The text is cut before the first stop string, which is not returned (after it, with vLLM's
+include_stop_str_in_output); the tokens end with the one that completed it. While streaming, only text that could still be the start of a stop string is held back. A stop
 string completed by one of the output's first min_new_tokens tokens does not count (vLLM's min_tokens).
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ class StopStrings:
     detokenizer: IncrementalDetokenizer
     stops: tuple = ()
     min_tokens: int = 0                 # tokens that must come before a match counts (min_new_tokens)
+    include_stop: bool = False          # the text ends with the stop string (include_stop_str_in_output)
     held: str = ""                      # decoded text not sent yet (it could begin a stop string)
     pushed: int = 0                     # tokens decoded so far
     _longest: int = field(init=False, default=0)
@@ -51,10 +52,11 @@ class StopStrings:
         return Piece(len(tokens), text)
 
     def _first_match(self, before: int) -> int | None:
-        """Where the first stop string that ends past held[:before] (in the text just decoded) begins."""
-        found = [at for at in (self.held.find(stop, max(before - len(stop) + 1, 0)) for stop in self.stops)
-                 if at >= 0]
-        return min(found) if found else None
+        """Where the text is cut at the first stop string that ends past held[:before] (in the text just decoded):
+        where it begins (or, include_stop, ends)."""
+        found = [(at, at + len(stop) if self.include_stop else at)
+                 for stop in self.stops for at in [self.held.find(stop, max(before - len(stop) + 1, 0))] if at >= 0]
+        return min(found)[1] if found else None
 
     def _prefix_len(self) -> int:
         """Length of the longest end of the held text that begins some stop string."""
@@ -78,7 +80,8 @@ async def output_chunks(rounds: AsyncIterator[list[int]], state, tokenizer) -> A
     """A request's committed tokens (`rounds`: Router.run) as chunks of output with its stop strings
     applied. A stop string ends the request: state.finish_reason becomes STOP and the tokens after the one
     that completed it are dropped, so the loop stops at its next round and frees the workers' caches."""
-    output = StopStrings(IncrementalDetokenizer(tokenizer), tuple(state.stop_strings), state.min_new_tokens)
+    output = StopStrings(IncrementalDetokenizer(tokenizer), tuple(state.stop_strings), state.min_new_tokens,
+                         state.include_stop)
     async for tokens in rounds:
         start = state.generated - len(tokens)
         piece = output.push(tokens, final=bool(state.finish_reason))

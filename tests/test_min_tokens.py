@@ -108,9 +108,9 @@ class Chars:
         return "".join(chr(97 + i) for i in ids)
 
 
-def pushed(tokens: list[int], stops: tuple, min_tokens: int, batch: int) -> tuple[int, str]:
+def pushed(tokens: list[int], stops: tuple, min_tokens: int, batch: int, include: bool = False) -> tuple[int, str]:
     """Push `tokens` `batch` at a time: (tokens kept, text) up to the first stop string that counts."""
-    output, text, kept = StopStrings(IncrementalDetokenizer(Chars()), stops, min_tokens), "", 0
+    output, text, kept = StopStrings(IncrementalDetokenizer(Chars()), stops, min_tokens, include), "", 0
     for at in range(0, len(tokens), batch):
         piece = output.push(tokens[at:at + batch], final=at + batch >= len(tokens))
         text, kept = text + piece.text, kept + piece.kept
@@ -128,3 +128,12 @@ def test_a_stop_string_completed_before_min_tokens_does_not_count(batch):
     assert pushed(tokens, ("bc",), 3, batch) == (3, "a")
     assert pushed(tokens, ("bc",), 4, batch) == (7, "abcda")
     assert pushed(tokens, ("bc",), 8, batch) == (8, "abcdabcd")
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8], ids=["one-by-one", "three-a-time", "all-at-once"])
+def test_include_stop_str_in_output_cuts_after_the_first_stop_string(batch):
+    """vLLM's include_stop_str_in_output: the text ends with the stop string that ended it, the first to begin
+    ("cd" before "da" in "abcda"), past min_tokens as without it."""
+    tokens = [0, 1, 2, 3, 0, 1, 2, 3]
+    assert pushed(tokens, ("da", "cd"), 0, batch, include=True) == (4, "abcd")
+    assert pushed(tokens, ("bc",), 4, batch, include=True) == (7, "abcdabc")

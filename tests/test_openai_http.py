@@ -771,6 +771,11 @@ def test_stop_strings_across_token_boundaries(served, target):
     pieces = [c.choices[0].text for c in chunks]
     assert "".join(pieces) == expected and all(stop not in p for p in pieces)
     assert wait_for_no_sessions(served) == [0, 0]
+    grpc_request.include_stop_str_in_output = True          # vLLM's: the text keeps the stop string
+    assert served.stub.Generate(grpc_request).text == expected + stop
+    kept_in = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=40, temperature=0,
+                                               stop=stop, extra_body={"include_stop_str_in_output": True})
+    assert (kept_in.choices[0].text, kept_in.usage.completion_tokens) == (expected + stop, kept)
 
 
 @pytest.mark.parametrize("chat", [False, True])
