@@ -12,8 +12,9 @@ mode the target recomputes that q from the draft's hidden states with the same f
 
 Order and meaning as in vLLM: allowed_token_ids, OpenAI's logit bias, then the repetition penalty (transformers'
 RepetitionPenaltyLogitsProcessor) on tokens of the prompt or the output, then OpenAI's frequency and presence
-penalties on tokens of the output; last, min_tokens keeps EOS and the stop token IDs out of the output's first
-min_tokens tokens (vLLM's MinTokensLogitsProcessor).
+penalties on tokens of the output; then min_tokens keeps EOS and the stop token IDs out of the output's first
+min_tokens tokens (vLLM's MinTokensLogitsProcessor); last, the bad words' last tokens where the output would
+complete them.
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def penalize(logits: torch.Tensor,  # [K + 1, vocab], row j predicting position 
         logits = penalized_by_counts(logits, tokens, start, sampling)
     if sampling.min_tokens and sampling.end_tokens:
         logits = without_ends(logits, start, sampling)
+    if sampling.bad_words:
+        logits = without_bad_words(logits, tokens, start, sampling)
     return logits
 
 
@@ -80,6 +83,21 @@ def penalized_by_counts(logits: torch.Tensor, tokens: list[int], start: int,
         scaled = torch.where(logits > 0, logits / sampling.repetition_penalty, logits * sampling.repetition_penalty)
         logits = torch.where(seen, scaled, logits)
     return logits - sampling.frequency_penalty * counts - sampling.presence_penalty * (counts > 0).float()
+
+
+def without_bad_words(logits: torch.Tensor, tokens: list[int], start: int,
+                      sampling: Sampling) -> torch.Tensor:  # [K + 1, vocab]
+    """vLLM's bad_words: in row j, -inf at the last token of each bad word whose other tokens end the output before
+    it (tokens[prompt_length:start + j]); a one-token word's, in every row."""
+    banned = [(j, word[-1]) for j in range(logits.shape[0]) for word in sampling.bad_words
+              if len(word) - 1 <= start + j - sampling.prompt_length
+              and tuple(tokens[start + j - len(word) + 1:start + j]) == word[:-1]]
+    if not banned:
+        return logits
+    rows, columns = zip(*banned)
+    logits = logits.clone()
+    logits[list(rows), list(columns)] = float("-inf")
+    return logits
 
 
 def without_ends(logits: torch.Tensor, start: int, sampling: Sampling) -> torch.Tensor:  # [K + 1, vocab]

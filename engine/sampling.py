@@ -42,6 +42,7 @@ class Sampling:
     min_tokens: int = 0                    # the output's first min_tokens tokens are none of end_tokens
     end_tokens: tuple = ()                 # EOS (unless ignored) and the stop token IDs
     allowed_tokens: tuple = ()             # set: the only tokens ever sampled (vLLM's allowed_token_ids)
+    bad_words: tuple = ()                  # token sequences the output never completes (vLLM's bad_words)
     grammar: str = ""                      # structured output: the llguidance grammar p follows (constraints.py)
     grammar_eos: tuple = ()                # ... and the EOS tokens it allows once complete
 
@@ -52,7 +53,7 @@ class Sampling:
     @property
     def penalized(self) -> bool:
         """Whether engine/penalties.py changes the logits: allowed tokens, a penalty, a logit bias or min_tokens."""
-        return (self.counts_tokens or bool(self.logit_bias or self.allowed_tokens)
+        return (self.counts_tokens or bool(self.logit_bias or self.allowed_tokens or self.bad_words)
                 or bool(self.min_tokens and self.end_tokens))
 
     @property

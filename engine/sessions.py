@@ -136,9 +136,9 @@ class SessionStore:
         return self._sessions.pop(session_id, None)
 
 
-def sampling_from_proto(params, prompt_length: int = 0, min_tokens=None, grammar=None) -> Sampling:
+def sampling_from_proto(params, prompt_length: int = 0, min_tokens=None, grammar=None, bad_words=()) -> Sampling:
     """specpool.v1.SamplingParams (already normalised by the router), with a session start's prompt_length, worker
-    MinTokens and Grammar -> Sampling."""
+    MinTokens, Grammar and bad words' TokenSequences -> Sampling."""
     return Sampling(temperature=params.temperature, top_p=params.top_p if params.HasField("top_p") else 1.0,
                     top_k=params.top_k, seed=params.seed, frequency_penalty=params.frequency_penalty,
                     presence_penalty=params.presence_penalty,
@@ -147,7 +147,8 @@ def sampling_from_proto(params, prompt_length: int = 0, min_tokens=None, grammar
                     min_p=params.min_p, allowed_tokens=tuple(sorted(set(params.allowed_token_ids))), min_tokens=min_tokens.count if min_tokens else 0,
                     end_tokens=tuple(sorted(min_tokens.token_ids)) if min_tokens else (),
                     grammar=grammar.llguidance if grammar else "",
-                    grammar_eos=tuple(grammar.eos_token_ids) if grammar else ())
+                    grammar_eos=tuple(grammar.eos_token_ids) if grammar else (),
+                    bad_words=tuple(tuple(word.token_ids) for word in bad_words))
 
 
 def open_session(store: SessionStore, request) -> Session:
@@ -155,7 +156,7 @@ def open_session(store: SessionStore, request) -> Session:
     with position 0)."""
     sampling = (sampling_from_proto(request.sampling, request.prompt_length,
                                     request.min_tokens if request.HasField("min_tokens") else None,
-                                    request.grammar if request.HasField("grammar") else None)
+                                    request.grammar if request.HasField("grammar") else None, request.bad_words)
                 if request.HasField("sampling") else None)
     return store.open(request.session_id, request.position, sampling)
 

@@ -181,7 +181,7 @@ REFUSED: dict[str, Any] = {
     # repetition_penalty, ignore_eos, min_p, min_tokens and the structured-output ones, are fields above): the same
     # rule, so that no such request silently gets other output than it asked for
     "use_beam_search": False,
-    "length_penalty": 1, "bad_words": [],
+    "length_penalty": 1,
     "logits_processors": None,
 }
 
@@ -238,6 +238,7 @@ class SamplingFields(Body):
     logit_bias: Optional[LogitBias] = None
     stop: Optional[Stop] = None
     include_stop_str_in_output: Flag = False                    # vLLM's: the text keeps the stop string
+    bad_words: Optional[list[Text]] = None                      # vLLM's: words the output never completes
     n: strict(int, ge=1, le=MAX_N) = 1
     stop_token_ids: Optional[list[StopTokenId]] = None
     allowed_token_ids: Annotated[list[AllowedTokenId], Field(min_length=1)] | None = None     # vLLM's
@@ -347,6 +348,7 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
     request = generation_pb2.GenerateRequest(max_new_tokens=max_tokens or 0, ignore_eos=body.ignore_eos,
                                              min_new_tokens=body.min_tokens,
                                              include_stop_str_in_output=body.include_stop_str_in_output,
+                                             bad_words=body.bad_words or [],
                                              stop=[body.stop] if isinstance(body.stop, str) else body.stop or [],
                                              stop_token_ids=body.stop_token_ids or [])
     if isinstance(prompt, str):

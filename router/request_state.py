@@ -54,6 +54,7 @@ class RequestState:
     out_of_memory: dict = field(default_factory=dict)   # pool -> its calls for this request that ran out of memory
     min_new_tokens: int = 0                # no EOS or stop token before this many output tokens
     grammar: worker_pb2.Grammar | None = None   # structured output: the grammar the output follows
+    bad_words: list = field(default_factory=list)   # token sequences the output never completes
 
     @property
     def generated(self) -> int:
@@ -62,8 +63,10 @@ class RequestState:
     @functools.cached_property
     def session_start(self) -> dict:
         """The fields of a worker call that opens the request's session (position 0): its sampling, the prompt's
-        length, min_new_tokens with the tokens it keeps out of the output until then, and its grammar."""
-        start = {"sampling": self.sampling, "prompt_length": self.prompt_len, "grammar": self.grammar}
+        length, min_new_tokens with the tokens it keeps out of the output until then, its grammar and its bad
+        words."""
+        start = {"sampling": self.sampling, "prompt_length": self.prompt_len, "grammar": self.grammar,
+                 "bad_words": [worker_pb2.TokenSequence(token_ids=word) for word in self.bad_words]}
         if self.min_new_tokens:
             start["min_tokens"] = worker_pb2.MinTokens(count=self.min_new_tokens,
                                                        token_ids=sorted(self.stop_ids | self.eos_ids))

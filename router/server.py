@@ -36,7 +36,7 @@ from router.request_log import ClientRequest, request_line
 from router.request_state import DRAFT_MODES, RequestState
 from router.speculation import generate, releases_done
 from router.stopping import output_chunks
-from router.text import encode, max_token_chars
+from router.text import encode, max_token_chars, word_sequences
 from router.structured_output import compiled, matcher_tokenizer
 from router.validation import MAX_REQUEST_ID_CHARS, ModelLimits, RequestError, check_prompt_text, validate
 from router.affinity import PrefixAffinity
@@ -172,7 +172,8 @@ class Router:
                             ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max),
                             stop_strings=tuple(request.stop), include_stop=request.include_stop_str_in_output,
                             top_logprobs=request.logprobs if request.HasField("logprobs") else None,
-                            streamed=streamed, min_new_tokens=request.min_new_tokens, grammar=grammar)
+                            streamed=streamed, min_new_tokens=request.min_new_tokens, grammar=grammar,
+                            bad_words=word_sequences(self.tokenizer, request.bad_words))
 
     async def run(self, state: RequestState):
         """The request's rounds on the least-loaded draft and target replicas (sticky for the request); counted in

@@ -36,6 +36,14 @@ async def encode(tokenizer: Tokenizer, text: str) -> list[int]:
     return (await asyncio.to_thread(tokenizer.encode, text)).ids
 
 
+def word_sequences(tokenizer: Tokenizer, words) -> list[tuple[int, ...]]:
+    """vLLM's bad_words as token sequences: each word as the tokenizer writes it alone and after a space (where a
+    word starts mid-text), without special tokens; distinct."""
+    sequences = {tuple(tokenizer.encode(text, add_special_tokens=False).ids) for word in words
+                 for text in (word, " " + word.lstrip())}
+    return sorted(sequence for sequence in sequences if sequence)
+
+
 class IncrementalDetokenizer:
     """Turns a growing token list into text deltas, decoding only the tokens since the previous delta
     (plus the ones before them, for context), so a long stream costs O(length), not O(length^2). A delta

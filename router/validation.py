@@ -9,6 +9,7 @@ from protos.specpool.v1 import generation_pb2
 
 MAX_REQUEST_ID_CHARS = 256
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 16, 256
+MAX_BAD_WORDS = 64          # bad_words per request (each at most MAX_STOP_CHARS)
 MAX_TOP_LOGPROBS = 20
 MAX_PENALTY = 2.0         # frequency_penalty and presence_penalty: OpenAI's range
 MAX_LOGIT_BIAS = 100.0    # logit_bias values: OpenAI's range
@@ -151,5 +152,10 @@ def check_outputs(request: generation_pb2.GenerateRequest) -> None:
     for i, stop in enumerate(request.stop):
         if not 1 <= len(stop) <= MAX_STOP_CHARS:
             raise RequestError(f"stop[{i}]", f"must be 1 to {MAX_STOP_CHARS} characters (got {len(stop)})")
+    if len(request.bad_words) > MAX_BAD_WORDS:
+        raise RequestError("bad_words", f"at most {MAX_BAD_WORDS} words (got {len(request.bad_words)})")
+    for i, word in enumerate(request.bad_words):
+        if not 1 <= len(word) <= MAX_STOP_CHARS:
+            raise RequestError(f"bad_words[{i}]", f"must be 1 to {MAX_STOP_CHARS} characters (got {len(word)})")
     if request.HasField("logprobs") and request.logprobs > MAX_TOP_LOGPROBS:
         raise RequestError("logprobs", f"must be <= {MAX_TOP_LOGPROBS} (got {request.logprobs})")

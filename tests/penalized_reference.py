@@ -10,11 +10,15 @@ import torch
 
 def penalized_row(logits: torch.Tensor, context: list[int], prompt_length: int, frequency: float = 0.0,
                   presence: float = 0.0, repetition: float = 1.0, bias: dict | None = None, min_tokens: int = 0,
-                  ends: tuple = (), allowed: tuple = ()) -> torch.Tensor:
+                  ends: tuple = (), allowed: tuple = (), bad_words: tuple = ()) -> torch.Tensor:
     """One position's logits [vocab] after allowed_token_ids (`allowed`), the logit bias, the penalties and min_tokens
     (no token of `ends` while the output is shorter than min_tokens), for the tokens before it (`context`, the
-    prompt first)."""
+    prompt first), and vLLM's bad words (the last token of each whose other tokens end the output)."""
     row = logits.float().clone()
+    output = context[prompt_length:]
+    for word in bad_words:
+        if len(word) == 1 or (len(output) >= len(word) - 1 and tuple(output[len(output) - len(word) + 1:]) == word[:-1]):
+            row[word[-1]] = float("-inf")
     for token in range(row.shape[0]) if allowed else ():
         if token not in allowed:
             row[token] = float("-inf")

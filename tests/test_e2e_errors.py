@@ -64,6 +64,7 @@ BAD = {
                                                generation_pb2.StructuredOutput(regex="a")), "sampling.allowed_token_ids"),
     "only stop tokens allowed before min_new_tokens": (dict(sampling={"allowed_token_ids": [5]}, stop_token_ids=[5],
                                                             min_new_tokens=2), "sampling.allowed_token_ids"),
+    "empty bad word": (dict(bad_words=["fine", ""]), "bad_words[1]"),
     "k above k_max": (dict(speculation={"k": 9}), "speculation.k"),
     "stop id outside vocab": (dict(stop_token_ids=[300]), "stop_token_ids[0]"),
 }

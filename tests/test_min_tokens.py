@@ -15,7 +15,7 @@ from router.stopping import StopStrings
 from router.text import IncrementalDetokenizer
 from tests import penalized_reference
 from tests.distribution import chi_square_p_value
-from tests.engine_rounds import run_rounds
+from tests.engine_rounds import accepted_drafts, run_rounds
 
 
 @pytest.mark.parametrize("output", [0, 3, 6], ids=["first-round", "straddling", "past-it"])
@@ -49,7 +49,7 @@ def test_greedy_rounds_match_the_target_alone_with_min_tokens(byte_engines, k):
     expected = penalized_reference.greedy(model, PROMPT_BYTES, 24, min_tokens=min_tokens, ends=ends)
     assert expected != plain and not set(expected[:min_tokens]) & set(ends)
     tokens = run_rounds(draft, target, PROMPT_BYTES, k, 24, generation_pb2.SamplingParams(top_p=1.0),
-                        worker_pb2.DRAFT_MODE_GREEDY, worker_pb2.MinTokens(count=min_tokens, token_ids=ends))
+                        worker_pb2.DRAFT_MODE_GREEDY, min_tokens=worker_pb2.MinTokens(count=min_tokens, token_ids=ends))
     assert tokens[:len(expected)] == expected
 
 
@@ -64,16 +64,7 @@ def test_a_draft_that_is_the_target_has_every_draft_accepted_with_min_tokens(byt
     plain = penalized_reference.greedy(AutoModelForCausalLM.from_pretrained(target_path).eval(), PROMPT_BYTES, 12)
     start = dict(sampling=generation_pb2.SamplingParams(top_p=1.0), prompt_length=len(PROMPT_BYTES),
                  min_tokens=worker_pb2.MinTokens(count=10, token_ids=sorted({plain[1], plain[3]})))
-    tokens, accepted = list(PROMPT_BYTES), 0
-    for _ in range(6):
-        drafts = list(draft.propose(worker_pb2.ProposeRequest(
-            session_id=1, position=0, new_token_ids=tokens, k=4, mode=worker_pb2.DRAFT_MODE_GREEDY,
-            **start)).draft_token_ids)
-        verdict = target.verify(worker_pb2.VerifyRequest(session_id=1, position=0, new_token_ids=tokens,
-                                                         draft_token_ids=drafts, **start))
-        accepted += verdict.num_accepted
-        tokens += drafts[:verdict.num_accepted] + [verdict.next_token_id]
-    assert accepted == 6 * 4
+    assert accepted_drafts(draft, target, PROMPT_BYTES, start, 6, 4) == 6 * 4
 
 
 PROMPT, SAMPLES = [0, 1, 2, 3], 2000
@@ -94,7 +85,7 @@ def test_sampled_tokens_follow_the_target_alones_distribution_with_min_tokens(ti
     exact = penalized_reference.first_two_joint(model, PROMPT, min_tokens=2, ends=ends)
     assert sum(abs(exact.get(cell, 0.0) - p) for cell, p in plain.items()) > 0.5
     outcomes = [tuple(run_rounds(draft, target, PROMPT, 2, 2, generation_pb2.SamplingParams(
-        temperature=1.0, top_p=1.0, seed=seed), mode, worker_pb2.MinTokens(count=2, token_ids=ends)))
+        temperature=1.0, top_p=1.0, seed=seed), mode, min_tokens=worker_pb2.MinTokens(count=2, token_ids=ends)))
         for seed in range(SAMPLES)]
     cells = sorted(cell for cell in exact if cell[1] is not None)
     counts = [outcomes.count(cell) for cell in cells]

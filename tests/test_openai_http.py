@@ -413,7 +413,7 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ("/chat/completions", {"web_search_options": {}}, "web_search_options"),
     ("/chat/completions", {"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
     ("/completions", {"use_beam_search": True}, "use_beam_search"),
-    ("/chat/completions", {"bad_words": ["x"]}, "bad_words"),
+    ("/chat/completions", {"logits_processors": ["x"]}, "logits_processors"),
 ])
 def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(served, path, body, param):
     """An OpenAI parameter that would change the output and that specpool does not implement (logit_bias, best_of, suffix, structured output, tools, audio, reasoning, ...) is a 400 naming it and the
@@ -437,6 +437,7 @@ def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(serve
     ("/completions", {"allowed_token_ids": [5, 99999]}, "allowed_token_ids"),
     ("/completions", {"allowed_token_ids": ["5"]}, "allowed_token_ids"),
     ("/completions", {"allowed_token_ids": [5], "guided_regex": "a"}, "allowed_token_ids"),
+    ("/completions", {"bad_words": ["ok", ""]}, "bad_words"), ("/completions", {"bad_words": "x"}, "bad_words"),
 ])
 def test_penalties_out_of_range_or_of_another_type_are_refused_naming_them(served, path, body, param):
     """frequency_penalty and presence_penalty in OpenAI's [-2, 2], repetition_penalty > 0, each a JSON number;
@@ -491,6 +492,25 @@ def test_allowed_token_ids_give_the_target_alones_output_restricted_to_them(serv
     grpc_request.speculation.k = 3
     assert served.stub.Generate(grpc_request).token_ids == expected
     assert answer.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_bad_words_keep_a_word_the_target_alone_writes_out_of_the_output(served, target):
+    """vLLM's bad_words, greedy at K = 3 through the whole stack: the output is the target alone's with the word's
+    token sequences (router.text.word_sequences) banned as vLLM bans them, which here differs from its plain
+    output; gRPC's GenerateRequest.bad_words alike."""
+    from router.text import load_tokenizer, word_sequences
+    model, tokenizer = target
+    prompt_ids = tokenizer(PROMPT).input_ids
+    plain = penalized_reference.greedy(model, prompt_ids, 16)
+    word = next(text for i in range(len(plain) - 1) for text in [tokenizer.decode(plain[i:i + 2]).strip()] if text)
+    words = tuple(word_sequences(load_tokenizer(str(DEMO / "target")), [word]))
+    expected = penalized_reference.greedy(model, prompt_ids, 16, bad_words=words)
+    assert expected != plain
+    answer = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=16, temperature=0,
+                                              extra_body={"bad_words": [word], "speculation": {"k": 3}})
+    assert answer.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
+    grpc_request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=16, bad_words=[word])
+    assert served.stub.Generate(grpc_request).token_ids == expected
 
 
 def test_sdk_completion_with_min_p_is_served_and_seeded_alike_on_both_apis(served):

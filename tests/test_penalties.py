@@ -12,7 +12,7 @@ from engine.sampling import Sampling
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from tests import penalized_reference
 from tests.distribution import chi_square_p_value
-from tests.engine_rounds import run_rounds
+from tests.engine_rounds import accepted_drafts, run_rounds
 
 # dyadic values, so that the reference's per-token arithmetic rounds exactly as the engine's vectorized one
 BIAS = {ord("("): -100.0, ord(" "): 2.5, ord("n"): -1.5}
@@ -77,17 +77,8 @@ def test_a_draft_that_is_the_target_has_every_draft_accepted_with_penalties_too(
     target_path = byte_pair[1]
     draft, target = DraftEngine(target_path), TargetEngine(target_path, target_path)
     prompt, params = list(b"def fib(n): return fib(n - 1) + fib("), sampling_params(**PENALTIES["all three"])
-    tokens, accepted = list(prompt), 0
-    for _ in range(6):
-        drafts = list(draft.propose(worker_pb2.ProposeRequest(
-            session_id=1, position=0, new_token_ids=tokens, k=4, sampling=params, prompt_length=len(prompt),
-            mode=worker_pb2.DRAFT_MODE_GREEDY)).draft_token_ids)
-        verdict = target.verify(worker_pb2.VerifyRequest(session_id=1, position=0, new_token_ids=tokens,
-                                                         draft_token_ids=drafts, sampling=params,
-                                                         prompt_length=len(prompt)))
-        accepted += verdict.num_accepted
-        tokens += drafts[:verdict.num_accepted] + [verdict.next_token_id]
-    assert accepted == 6 * 4
+    start = dict(sampling=params, prompt_length=len(prompt))
+    assert accepted_drafts(draft, target, prompt, start, 6, 4) == 6 * 4
 
 
 PROMPT, SAMPLES = [0, 1, 2, 3], 2000

@@ -15,7 +15,7 @@ from protos.specpool.v1 import generation_pb2, worker_pb2
 from router.structured_output import compiled
 from router.validation import RequestError
 from tests.distribution import chi_square_p_value
-from tests.engine_rounds import run_rounds
+from tests.engine_rounds import accepted_drafts, run_rounds
 
 POINT = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
          "required": ["name", "n"], "additionalProperties": False}
@@ -80,15 +80,7 @@ def test_the_draft_masks_its_rows_as_the_target_does(demo):
     grammar = grammar_of(json_schema=json.dumps(POINT))
     prompt = tokenizer("x = ").input_ids
     start = dict(sampling=generation_pb2.SamplingParams(top_p=1.0), prompt_length=len(prompt), grammar=grammar)
-    tokens, accepted = list(prompt), 0
-    for _ in range(3):
-        drafts = list(draft.propose(worker_pb2.ProposeRequest(session_id=1, position=0, new_token_ids=tokens, k=4,
-                                                              mode=worker_pb2.DRAFT_MODE_GREEDY, **start)).draft_token_ids)
-        verdict = target.verify(worker_pb2.VerifyRequest(session_id=1, position=0, new_token_ids=tokens,
-                                                         draft_token_ids=drafts, **start))
-        accepted += verdict.num_accepted
-        tokens += drafts[:verdict.num_accepted] + [verdict.next_token_id]
-    assert accepted == 3 * 4
+    assert accepted_drafts(draft, target, prompt, start, 3, 4) == 3 * 4
 
 
 PROMPT, SAMPLES, REGEX = [0, 1, 2, 3], 2000, "[a-c][b-f]"
