@@ -149,8 +149,8 @@ class Router:
         else:
             prompt_ids = list(request.prompt_token_ids)
         validate(request, prompt_ids, self.limits)
-        grammar = await asyncio.to_thread(compiled, request, self.eos_ids, self.grammar_tokenizer) \
-            if request.HasField("structured_output") else None
+        grammar = await asyncio.to_thread(lambda: compiled(request, self.eos_ids, self.grammar_tokenizer)) \
+            if request.HasField("structured_output") else None      # off the loop: the tokenizer's first build too
         sampling = generation_pb2.SamplingParams()
         sampling.CopyFrom(request.sampling)
         sampling.top_p = request.sampling.top_p if request.sampling.HasField("top_p") else 1.0

@@ -15,9 +15,11 @@ from tests.conftest import service_config
 CLEAN = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 INT32 = st.one_of(st.integers(-5, 300), st.sampled_from([-2**31, 2**31 - 1, 256, 257]))
 FIELD_PATH = re.compile(r"([a-z_]+(?:\.[a-z_]+)*)(?:\[(\d+)\])?: \S")
+SOMETIMES = st.integers(0, 3).map(lambda n: n == 0)
 FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32), st.sampled_from([0.0, 1.0, 1e-30]))
 # Valid requests but for one field each, so that every check the assertions below name is reached whatever the
 # generator draws (which examples it draws shifted with unrelated changes to the process).
+ALL_RIGHT = generation_pb2.GenerateRequest(prompt_token_ids=[1, 2], max_new_tokens=2)     # an OK whatever is drawn
 ONE_WRONG = [generation_pb2.GenerateRequest(**{"prompt_token_ids": [1, 2], "max_new_tokens": 2, **wrong}) for wrong in
              ({"max_new_tokens": 0}, {"sampling": {"temperature": -1.0}}, {"sampling": {"top_p": 1.5}},
               {"speculation": {"k": 9}})]
@@ -45,12 +47,16 @@ def requests(draw):
         request.sampling.repetition_penalty = draw(FLOATS)
     if draw(st.booleans()):
         request.sampling.logit_bias[draw(INT32)] = draw(FLOATS)
-    if draw(st.booleans()):
-        request.sampling.min_p = draw(FLOATS)
-    if draw(st.booleans()):
+    if draw(SOMETIMES):           # fields added since, drawn less often, so that some requests stay valid
+        request.sampling.min_p = draw(st.one_of(FLOATS, st.sampled_from([0.05, 0.5])))
+    if draw(SOMETIMES):
         request.min_new_tokens = draw(st.sampled_from([0, 1, 4, 2**32 - 1]))
-    if draw(st.booleans()):
+    if draw(SOMETIMES):
         request.structured_output.regex = draw(st.sampled_from(["[0-9]+", "a[b", r"[^\s\S]", "", "(x|y)*"]))
+    if draw(SOMETIMES):
+        request.sampling.allowed_token_ids.extend(draw(st.lists(INT32, max_size=3)))
+    if draw(SOMETIMES):
+        request.bad_words.extend(draw(st.lists(st.text(max_size=5), max_size=3)))
     if draw(st.booleans()):
         request.speculation.k = draw(st.sampled_from([0, 1, 3, 8, 9, 2**32 - 1]))
     request.speculation.disable = draw(st.booleans())
@@ -59,19 +65,21 @@ def requests(draw):
 
 def named_field(request: generation_pb2.GenerateRequest, details: str, vocab_size: int) -> str:
     """The field path an INVALID_ARGUMENT message starts with; asserts that it is a field of the request
-    (and, for "name[i]: ", an element that is there and outside the vocabulary)."""
+    (and, for "name[i]: ", an element that is there: a token ID outside the vocabulary, or a string of a length
+    refused)."""
     match = FIELD_PATH.match(details)
     assert match, f"does not start with a field path: {details!r}"
     path, index = match.groups()
-    message, value = request, None
+    message, value, field = request, None, None
     for part in path.split("."):
         assert message is not None and part in message.DESCRIPTOR.fields_by_name, (path, details)
-        value = getattr(message, part)
+        field, value = message.DESCRIPTOR.fields_by_name[part], getattr(message, part)
         message = value if hasattr(value, "DESCRIPTOR") else None
     if index is not None:
-        field = request.DESCRIPTOR.fields_by_name[path.split(".")[-1]]
         assert field.is_repeated and int(index) < len(value), (path, index, details)
-        assert not 0 <= value[int(index)] < vocab_size, (path, index, list(value))
+        element = value[int(index)]
+        assert (not 1 <= len(element) <= 256) if isinstance(element, str) else not 0 <= element < vocab_size, \
+            (path, index, list(value))
     return path
 
 
@@ -87,6 +95,7 @@ def test_fuzzed_requests_get_ok_or_a_clean_status(service):
     @settings(max_examples=520, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(requests())
+    @example(ALL_RIGHT)
     @example(ONE_WRONG[0])
     @example(ONE_WRONG[1])
     @example(ONE_WRONG[2])
