@@ -10,7 +10,7 @@ from engine.sampling import Sampling, logits_to_probs
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from tests import penalized_reference
 from tests.distribution import chi_square_p_value
-from tests.engine_rounds import run_rounds
+from tests.engine_rounds import runs_of_rounds
 
 
 def test_min_p_keeps_the_tokens_at_least_min_p_times_as_likely_as_the_likeliest():
@@ -48,11 +48,10 @@ def test_sampled_tokens_follow_the_target_alones_min_p_distribution(tiny_engines
     exact = penalized_reference.first_two_joint(model, PROMPT, min_p=MIN_P)
     plain = penalized_reference.first_two_joint(model, PROMPT)
     assert sum(abs(exact[cell] - plain[cell]) for cell in exact) > 0.4
-    eos, outcomes = model.generation_config.eos_token_id, []
-    for seed in range(SAMPLES):
-        tokens = run_rounds(draft, target, PROMPT, 2, 2, generation_pb2.SamplingParams(
-            temperature=1.0, top_p=1.0, seed=seed, min_p=MIN_P), mode)
-        outcomes.append((tokens[0], None if tokens[0] == eos else tokens[1]))
+    eos = model.generation_config.eos_token_id
+    runs = runs_of_rounds(draft, target, PROMPT, 2, 2, [generation_pb2.SamplingParams(
+        temperature=1.0, top_p=1.0, seed=seed, min_p=MIN_P) for seed in range(SAMPLES)], mode)
+    outcomes = [(tokens[0], None if tokens[0] == eos else tokens[1]) for tokens in runs]
     cells = sorted(exact, key=lambda c: (c[0], -1 if c[1] is None else c[1]))
     counts = [outcomes.count(cell) for cell in cells]
     assert sum(counts) == SAMPLES

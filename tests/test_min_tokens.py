@@ -15,7 +15,7 @@ from router.stopping import StopStrings
 from router.text import IncrementalDetokenizer
 from tests import penalized_reference
 from tests.distribution import chi_square_p_value
-from tests.engine_rounds import accepted_drafts, run_rounds
+from tests.engine_rounds import accepted_drafts, run_rounds, runs_of_rounds
 
 
 @pytest.mark.parametrize("output", [0, 3, 6], ids=["first-round", "straddling", "past-it"])
@@ -84,9 +84,9 @@ def test_sampled_tokens_follow_the_target_alones_distribution_with_min_tokens(ti
     ends = (first, eos)
     exact = penalized_reference.first_two_joint(model, PROMPT, min_tokens=2, ends=ends)
     assert sum(abs(exact.get(cell, 0.0) - p) for cell, p in plain.items()) > 0.5
-    outcomes = [tuple(run_rounds(draft, target, PROMPT, 2, 2, generation_pb2.SamplingParams(
-        temperature=1.0, top_p=1.0, seed=seed), mode, min_tokens=worker_pb2.MinTokens(count=2, token_ids=ends)))
-        for seed in range(SAMPLES)]
+    outcomes = [tuple(tokens) for tokens in runs_of_rounds(draft, target, PROMPT, 2, 2, [generation_pb2.SamplingParams(
+        temperature=1.0, top_p=1.0, seed=seed) for seed in range(SAMPLES)], mode,
+        min_tokens=worker_pb2.MinTokens(count=2, token_ids=ends))]
     cells = sorted(cell for cell in exact if cell[1] is not None)
     counts = [outcomes.count(cell) for cell in cells]
     assert sum(counts) == SAMPLES                      # never an end token in the first two

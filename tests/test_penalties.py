@@ -12,7 +12,7 @@ from engine.sampling import Sampling
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from tests import penalized_reference
 from tests.distribution import chi_square_p_value
-from tests.engine_rounds import accepted_drafts, run_rounds
+from tests.engine_rounds import accepted_drafts, run_rounds, runs_of_rounds
 
 # dyadic values, so that the reference's per-token arithmetic rounds exactly as the engine's vectorized one
 BIAS = {ord("("): -100.0, ord(" "): 2.5, ord("n"): -1.5}
@@ -97,10 +97,10 @@ def test_sampled_tokens_follow_the_target_alones_penalized_distribution(tiny_eng
     exact = penalized_reference.first_two_joint(model, PROMPT, **penalties)
     plain = penalized_reference.first_two_joint(model, PROMPT)
     assert sum(abs(exact[cell] - plain[cell]) for cell in exact) > 0.2
-    outcomes, eos = [], model.generation_config.eos_token_id
-    for seed in range(SAMPLES):
-        tokens = run_rounds(draft, target, PROMPT, 2, 2, sampling_params(1.0, seed, **penalties), mode)
-        outcomes.append((tokens[0], None if tokens[0] == eos else tokens[1]))
+    eos = model.generation_config.eos_token_id
+    runs = runs_of_rounds(draft, target, PROMPT, 2, 2, [sampling_params(1.0, seed, **penalties)
+                                                        for seed in range(SAMPLES)], mode)
+    outcomes = [(tokens[0], None if tokens[0] == eos else tokens[1]) for tokens in runs]
     cells = sorted(exact, key=lambda c: (c[0], -1 if c[1] is None else c[1]))
     counts = [outcomes.count(cell) for cell in cells]
     assert sum(counts) == SAMPLES

@@ -15,7 +15,7 @@ from protos.specpool.v1 import generation_pb2, worker_pb2
 from router.structured_output import compiled
 from router.validation import RequestError
 from tests.distribution import chi_square_p_value
-from tests.engine_rounds import accepted_drafts, run_rounds
+from tests.engine_rounds import accepted_drafts, run_rounds, runs_of_rounds
 
 POINT = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
          "required": ["name", "n"], "additionalProperties": False}
@@ -114,8 +114,8 @@ def test_sampled_tokens_follow_the_target_alones_constrained_distribution(tiny_e
     plain = penalized_reference.first_two_joint(model, PROMPT)
     assert sum(abs(exact.get(cell, 0.0) - p) for cell, p in plain.items()) > 0.5
     grammar = grammar_of(frozenset({eos}), regex=REGEX)
-    outcomes = [tuple(run_rounds(draft, target, PROMPT, 2, 2, generation_pb2.SamplingParams(
-        temperature=1.0, top_p=1.0, seed=seed), mode, grammar=grammar)) for seed in range(SAMPLES)]
+    outcomes = [tuple(tokens) for tokens in runs_of_rounds(draft, target, PROMPT, 2, 2, [generation_pb2.SamplingParams(
+        temperature=1.0, top_p=1.0, seed=seed) for seed in range(SAMPLES)], mode, grammar=grammar)]
     cells = sorted(exact)
     counts = [outcomes.count(cell) for cell in cells]
     assert sum(counts) == SAMPLES                        # never outside the regex
