@@ -39,8 +39,8 @@ def penalize(logits: torch.Tensor,  # [K + 1, vocab], row j predicting position 
              tokens: list[int],     # the prompt, the committed output, then the K drafts
              start: int,            # the position row 0 predicts (the first draft's)
              sampling: Sampling) -> torch.Tensor:  # [K + 1, vocab], float32
-    """The logits with the request's logit bias, penalties and min_tokens applied, each row for its own prefix; a
-    request with none of them gets them as they are."""
+    """The logits with the request's allowed tokens, logit bias, penalties, min_tokens and bad words applied, each
+    row for its own prefix; a request with none of them gets them as they are."""
     if not sampling.penalized:
         return logits
     logits = logits.float()

@@ -26,9 +26,10 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class Sampling:
-    """Per-request sampling transform. temperature 0 is greedy. The logit bias, the penalties and min_tokens apply
-    to the target's and the draft's logits before this transform (engine/penalties.py); prompt_length is where the
-    output they count begins."""
+    """Per-request sampling transform. temperature 0 is greedy. The allowed tokens, the logit bias, the penalties,
+    min_tokens and the bad words apply to the target's and the draft's logits before this transform
+    (engine/penalties.py), and so does a structured-output request's grammar (engine/constraints.py); prompt_length
+    is where the output they count begins."""
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -52,7 +53,8 @@ class Sampling:
 
     @property
     def penalized(self) -> bool:
-        """Whether engine/penalties.py changes the logits: allowed tokens, a penalty, a logit bias or min_tokens."""
+        """Whether engine/penalties.py changes the logits: allowed tokens, a logit bias, a penalty, min_tokens or bad
+        words."""
         return (self.counts_tokens or bool(self.logit_bias or self.allowed_tokens or self.bad_words)
                 or bool(self.min_tokens and self.end_tokens))
 

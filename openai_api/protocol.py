@@ -16,7 +16,6 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Fiel
                       create_model, model_validator)
 from pydantic_core import PydanticCustomError
 
-from openai_api.structured import PARAMETERS as STRUCTURED_PARAMETERS
 from openai_api.structured import JsonSchema, ResponseFormat, StructuredOutputs, structured_output
 from protos.specpool.v1 import generation_pb2
 from router.validation import MAX_TOP_LOGPROBS, RequestError
@@ -263,8 +262,11 @@ class SamplingFields(Body):
     def params(self) -> dict[str, str]:
         """The HTTP parameter behind each GenerateRequest field a RequestError may name (structured_output's: the
         parameter that asked for it)."""
-        asked = next((param for param in STRUCTURED_PARAMETERS if getattr(self, param) is not None), None)
-        return {**PARAMS, "structured_output": asked} if asked else PARAMS
+        try:
+            asked = structured_output(self)
+        except ValueError:          # two of them: refused before any RequestError could name one
+            asked = None
+        return {**PARAMS, "structured_output": asked[0]} if asked else PARAMS
 
 
 # The refused parameters after SamplingFields' own, so that a SameAs finds the parameter it names validated

@@ -598,6 +598,7 @@ def test_vllm_and_sglang_structured_output_parameters_shape_a_sampled_output(ser
 
 @pytest.mark.parametrize("body, param", [
     ({"guided_regex": "a[b"}, "guided_regex"),
+    ({"response_format": {"type": "text"}, "guided_regex": "a[b"}, "guided_regex"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
      "response_format"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),
