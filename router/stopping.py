@@ -1,8 +1,9 @@
 """Stop strings: matched on the decoded output, across token boundaries, as the tokens arrive.
 
 The text is cut before the first stop string, which is not returned (after it, with vLLM's
-include_stop_str_in_output); the tokens end with the one that completed it. While streaming, only text that could still be the start of a stop string is held back. A stop
-string completed by one of the output's first min_new_tokens tokens does not count (vLLM's min_tokens).
+include_stop_str_in_output); the tokens end with the one that completed it. While streaming, only text that could
+still be the start of a stop string is held back. A stop string completed by one of the output's first
+min_new_tokens tokens does not count (vLLM's min_tokens).
 """
 from __future__ import annotations
 

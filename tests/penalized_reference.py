@@ -17,7 +17,8 @@ def penalized_row(logits: torch.Tensor, context: list[int], prompt_length: int, 
     row = logits.float().clone()
     output = context[prompt_length:]
     for word in bad_words:
-        if len(word) == 1 or (len(output) >= len(word) - 1 and tuple(output[len(output) - len(word) + 1:]) == word[:-1]):
+        before = tuple(output[len(output) - len(word) + 1:]) if len(output) >= len(word) - 1 else None
+        if len(word) == 1 or before == word[:-1]:
             row[word[-1]] = float("-inf")
     for token in range(row.shape[0]) if allowed else ():
         if token not in allowed:

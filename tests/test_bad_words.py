@@ -68,5 +68,5 @@ def test_the_router_tokenizes_each_word_alone_and_after_a_space():
     tokenizer = load_tokenizer(str(Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair"
                                    / "target"))
     sequences = word_sequences(tokenizer, ["return None"])
-    assert sequences == sorted({tuple(tokenizer.encode("return None").ids), tuple(tokenizer.encode(" return None").ids)})
+    assert sequences == sorted({tuple(tokenizer.encode(text).ids) for text in ("return None", " return None")})
     assert len(sequences) == 2 and word_sequences(tokenizer, []) == []

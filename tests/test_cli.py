@@ -65,7 +65,8 @@ def test_generate_options_reach_the_request():
     args = parser.parse_args(["generate", "x", "--max-new-tokens", "9", "--min-new-tokens", "4", "--min-p", "0.2",
                               "--temperature", "0.7", "--repetition-penalty", "1.1", "--ignore-eos", "--k", "3"])
     request = cli.make_request(args)
-    assert (request.max_new_tokens, request.min_new_tokens, request.ignore_eos, request.speculation.k) == (9, 4, True, 3)
+    assert (request.max_new_tokens, request.min_new_tokens, request.ignore_eos) == (9, 4, True)
+    assert request.speculation.k == 3
     assert request.sampling.min_p == pytest.approx(0.2) and request.sampling.temperature == pytest.approx(0.7)
     assert request.sampling.repetition_penalty == pytest.approx(1.1)
     assert not request.HasField("structured_output")
