@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 from openai_api.chat import ChatTemplate, find_chat_template, no_template_error
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, SamplingBody,
                                  completion_prompt, generate_request, http_error, with_seed)
+from openai_api.tools import PARSERS
 from openai_api.responses import FINISH, ChatCompletions, Completions, envelope, spec_stats, usage
 from router.bearer import allowed
 from router.failures import worker_failure
@@ -86,11 +87,14 @@ class Api:
     async def chat(self, body: ChatRequest, request: Request) -> Response:
         router = self.router()
         model = check_model(body, self.model_name(router))
-        prompt = self.chat_template(router).render(body.messages)
+        plan = body.tool_plan(PARSERS.get(self.http.tool_call_parser))
+        prompt = self.chat_template(router).render(body.messages, plan.template_tools())
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         generate = generate_request(body, prompt, max_tokens, logprobs)
-        return await answer(request, router, body, generate, ChatCompletions(_decoder(router)), model)
+        if plan.structured_output() is not None:
+            generate.structured_output.CopyFrom(plan.structured_output())
+        return await answer(request, router, body, generate, ChatCompletions(_decoder(router), plan), model)
 
     async def models(self) -> dict:
         name = self.model_name(self.router())

@@ -28,18 +28,25 @@ def _raise(message: str):
     raise TemplateError(message)
 
 
+def _tojson(value, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False):
+    """transformers' `tojson` for chat templates: plain JSON (Jinja's own escapes <, >, & and ' for HTML)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 class ChatTemplate:
     """A compiled chat template; render() gives the prompt that asks the model for the assistant's turn."""
 
     def __init__(self, source: str, eos_token: str = ""):
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         environment.globals["raise_exception"] = _raise
+        environment.filters["tojson"] = _tojson
         self._template = environment.from_string(source)
         self._eos = eos_token
 
-    def render(self, messages: list[Message]) -> str:
+    def render(self, messages: list[Message], tools: list[dict] | None = None) -> str:
+        """The prompt; `tools` as transformers passes them (OpenAI's tool objects), None without any."""
         try:
-            return self._template.render(messages=[{"role": m.role, "content": m.text()} for m in messages],
+            return self._template.render(messages=[m.for_template() for m in messages], tools=tools,
                                          add_generation_prompt=True, bos_token="", eos_token=self._eos)
         except TemplateError as exc:
             raise ApiError(400, f"messages: the chat template refused them: {exc}", "messages") from exc

@@ -17,6 +17,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Fiel
 from pydantic_core import PydanticCustomError
 
 from openai_api.structured import JsonSchema, ResponseFormat, StructuredOutputs, structured_output
+from openai_api.tools import PARSERS, NamedToolChoice, Parser, Tool, ToolCall, ToolChoice, ToolPlan
 from protos.specpool.v1 import generation_pb2
 from router.validation import MAX_TOP_LOGPROBS, RequestError
 
@@ -289,15 +290,42 @@ class ContentPart(Body):
 Content = one_of("a string or a list of content parts", Text, list[ContentPart], list[ContentPart])
 
 
+def _assistants_only(calls: Any, info: ValidationInfo) -> Any:
+    if calls and info.data.get("role") != "assistant":
+        raise PydanticCustomError("assistant_only", "only an assistant message carries tool calls")
+    return calls
+
+
+def _content_or_calls(content: Any, info: ValidationInfo) -> Any:
+    """Content may be left out (or null) only by an assistant message with tool calls, as OpenAI has it."""
+    if content is None and "role" in info.data and not info.data.get("tool_calls"):
+        raise PydanticCustomError("missing", "Field required")
+    return content
+
+
 class Message(Body):
-    """A chat message. No tool calls, so every message has content (an assistant's too)."""
+    """A chat message; an assistant's may carry the tool calls it made (and then needs no content), a tool's the
+    id of the call it answers."""
     role: Role
-    content: Content
+    tool_calls: Annotated[Optional[list[ToolCall]], AfterValidator(_assistants_only)] = None
+    content: Annotated[Optional[Content], AfterValidator(_content_or_calls)] = Field(None, validate_default=True)
+    tool_call_id: Optional[Text] = None
+    name: Optional[Text] = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
-        return self.content
+        return self.content or ""
+
+    def for_template(self) -> dict:
+        """The message as chat templates take it (transformers' form: a call's arguments as an object)."""
+        message = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [{"id": call.id, "type": call.type, "function": {
+                "name": call.function.name, "arguments": json.loads(call.function.arguments)}}
+                for call in self.tool_calls]
+        message.update({key: getattr(self, key) for key in ("tool_call_id", "name") if getattr(self, key)})
+        return message
 
 
 class ChatRequest(SamplingBody):
@@ -305,10 +333,41 @@ class ChatRequest(SamplingBody):
     max_completion_tokens: MaxTokens = None
     logprobs: Flag = False
     top_logprobs: Annotated[TopLogprobs, only_when_true("logprobs")] = None     # as OpenAI and vLLM: not ignored
+    tools: Optional[list[Tool]] = None                                        # tool calling (openai_api/tools.py)
+    tool_choice: Optional[ToolChoice] = None
+    parallel_tool_calls: Flag = True
 
     def params(self) -> dict[str, str]:
         length = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
-        return {**super().params(), "prompt": "messages", "prompt_token_ids": "messages", "max_new_tokens": length}
+        forced = {"structured_output": "tools"} if self.tools and self.tool_choice not in (None, "none", "auto") else {}
+        return {**super().params(), "prompt": "messages", "prompt_token_ids": "messages", "max_new_tokens": length,
+                **forced}
+
+    def tool_plan(self, parser: Parser | None) -> ToolPlan:
+        """What the tools ask of the output; a 400 naming the parameter for a tool_choice they cannot meet."""
+        choice = self.tool_choice or ("auto" if self.tools else "none")
+        named = choice.function.name if isinstance(choice, NamedToolChoice) else ""
+        names = [tool.function.name for tool in self.tools or []]
+        twice = next((name for name in names if names.count(name) > 1), None)
+        if twice:
+            raise ApiError(400, f"tools: function names must differ ({twice!r} is there twice)", "tools")
+        if choice != "none" and not names:
+            raise ApiError(400, "tool_choice: only allowed when `tools` are given", "tool_choice")
+        if named and named not in names:
+            raise ApiError(400, f"tool_choice: no function named {named!r} in `tools`", "tool_choice")
+        if choice == "auto" and parser is None:
+            raise ApiError(400, 'tool_choice: "auto" needs a tool-call parser: set http.tool_call_parser (one of '
+                           f'{", ".join(PARSERS)}), or send "required" or a named function', "tool_choice")
+        plan = ToolPlan(tuple(self.tools or ()), "named" if named else choice, named, parser,
+                        single=not self.parallel_tool_calls)
+        try:
+            asked = structured_output(self)
+        except ValueError:          # two of them: generate_request refuses the body
+            asked = None
+        if plan.schema() is not None and asked is not None:
+            raise ApiError(400, f"{asked[0]}: one structured output per request (`tool_choice` asks for the "
+                           "tools' arguments)", asked[0])
+        return plan
 
 
 DEFAULT_CHAT_MAX_TOKENS = 256

@@ -6,6 +6,8 @@ import itertools
 import math
 import time
 
+from openai_api import tools
+from openai_api.tools import ToolPlan, ToolStream
 from protos.specpool.v1 import generation_pb2
 
 FINISH = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FINISH_REASON_STOP: "stop",
@@ -70,8 +72,14 @@ class Completions:
 
 
 class ChatCompletions(Completions):
-    """/v1/chat/completions: choices carry a `message` (a `delta` when streaming); logprobs per token."""
+    """/v1/chat/completions: choices carry a `message` (a `delta` when streaming); logprobs per token; the tool
+    calls the output holds (openai_api/tools.py), if the request has tools."""
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+
+    def __init__(self, decode, tools: ToolPlan | None = None):
+        super().__init__(decode)
+        self.tools = tools
+        self.streams: dict[int, ToolStream] = {}     # choice index -> its stream's tool calls so far
 
     def _token(self, token_id: int, logprob: float) -> dict:
         text = self.decode(token_id)
@@ -81,14 +89,24 @@ class ChatCompletions(Completions):
         return {"content": [{**self._token(e.token_id, e.logprob),
                              "top_logprobs": [self._token(t.token_id, t.logprob) for t in e.top]} for e in entries]}
 
-    def choice(self, index: int, text: str, entries: list | None, finish_reason: str | None,
-               key: str = "message") -> dict:
-        message = {"role": "assistant", "content": text} if key == "message" else ({"content": text} if text else {})
-        return {"index": index, key: message, "logprobs": self.logprobs(entries) if entries is not None else None,
-                "finish_reason": finish_reason}
+    def choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
+        message, finish_reason = tools.message(self.tools, text, finish_reason) if self.tools else (
+            {"role": "assistant", "content": text}, finish_reason)
+        return self._choice(index, "message", message, entries, finish_reason)
 
     def chunk_choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
-        return self.choice(index, text, entries, finish_reason, key="delta")
+        if not self.tools:
+            return self._choice(index, "delta", {"content": text} if text else {}, entries, finish_reason)
+        stream = self.streams.setdefault(index, ToolStream(self.tools))
+        delta = stream.feed(text)
+        if finish_reason is not None:
+            last, finish_reason = stream.finish(finish_reason)
+            delta = tools.merged(delta, last)
+        return self._choice(index, "delta", delta, entries, finish_reason)
+
+    def _choice(self, index: int, key: str, message: dict, entries: list | None, finish_reason: str | None) -> dict:
+        return {"index": index, key: message, "logprobs": self.logprobs(entries) if entries is not None else None,
+                "finish_reason": finish_reason}
 
     def opening(self, index: int) -> list[dict]:
         return [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

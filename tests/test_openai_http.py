@@ -30,7 +30,8 @@ PROMPT = "def __init__(self"
 @pytest.fixture(scope="module")
 def served(start_service):
     pair = (str(DEMO / "draft"), str(DEMO / "target"))
-    running = start_service(service_config(pair, http={"port": 0}, speculation={"k": 3},
+    http = {"port": 0, "tool_call_parser": "hermes"}
+    running = start_service(service_config(pair, http=http, speculation={"k": 3},
                                            router={"max_active_requests": 2, "max_queued_requests": 0}))
     running.base_url = f"http://127.0.0.1:{running.service.http_port}/v1"
     running.client = openai.OpenAI(base_url=running.base_url, api_key="unused", max_retries=0)
@@ -401,9 +402,7 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ("/completions", {"best_of": 2}, "best_of"),
     ("/completions", {"best_of": 3, "n": 2}, "best_of"), ("/completions", {"best_of": 1.0}, "best_of"),
     ("/completions", {"suffix": "\n}"}, "suffix"),
-    ("/chat/completions", {"tools": [TOOL]}, "tools"),
-    ("/chat/completions", {"tool_choice": "required"}, "tool_choice"),
-    ("/chat/completions", {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ("/completions", {"tools": [TOOL]}, "tools"),          # chat's (openai_api/tools.py), as OpenAI has them
     ("/chat/completions", {"functions": [TOOL["function"]]}, "functions"),
     ("/chat/completions", {"function_call": "auto"}, "function_call"),
     ("/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
@@ -416,7 +415,8 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ("/chat/completions", {"logits_processors": ["x"]}, "logits_processors"),
 ])
 def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(served, path, body, param):
-    """An OpenAI parameter that would change the output and that specpool does not implement (logit_bias, best_of, suffix, structured output, tools, audio, reasoning, ...) is a 400 naming it and the
+    """An OpenAI parameter that would change the output and that specpool does not implement (best_of, suffix, tools
+    in a completion, audio, reasoning, ...) is a 400 naming it and the
     value it takes, not silently ignored (a boolean is not 0, a float not n); the server keeps serving."""
     error = assert_refused_naming(served, path, body, param)
     assert error["message"].startswith(f"{param}: not supported by specpool (only ")
@@ -611,6 +611,138 @@ def test_vllm_and_sglang_structured_output_parameters_shape_a_sampled_output(ser
 ])
 def test_a_malformed_or_conflicting_structured_output_is_refused_naming_its_parameter(served, body, param):
     assert_refused_naming(served, "/completions", body, param)
+
+
+POINT_TOOL = {"type": "function", "function": {"name": "make_point", "parameters": None}}
+UNIT_TOOL = {"type": "function", "function": {"name": "set_unit", "parameters": {
+    "type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
+    "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {"name": "get_time"}}
+CHAT = [{"role": "user", "content": "a point"}]
+
+
+def stream_assembled(chunks) -> tuple[str, list, str]:
+    """(content, [(name, arguments)], finish reason) of a streamed choice, assembled as OpenAI clients do."""
+    content, calls, finish = "", {}, None
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for call in delta.tool_calls or []:
+            entry = calls.setdefault(call.index, ["", ""])
+            entry[0] += call.function.name or ""
+            entry[1] += call.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content, [tuple(entry) for _, entry in sorted(calls.items())], finish
+
+
+def answered_calls(message) -> list:
+    return [(call.function.name, call.function.arguments) for call in message.tool_calls or []]
+
+
+def test_a_named_tool_choice_calls_it_with_the_target_alones_arguments_under_its_schema(served, target):
+    """tool_choice naming a function, greedy at K = 3: one call of it whose arguments are the target alone's
+    output under the function's parameters schema (the prompt rendered by transformers with the tools), token for
+    token, whole and streamed (the call's id and name in its first delta, the arguments as they come)."""
+    from tests.test_structured_output import POINT, constrained_greedy, grammar_of
+    model, tokenizer = target
+    from openai_api.tools import AS_DUMPED
+    point = {**POINT, "properties": {**POINT["properties"], "n": {"type": "integer", "minimum": 0, "maximum": 99}}}
+    tools = [{**POINT_TOOL, "function": {**POINT_TOOL["function"], "parameters": point}}, TIME_TOOL]
+    prompt = tokenizer.apply_chat_template(CHAT, tools=tools, add_generation_prompt=True, tokenize=False)
+    grammar = grammar_of(frozenset({tokenizer.eos_token_id}),
+                         json_schema=json.dumps({**point, "x-guidance": AS_DUMPED}))
+    expected = tokenizer.decode(constrained_greedy(model, str(DEMO / "target"), grammar, tokenizer(prompt).input_ids,
+                                                   48), skip_special_tokens=True)
+    body = dict(model=served.model, messages=CHAT, tools=tools, max_tokens=48, temperature=0,
+                tool_choice={"type": "function", "function": {"name": "make_point"}},
+                extra_body={"speculation": {"k": 3}})
+    answer = served.client.chat.completions.create(**body)
+    assert answered_calls(answer.choices[0].message) == [("make_point", expected)]
+    assert set(json.loads(expected)) == {"name", "n"} and answer.choices[0].message.content is None
+    assert answer.choices[0].finish_reason == "stop" and answer.choices[0].message.tool_calls[0].id.startswith("call_")
+    assert stream_assembled(served.client.chat.completions.create(**body, stream=True)) == (
+        "", [("make_point", expected)], "stop")
+
+
+def test_required_tool_calls_are_calls_of_the_given_tools_whole_and_streamed(served):
+    """tool_choice "required", sampled (seeded) at K = 3, parallel_tool_calls false: one call of a given tool with
+    arguments its schema accepts, finish reason `tool_calls`, and the stream with the same seed carries the same call.
+    With parallel calls this model goes on adding calls to max_tokens: the array cut short is the content, finish
+    reason `length`, in both."""
+    for seed in (0, 1):
+        body = dict(model=served.model, messages=CHAT, tools=[UNIT_TOOL, TIME_TOOL], tool_choice="required",
+                    max_tokens=64, temperature=1.0, seed=seed, parallel_tool_calls=False)
+        answer = served.client.chat.completions.create(**body)
+        calls, choice = answered_calls(answer.choices[0].message), answer.choices[0]
+        assert choice.finish_reason == "tool_calls" and len(calls) == 1 and choice.message.content is None, choice
+        (name, arguments), = calls
+        assert (json.loads(arguments) == {}) if name == "get_time" else (
+            name == "set_unit" and json.loads(arguments) in ({"unit": "celsius"}, {"unit": "fahrenheit"}))
+        assert stream_assembled(served.client.chat.completions.create(**body, stream=True)) == (
+            "", calls, "tool_calls")
+    body = {**body, "parallel_tool_calls": True, "max_tokens": 32}
+    cut = served.client.chat.completions.create(**body).choices[0]
+    assert (cut.finish_reason, cut.message.tool_calls) == ("length", None)
+    assert cut.message.content.startswith('[{"name": "')
+    assert stream_assembled(served.client.chat.completions.create(**body, stream=True)) == (
+        cut.message.content, [], "length")
+
+
+def test_auto_reads_the_hermes_calls_the_model_writes(served):
+    """tool_choice "auto" with the hermes parser: output that holds `<tool_call>` blocks (here forced by a regex,
+    which the demo model would not write) is answered as those calls, with the text before them as content; in a
+    stream no piece of the markup reaches the content."""
+    regex = r'Checking\.<tool_call>\{"name": "get_time", "arguments": \{\}\}</tool_call>'
+    body = dict(model=served.model, messages=CHAT, tools=[UNIT_TOOL, TIME_TOOL], max_tokens=64, temperature=0,
+                extra_body={"guided_regex": regex})
+    answer = served.client.chat.completions.create(**body)
+    assert answered_calls(answer.choices[0].message) == [("get_time", "{}")]
+    assert (answer.choices[0].message.content, answer.choices[0].finish_reason) == ("Checking.", "tool_calls")
+    assert stream_assembled(served.client.chat.completions.create(**body, stream=True)) == (
+        "Checking.", [("get_time", "{}")], "tool_calls")
+    plain = served.client.chat.completions.create(**{**body, "extra_body": {}, "max_tokens": 8})
+    assert plain.choices[0].message.tool_calls is None and plain.choices[0].finish_reason == "length"
+
+
+def test_a_conversation_with_calls_and_their_results_is_the_target_alones_continuation(served, target):
+    """An assistant's earlier calls (content null) and a tool's result, tool_choice "none": the reply is the target
+    alone's greedy continuation of transformers' rendering of the same conversation and tools, as text."""
+    model, tokenizer = target
+    messages = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "set_unit", "arguments": '{"unit": "celsius"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    rendered = [*CHAT, {**messages[1], "content": "", "tool_calls": [{**messages[1]["tool_calls"][0], "function": {
+        "name": "set_unit", "arguments": {"unit": "celsius"}}}]}, messages[2]]
+    prompt = tokenizer.apply_chat_template(rendered, tools=[UNIT_TOOL], add_generation_prompt=True, tokenize=False)
+    assert '# assistant:  set_unit{"unit": "celsius"}' in prompt
+    answer = served.client.chat.completions.create(model=served.model, messages=messages, tools=[UNIT_TOOL],
+                                                   tool_choice="none", max_tokens=16, temperature=0)
+    assert answer.choices[0].message.content == tokenizer.decode(greedy_alone(target, prompt, 16),
+                                                                 skip_special_tokens=True)
+    assert answer.choices[0].message.tool_calls is None
+    assert answer.usage.prompt_tokens == len(tokenizer(prompt).input_ids)       # the prompt rendered as transformers'
+
+
+
+BAD_ARGUMENTS = [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+    {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{bad"}}]}]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tool_choice": "required"}, "tool_choice"),                                     # no tools
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+    ({"tools": [TOOL, TOOL]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
+      "tool_choice": "required"}, "tools"),                                          # the router's schema check
+    ({"tools": [TOOL], "tool_choice": "required", "guided_json": {"type": "object"}}, "guided_json"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls"),
+    ({"messages": BAD_ARGUMENTS}, "messages[1].tool_calls[0].function.arguments"),
+    ({"messages": [{"role": "assistant"}]}, "messages[0].content"),
+])
+def test_a_tool_request_that_cannot_be_served_is_refused_naming_its_parameter(served, body, param):
+    assert_refused_naming(served, "/chat/completions", body, param)
 
 
 def served_choices(served, path: str, extra: dict) -> tuple[list, dict]:

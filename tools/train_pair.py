@@ -34,8 +34,13 @@ from pathlib import Path
 from engine.model_pair import EOS_TOKEN, PairSpec, build_tokenizer, new_llama
 from engine.modeling import cache_keyword
 
-# The pair continues Python code, so a chat turns into Python comments and the answer is the code after them.
-CHAT_TEMPLATE = ("{% for message in messages %}# {{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+# The pair continues Python code, so a chat turns into Python comments and the answer is the code after them;
+# tools are listed as a comment (name and parameters' JSON Schema), and an assistant's calls follow its content.
+CHAT_TEMPLATE = ("{% if tools %}# tools:{% for tool in tools %} {{ tool.function.name }}"
+                 "{{ (tool.function.parameters or {}) | tojson }}{% endfor %}{{ '\\n' }}{% endif %}"
+                 "{% for message in messages %}# {{ message['role'] }}: {{ message['content'] }}"
+                 "{% for call in message.tool_calls or [] %} {{ call.function.name }}"
+                 "{{ call.function.arguments | tojson }}{% endfor %}{{ '\\n' }}{% endfor %}"
                  "{% if add_generation_prompt %}# assistant:\n{% endif %}")
 SKIP_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
 

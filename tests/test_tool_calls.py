@@ -1,0 +1,195 @@
+"""Tool calling's parts without a service (openai_api/tools.py): the parsers on model output, a stream's deltas
+against the whole message at every split of the output, the "required" schema against llguidance, each
+tool_choice a request cannot have, and the chat template's prompt against transformers' own rendering with tools.
+The whole stack (the demo pair served over HTTP) is in tests/test_openai_http.py."""
+import json
+
+import pytest
+
+from openai_api.chat import ChatTemplate
+from openai_api.protocol import ApiError, ChatRequest
+from openai_api.tools import PARSERS, ToolPlan, ToolStream, merged, message
+from settings.schema import TOOL_CALL_PARSERS
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+HERMES_OUTPUT = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+                 '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+CALLS = [("get_weather", '{"city": "Oslo"}'), ("get_time", "{}")]
+
+
+def chat(**body) -> ChatRequest:
+    return ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
+
+
+def plan(choice="auto", parser="hermes", **body) -> ToolPlan:
+    return chat(tools=[WEATHER, TIME], tool_choice=choice, **body).tool_plan(PARSERS.get(parser))
+
+
+def test_the_config_names_every_parser_and_refuses_another():
+    from settings.schema import ConfigError, config_from_dict
+    assert tuple(PARSERS) == TOOL_CALL_PARSERS
+    assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
+    with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json or \"\" "
+                                          r"\(got 'mistral'\)$"):
+        config_from_dict({"http": {"tool_call_parser": "mistral"}})
+
+
+@pytest.mark.parametrize("text, expected", [
+    (HERMES_OUTPUT, (len("Let me look.\n"), CALLS)),
+    ('<tool_call>{"name": "get_time", "arguments": {}}', (0, [("get_time", "{}")])),        # unclosed at EOS
+    ("no calls here", None),
+    ('<tool_call>{"name": "get_time", "arguments": {</tool_call>', None),                   # not JSON
+    ('<tool_call>{"arguments": {}}</tool_call>', None),                                      # no name
+    ('<tool_call>{"name": "get_time", "arguments": [1]}</tool_call>', None),                 # arguments not an object
+])
+def test_hermes_parser_finds_the_calls_or_none(text, expected):
+    assert PARSERS["hermes"].calls(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"name": "get_weather", "parameters": {"city": "Oslo"}}', (0, CALLS[:1])),
+    ('  <|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_time", '
+     '"parameters": {}}', (2, CALLS)),
+    ('The answer is {"name": "x"}', None),
+    ('{"name": "get_time", "parameters": {}', None),
+])
+def test_llama3_json_parser_finds_the_calls_or_none(text, expected):
+    assert PARSERS["llama3_json"].calls(text) == expected
+
+
+def test_an_auto_message_has_the_content_before_the_calls_and_finishes_with_tool_calls():
+    ids = iter(["call_1", "call_2"])
+    answer, finish = message(plan(), HERMES_OUTPUT, "stop", lambda: next(ids))
+    assert answer == {"role": "assistant", "content": "Let me look.", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}
+    assert finish == "tool_calls"
+    assert message(plan(), "just text", "stop") == ({"role": "assistant", "content": "just text"}, "stop")
+    assert message(plan("none"), HERMES_OUTPUT, "stop") == ({"role": "assistant", "content": HERMES_OUTPUT}, "stop")
+
+
+@pytest.mark.parametrize("choice, text", [("auto", HERMES_OUTPUT), ("auto", "plain text, <tool no call"),
+                                          ("named", '{"city": "Oslo"}'),
+                                          ("required", '[{"name": "get_time", "parameters": {}}]')])
+def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, text):
+    """Cut into two or three pieces at every place: the content and calls a client assembles from the deltas are
+    the whole message's (a content never includes a piece of a call's markup)."""
+    tool_plan = plan({"type": "function", "function": {"name": "get_weather"}} if choice == "named" else choice)
+    whole, finish = message(tool_plan, text, "stop", lambda: "call_x")
+    expected = (whole["content"] or "", [(c["function"]["name"], c["function"]["arguments"])
+                                         for c in whole.get("tool_calls", [])], finish)
+    for cut in range(len(text) + 1):
+        for pieces in ([text[:cut], text[cut:]], [text[:cut // 2], text[cut // 2:cut], text[cut:]]):
+            content, calls, streamed_finish = assembled(tool_plan, pieces)
+            assert (content.strip(), calls, streamed_finish) == (expected[0].strip(), expected[1], expected[2])
+
+
+def assembled(tool_plan: ToolPlan, pieces: list[str]) -> tuple[str, list, str]:
+    """(content, calls, finish reason) a client assembles from a stream's chunks, OpenAI's way (content
+    concatenated, a call's name and arguments concatenated by index), the last piece in the finishing chunk."""
+    stream, deltas = ToolStream(tool_plan, new_id=lambda: "call_x"), []
+    for piece in pieces[:-1]:
+        deltas.append(stream.feed(piece))
+    delta = stream.feed(pieces[-1])
+    last, finish = stream.finish("stop")
+    deltas.append(merged(delta, last))
+    content, calls = "", {}
+    for delta in deltas:
+        content += delta.get("content", "")
+        for call in delta.get("tool_calls", []):
+            entry = calls.setdefault(call["index"], ["", ""])
+            entry[0] += call["function"].get("name", "")
+            entry[1] += call["function"]["arguments"]
+    return content, [tuple(entry) for _, entry in sorted(calls.items())], finish
+
+
+def test_required_asks_llguidance_for_an_array_of_the_tools_calls():
+    import llguidance
+    from openai_api.tools import AS_DUMPED, NO_PARAMETERS
+    schema = plan("required").schema()
+    assert schema["minItems"] == 1 and "maxItems" not in schema
+    assert plan("required", parallel_tool_calls=False).schema()["maxItems"] == 1
+    assert [item["properties"]["parameters"] for item in schema["items"]["anyOf"]] == [
+        WEATHER["function"]["parameters"], NO_PARAMETERS]
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    assert llguidance.LLMatcher.validate_grammar(grammar) == ""
+    assert plan("required").calls('[{"name": "get_weather", "parameters": {"city": "Oslo"}}]') == (0, CALLS[:1])
+    assert plan("required").calls('[{"name": "get_wea') is None            # cut short: the text is content
+    named = plan({"type": "function", "function": {"name": "get_weather"}})
+    assert named.schema() == {**WEATHER["function"]["parameters"], "x-guidance": AS_DUMPED}
+    assert named.calls('{"ci') == (0, [("get_weather", '{"ci')])
+    assert plan("auto").schema() is None and plan("none").schema() is None
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tool_choice": "required"}, "tool_choice"),                                  # no tools
+    ({"tools": [], "tool_choice": "auto"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ({"tools": [TIME], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [TIME], "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+      "guided_regex": "a"}, "guided_regex"),
+])
+def test_a_tool_choice_the_request_cannot_have_is_a_400_naming_its_parameter(body, param):
+    with pytest.raises(ApiError) as refused:
+        chat(**body).tool_plan(PARSERS["hermes"])
+    assert refused.value.param == param and str(refused.value).startswith(param)
+
+
+def test_auto_without_a_parser_is_refused_and_says_how_to_get_one():
+    with pytest.raises(ApiError, match="http.tool_call_parser") as refused:
+        chat(tools=[WEATHER]).tool_plan(None)
+    assert refused.value.param == "tool_choice"
+    assert chat(tools=[WEATHER], tool_choice="required").tool_plan(None).choice == "required"
+
+
+QWEN_STYLE = """{%- if tools %}<|im_start|>system
+# Tools
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == "assistant" and message.tool_calls %}<|im_start|>assistant
+{{ message.content }}
+{%- for tool_call in message.tool_calls %}
+<tool_call>
+{"name": "{{ tool_call.function.name }}", "arguments": {{ tool_call.function.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role == "tool" %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def test_a_conversation_with_tools_renders_as_transformers_renders_it(tmp_path):
+    """Tools, an assistant's calls (arguments sent as JSON text, given to the template as an object) and a tool's
+    answer: the prompt is what transformers' apply_chat_template makes of the same conversation (its tojson too:
+    `<` and `&` left as they are)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"x": 0}, unk_token="x")))
+    tokenizer.chat_template = QWEN_STYLE
+    messages = [{"role": "user", "content": "Weather in <Oslo> & Bergen?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    body = chat(messages=messages, tools=[WEATHER, TIME])
+    ours = ChatTemplate(QWEN_STYLE).render(body.messages, body.tool_plan(PARSERS["hermes"]).template_tools())
+    for sent in messages[1]["tool_calls"]:
+        sent["function"]["arguments"] = json.loads(sent["function"]["arguments"])
+    theirs = tokenizer.apply_chat_template(messages, tools=[WEATHER, TIME], add_generation_prompt=True,
+                                           tokenize=False)
+    assert ours == theirs and "<Oslo> & Bergen" in ours and '"arguments": {"city": "Oslo"}' in ours
