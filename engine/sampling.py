@@ -188,6 +188,12 @@ def token_logprobs(logits: torch.Tensor,   # [n, vocab], the target's logits at 
     -inf outside them). A greedy request's is one-hot, so it gets the model's raw log_softmax instead."""
     logits = logits.float()
     logprobs = torch.log_softmax(logits, -1) if sampling.greedy else logits_to_probs(logits, sampling).log()
+    return picked(logprobs, tokens, top_n)
+
+
+def picked(logprobs: torch.Tensor,   # [n, vocab]
+           tokens: list[int], top_n: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Per row: the logprob of its token and the top_n most likely (token, logprob), most likely first."""
     chosen = logprobs.gather(-1, torch.tensor(tokens, device=logprobs.device).view(-1, 1)).squeeze(-1).tolist()
     top = logprobs.topk(top_n, dim=-1) if top_n else None
     return [(chosen[i], list(zip(top.indices[i].tolist(), top.values[i].tolist())) if top_n else [])

@@ -34,6 +34,7 @@ class Session:
     ngram: object = None           # the target's prompt-lookup index of the committed tokens (engine.ngram)
     chunked: bool = False          # the worker holds part of its prompt, computed in chunks (prefill_chunks.py)
     constraint: object = None      # a structured-output request's grammar matcher (engine/constraints.py)
+    prompt_logprobs: object = None  # the target's, while its prefill gathers them (target_worker/prompt_logprobs.py)
     opened: int = 0                # the store's open count when it was last opened (SessionStore._evict)
     _own: object = field(default=None, repr=False)     # its own DynamicCache, as last handed back
     _batch: object = field(default=None, repr=False)   # the RaggedBatch it was left in, not handed back yet

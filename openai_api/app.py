@@ -81,8 +81,10 @@ class Api:
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         router = self.router()
         model = check_model(body, self.model_name(router))
-        generate = generate_request(body, completion_prompt(body), body.max_tokens, body.logprobs)
-        return await answer(request, router, body, generate, Completions(_decoder(router)), model)
+        prompt = completion_prompt(body)
+        generate = generate_request(body, prompt, body.max_tokens, body.logprobs)
+        echo = (prompt if isinstance(prompt, str) else router.tokenizer.decode(prompt)) if body.echo else None
+        return await answer(request, router, body, generate, Completions(_decoder(router), echo), model)
 
     async def chat(self, body: ChatRequest, request: Request) -> Response:
         router = self.router()
@@ -241,6 +243,7 @@ async def answer(request: Request, router: Router, body: SamplingBody, generate,
     client, given = client_request(request), request_id_header(request)
     client.request_id = kind.id_prefix + given if given else ""   # a refusal below is logged under the client's id
     client.states = states = await admit(router, generate, body)
+    kind.bind(states)
     request_id = given or uuid.uuid4().hex
     client.request_id = kind.id_prefix + request_id              # the "id" its client sees
     headers = {"X-Request-Id": request_id}

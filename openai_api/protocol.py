@@ -90,11 +90,6 @@ def _token_keys(bias: dict) -> dict:
 LogitBias = Annotated[dict[str, number(ge=-100, le=100)], AfterValidator(_token_keys)]   # OpenAI's range
 
 
-def _no_echo(echo: bool) -> bool:
-    if echo:
-        raise PydanticCustomError("unsupported", "only false: specpool does not echo the prompt")
-    return echo
-
 # Tags of a union's members, which an error's location carries: they have a space, unlike any field's name
 STRING, STRINGS, LIST = "a string", "a list of strings", "another list"
 
@@ -183,6 +178,7 @@ REFUSED: dict[str, Any] = {
     "use_beam_search": False,
     "length_penalty": 1,
     "logits_processors": None,
+    "prompt_logprobs": None,        # vLLM's (a dict per prompt position); a completion's `echo` gives them
 }
 
 
@@ -279,7 +275,7 @@ class CompletionRequest(SamplingBody):
     prompt: Prompt
     max_tokens: MaxTokens = 16
     logprobs: TopLogprobs = None
-    echo: Annotated[Flag, AfterValidator(_no_echo)] = False      # a strict Literal[False] would still take 0
+    echo: Flag = False                 # the prompt before the output (with `logprobs`, the prompt's logprobs too)
 
 
 class ContentPart(Body):
@@ -435,6 +431,8 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
             request.speculation.k = body.speculation.k
     if logprobs is not None:
         request.logprobs = logprobs
+        if getattr(body, "echo", False):
+            request.prompt_logprobs = logprobs
     try:
         asked = structured_output(body)
     except ValueError as exc:

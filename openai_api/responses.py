@@ -37,35 +37,57 @@ def spec_stats(states: list) -> dict:
 
 
 class Completions:
-    """/v1/completions: choices carry `text`; logprobs in the legacy format."""
+    """/v1/completions: choices carry `text`; logprobs in the legacy format; with `echo`, the prompt before the
+    output, its tokens' logprobs before the output's (the first token's null, as OpenAI answers)."""
     object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
 
-    def __init__(self, decode):
+    def __init__(self, decode, echo: str | None = None):
         self.decode = decode           # token ID -> its text
+        self.echo = echo               # set: the prompt's text, echoed before each choice's output
+        self.states: list = []         # the choices' RequestStates (bind): an echo's prompt tokens and logprobs
         self.streamed: dict[int, int] = {}    # choice index -> characters of its tokens already streamed
+
+    def bind(self, states: list) -> None:
+        self.states = states
 
     def logprobs(self, entries: list, start: int = 0) -> dict:
         """Legacy logprobs; `text_offset` counts from the completion's start (`start`: the characters of the
-        tokens before these), as OpenAI and vLLM do in a stream too."""
-        tokens = [self.decode(e.token_id) for e in entries]
+        tokens before these), as OpenAI and vLLM do in a stream too. An entry that is a bare token ID (an echoed
+        prompt's first) has null logprobs."""
+        tokens = [self.decode(e if isinstance(e, int) else e.token_id) for e in entries]
         offsets = list(itertools.accumulate((len(t) for t in tokens), initial=start))
-        return {"tokens": tokens, "token_logprobs": [finite(e.logprob) for e in entries],
-                "top_logprobs": [{self.decode(t.token_id): finite(t.logprob) for t in e.top} for e in entries],
+        return {"tokens": tokens,
+                "token_logprobs": [None if isinstance(e, int) else finite(e.logprob) for e in entries],
+                "top_logprobs": [None if isinstance(e, int) else {self.decode(t.token_id): finite(t.logprob)
+                                                                  for t in e.top} for e in entries],
                 "text_offset": offsets[:-1]}
 
-    def choice(self, index: int, text: str, entries: list | None, finish_reason: str | None,
-               start: int = 0) -> dict:
-        return {"index": index, "text": text,
-                "logprobs": self.logprobs(entries, start) if entries is not None else None,
-                "finish_reason": finish_reason}
+    def choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
+        return self._choice(index, *self._echoed(index, text, entries), finish_reason)
 
     def chunk_choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
-        """A stream chunk of choice `index`, its text_offsets following on from its earlier chunks'."""
-        choice = self.choice(index, text, entries, finish_reason, self.streamed.get(index, 0))
+        """A stream chunk of choice `index`, its text_offsets following on from its earlier chunks' (its first
+        carries the echo)."""
+        if index not in self.streamed:
+            text, entries = self._echoed(index, text, entries)
+        choice = self._choice(index, text, entries, finish_reason, self.streamed.setdefault(index, 0))
         if entries:
             logprobs = choice["logprobs"]
             self.streamed[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
         return choice
+
+    def _echoed(self, index: int, text: str, entries: list | None) -> tuple[str, list | None]:
+        if self.echo is None:
+            return text, entries
+        state = self.states[index]
+        prompt = [state.tokens[0], *(state.prompt_logprobs or [])]
+        return self.echo + text, None if entries is None else prompt + entries
+
+    def _choice(self, index: int, text: str, entries: list | None, finish_reason: str | None,
+                start: int = 0) -> dict:
+        return {"index": index, "text": text,
+                "logprobs": self.logprobs(entries, start) if entries is not None else None,
+                "finish_reason": finish_reason}
 
     def opening(self, index: int) -> list[dict]:
         return []
@@ -92,19 +114,20 @@ class ChatCompletions(Completions):
     def choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
         message, finish_reason = tools.message(self.tools, text, finish_reason) if self.tools else (
             {"role": "assistant", "content": text}, finish_reason)
-        return self._choice(index, "message", message, entries, finish_reason)
+        return self._message_choice(index, "message", message, entries, finish_reason)
 
     def chunk_choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
         if not self.tools:
-            return self._choice(index, "delta", {"content": text} if text else {}, entries, finish_reason)
+            return self._message_choice(index, "delta", {"content": text} if text else {}, entries, finish_reason)
         stream = self.streams.setdefault(index, ToolStream(self.tools))
         delta = stream.feed(text)
         if finish_reason is not None:
             last, finish_reason = stream.finish(finish_reason)
             delta = tools.merged(delta, last)
-        return self._choice(index, "delta", delta, entries, finish_reason)
+        return self._message_choice(index, "delta", delta, entries, finish_reason)
 
-    def _choice(self, index: int, key: str, message: dict, entries: list | None, finish_reason: str | None) -> dict:
+    def _message_choice(self, index: int, key: str, message: dict, entries: list | None,
+                        finish_reason: str | None) -> dict:
         return {"index": index, key: message, "logprobs": self.logprobs(entries) if entries is not None else None,
                 "finish_reason": finish_reason}
 

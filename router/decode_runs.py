@@ -18,7 +18,7 @@ from protos.specpool.v1 import worker_pb2
 from router.controller import RoundTimings
 from router.recovery import recover_target
 from router.request_state import NGRAM, NO_DRAFTS, RequestState, Round, logprobs_asked
-from router.request_stats import record, record_prefix
+from router.request_stats import record, record_start
 from router.round_timing import round_parts, split_wall
 from router.worker_client import TargetClient
 
@@ -36,7 +36,7 @@ async def decode_run(state: RequestState, target: TargetClient, steps: int, sour
     if lookup is not None:
         extra["lookup"] = lookup
     answers = target.decode_run(state.session_id, state.tokens, state.target_synced, steps,
-                                state.stop_ids | state.eos_ids, state.session_start, state.timeout(target.timeout),
+                                state.stop_ids | state.eos_ids, state.target_start, state.timeout(target.timeout),
                                 answer_delay_us=int(answer_delay_s * 1e6), **extra)
     state.stats.target_calls += 1
     started = time.perf_counter()
@@ -45,7 +45,7 @@ async def decode_run(state: RequestState, target: TargetClient, steps: int, sour
             state.stats.wire_bytes += wire
             state.stats.target_answers += 1
             for step in (*verdict.earlier, verdict):
-                record_prefix(state, step, "target")
+                record_start(state, step, "target")
             answered = [step for step in (*verdict.earlier, verdict) if not step.missed]
             share, held = (time.perf_counter() - started) / max(len(answered), 1), len(state.tokens)
             rounds = [run_step(state, step, share, source) for step in answered]

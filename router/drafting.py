@@ -15,7 +15,7 @@ import grpc
 from protos.specpool.v1 import worker_pb2
 from router.overlap import cancel, guesses
 from router.request_state import MODEL, NGRAM, NO_DRAFTS, WORKER_DOWN, Proposal, RequestState, logprobs_asked
-from router.request_stats import record_prefix
+from router.request_stats import record_start
 from router.round_timing import split_time
 from router.worker_client import DraftClient, TargetClient
 
@@ -54,7 +54,7 @@ def drafted(state: RequestState, response: worker_pb2.ProposeResponse, wire: int
             branches: list[tuple[int, int]]) -> Proposal:
     """A draft call's answer, sent at `started`, as a Proposal (its branches keyed by the points (j, token))."""
     state.stats.wire_bytes += wire
-    record_prefix(state, response, "draft")
+    record_start(state, response, "draft")
     timing = split_time(started, response)
     return Proposal(list(response.draft_token_ids), response.draft_hidden_states, *timing,
                     runner_ups=list(response.runner_up_token_ids), thirds=list(response.third_choice_token_ids),
@@ -169,7 +169,7 @@ async def hand_off(state: RequestState, target: TargetClient, k: int,
     An unreachable draft worker withdraws it."""
     handoff_id, sent = next(HANDOFF_IDS), time.perf_counter()
     waiting = asyncio.ensure_future(target.verify(
-        state.session_id, state.tokens, state.target_synced, [], b"", state.session_start,
+        state.session_id, state.tokens, state.target_synced, [], b"", state.target_start,
         state.timeout(target.timeout), handoff_id=handoff_id, **logprobs_asked(state)))
     try:
         proposal = await drafting((target.address, handoff_id))

@@ -55,6 +55,8 @@ class RequestState:
     min_new_tokens: int = 0                # no EOS or stop token before this many output tokens
     grammar: worker_pb2.Grammar | None = None   # structured output: the grammar the output follows
     bad_words: list = field(default_factory=list)   # token sequences the output never completes
+    prompt_top_logprobs: int | None = None  # set: the target's prefill answers the prompt's logprobs, with this
+    prompt_logprobs: list | None = None     # ... many alternatives: generation_pb2.TokenLogprob per prompt token 1..
 
     @property
     def generated(self) -> int:
@@ -71,6 +73,13 @@ class RequestState:
             start["min_tokens"] = worker_pb2.MinTokens(count=self.min_new_tokens,
                                                        token_ids=sorted(self.stop_ids | self.eos_ids))
         return start
+
+    @property
+    def target_start(self) -> dict:
+        """session_start for the target: the prompt's logprobs asked for too, until they have come."""
+        if self.prompt_top_logprobs is None or self.prompt_logprobs is not None:
+            return self.session_start
+        return {**self.session_start, "prompt_logprobs": self.prompt_top_logprobs}
 
     def count_out_of_memory(self, pool: str) -> None:
         self.out_of_memory[pool] = self.out_of_memory.get(pool, 0) + 1

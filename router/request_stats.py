@@ -6,9 +6,12 @@ from protos.specpool.v1 import generation_pb2
 from router.request_state import NONE, RequestState, Round
 
 
-def record_prefix(state: RequestState, response, pool: str) -> None:
-    """A session start's prefix-cache lookup, if the `pool` worker's answer has one, added to the request's stats.
-    The target's first one says how much of the prompt it found cached."""
+def record_start(state: RequestState, response, pool: str) -> None:
+    """What a session start's answer from the `pool` worker says: its prefix-cache lookup, if it has one, added to
+    the request's stats (the target's first one says how much of the prompt it found cached); the prompt's logprobs,
+    the first time the target answers them."""
+    if pool == "target" and response.prompt_logprobs and state.prompt_logprobs is None:
+        state.prompt_logprobs = list(response.prompt_logprobs)
     if not response.HasField("prefix_cache"):
         return
     field = f"{pool}_prefix_cache"

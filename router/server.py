@@ -173,7 +173,9 @@ class Router:
                             stop_strings=tuple(request.stop), include_stop=request.include_stop_str_in_output,
                             top_logprobs=request.logprobs if request.HasField("logprobs") else None,
                             streamed=streamed, min_new_tokens=request.min_new_tokens, grammar=grammar,
-                            bad_words=word_sequences(self.tokenizer, request.bad_words))
+                            bad_words=word_sequences(self.tokenizer, request.bad_words),
+                            prompt_top_logprobs=request.prompt_logprobs if request.HasField("prompt_logprobs")
+                            else None)
 
     async def run(self, state: RequestState):
         """The request's rounds on the least-loaded draft and target replicas (sticky for the request); counted in
@@ -323,10 +325,12 @@ class Shedding:
             say(f"overloaded: {count} request(s) refused with RESOURCE_EXHAUSTED{since} ({self._busy})")
 
 
-def _response(state: RequestState, request_id: str, tokens: list[int], text: str,
-              logprobs: list = ()) -> generation_pb2.GenerateResponse:
+def _response(state: RequestState, request_id: str, tokens: list[int], text: str, logprobs: list = (),
+              first: bool = True) -> generation_pb2.GenerateResponse:
+    """A Generate answer, or (`first` or not) a GenerateStream message; the first carries the prompt's logprobs."""
     response = generation_pb2.GenerateResponse(token_ids=tokens, text=text, request_id=request_id,
-                                               logprobs=logprobs)
+                                               logprobs=logprobs, prompt_logprobs=(first and state.prompt_logprobs)
+                                               or ())
     if state.finish_reason:
         response.finish_reason = state.finish_reason
         response.stats.CopyFrom(state.stats)
@@ -425,8 +429,10 @@ class GenerationServicer:
     async def GenerateStream(self, request_iterator, context):
         async with self._tracked(context, "GenerateStream") as client:
             router, state, request_id = await self._admit(context, True, client)
+            first = True
             async for chunk in output_chunks(router.run(state), state, router.tokenizer):
-                yield _response(state, request_id, chunk.token_ids, chunk.text, chunk.logprobs)
+                yield _response(state, request_id, chunk.token_ids, chunk.text, chunk.logprobs, first)
+                first = False
 
     async def Generate(self, request_iterator, context):
         async with self._tracked(context, "Generate") as client:

@@ -33,7 +33,7 @@ from router.drafting import predraft, propose, propose_chained
 from router.overlap import StagedCall, cancel, correction_guessed, guesses, settle, staged_answer, sync_draft
 from router.recovery import recover_target
 from router.request_state import MODEL, NGRAM, KPolicy, Proposal, RequestState, Round, clamp_k, logprobs_asked
-from router.request_stats import record, record_prefix
+from router.request_stats import record, record_start
 from router.round_plan import choose_k, ngram_round_k, plan_round, predraft_k, prefill_alone, run_plan
 from router.round_timing import round_parts, split_handed, split_time
 from router.worker_client import DraftClient, TargetClient
@@ -110,11 +110,11 @@ async def verify(state: RequestState, target: TargetClient, proposal: Proposal) 
     answer = await staged_answer(proposal)
     if answer is None:
         answer = await target.verify(state.session_id, state.tokens, state.target_synced, proposal.tokens,
-                                     proposal.hidden, state.session_start, state.timeout(target.timeout),
+                                     proposal.hidden, state.target_start, state.timeout(target.timeout),
                                      **logprobs_asked(state))
     verdict, wire = answer
     state.stats.wire_bytes += wire
-    record_prefix(state, verdict, "target")
+    record_start(state, verdict, "target")
     state.stats.target_calls += 1
     state.stats.target_answers += 1
     verify_s, rtt_s, worker_s = split_handed(proposal, verdict) if proposal.handed else \

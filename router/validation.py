@@ -146,7 +146,7 @@ def check_allowed_tokens(request: generation_pb2.GenerateRequest, limits: ModelL
 
 
 def check_outputs(request: generation_pb2.GenerateRequest) -> None:
-    """Stop strings and logprobs."""
+    """Stop strings, bad words and logprobs (the output's and the prompt's)."""
     if len(request.stop) > MAX_STOP_STRINGS:
         raise RequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings (got {len(request.stop)})")
     for i, stop in enumerate(request.stop):
@@ -157,5 +157,6 @@ def check_outputs(request: generation_pb2.GenerateRequest) -> None:
     for i, word in enumerate(request.bad_words):
         if not 1 <= len(word) <= MAX_STOP_CHARS:
             raise RequestError(f"bad_words[{i}]", f"must be 1 to {MAX_STOP_CHARS} characters (got {len(word)})")
-    if request.HasField("logprobs") and request.logprobs > MAX_TOP_LOGPROBS:
-        raise RequestError("logprobs", f"must be <= {MAX_TOP_LOGPROBS} (got {request.logprobs})")
+    for name in ("logprobs", "prompt_logprobs"):
+        if request.HasField(name) and getattr(request, name) > MAX_TOP_LOGPROBS:
+            raise RequestError(name, f"must be <= {MAX_TOP_LOGPROBS} (got {getattr(request, name)})")

@@ -18,6 +18,7 @@ from engine.prefill_chunks import chunk_ends, prefilled
 from engine.prefix_cache import PrefixCache, lookup_stats
 from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample, token_logprobs
 from engine.sessions import SessionStore, open_sessions
+from target_worker.prompt_logprobs import PromptLogprobs
 
 
 def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, sampling: Sampling,
@@ -110,7 +111,7 @@ class TargetEngine:
         """One forward over rows [(index, session)], then the rejection sampler per row. A session start takes the
         beginning of its context from the prefix cache where it is there; a row with more new tokens left than
         prefill_chunk computes only the next chunk of them, and answers Prefilled."""
-        found = {i: self.prefixes.attach(self.model, session, requests[i].new_token_ids) for i, session in rows}
+        found = {i: self._attach(session, requests[i]) for i, session in rows}
         ends = chunk_ends(rows, requests, found, self.prefill_chunk)   # where a chunked row's forward ends
         rows, drafts = self._drafts(rows, requests, results, ends)
         if not rows:
@@ -119,6 +120,9 @@ class TargetEngine:
         logits, batch_tokens = self._forward(rows, requests, drafts, found, ends)
         self.stats.record(len(rows))
         for (i, session), row_drafts, row_logits, start in zip(rows, drafts, logits, starts):
+            if session.prompt_logprobs is not None:                 # row_logits: every new position's
+                session.prompt_logprobs.take(row_logits, requests[i].position, requests[i].new_token_ids)
+                row_logits = row_logits[row_logits.shape[0] - len(row_drafts) - 1:]
             if i in ends:
                 results[i] = prefilled(self.sessions, requests[i], session, found[i])
                 continue
@@ -130,6 +134,9 @@ class TargetEngine:
             except Exception as exc:  # noqa: BLE001 - a bad row fails alone
                 results[i] = exc
                 continue
+            if session.prompt_logprobs is not None:                 # the prefill is complete
+                results[i].prompt_logprobs.extend(session.prompt_logprobs.entries)
+                session.prompt_logprobs = None
             results[i].batch_size, results[i].batch_tokens = len(rows), batch_tokens
             session.settled = start + results[i].num_accepted
             if requests[i].position == 0:
@@ -146,8 +153,9 @@ class TargetEngine:
         for (_, session), row_drafts in zip(rows, drafts):
             session.tokens.extend(row_drafts)
         last, self._batch = self._batch, None       # a forward that raises leaves no batch to run on again
-        logits, batch = extend_batch(self.model, [session for _, session in rows], tokens,
-                                     [len(row_drafts) + 1 for row_drafts in drafts], last)
+        keeps = [len(row_tokens) if session.prompt_logprobs is not None else len(row_drafts) + 1
+                 for row_tokens, row_drafts, (_, session) in zip(tokens, drafts, rows)]
+        logits, batch = extend_batch(self.model, [session for _, session in rows], tokens, keeps, last)
         # A forward of one row or of prefills alone leaves the decode rows' batch to run on again.
         self._batch = batch if not all(prefills(requests[i]) for i, _ in rows) and len(rows) > 1 else last
         for (i, session), row_drafts in zip(rows, drafts):
@@ -173,6 +181,15 @@ class TargetEngine:
                 del session.tokens[session.length:]
                 results[i] = exc
         return kept, drafts
+
+    def _attach(self, session, request) -> int:
+        """A session start's cached prompt blocks (PrefixCache.attach); one that asks for prompt logprobs computes
+        its whole prompt, gathering them."""
+        if request.position == 0 and request.HasField("prompt_logprobs"):
+            length = session.sampling.prompt_length or len(request.new_token_ids)
+            session.prompt_logprobs = PromptLogprobs(request.prompt_logprobs, length)
+            return 0
+        return self.prefixes.attach(self.model, session, request.new_token_ids)
 
     def _constraint(self, session):
         return session_constraint(session, self.model_path, self.model.config.vocab_size)

@@ -57,6 +57,8 @@ def requests(draw):
         request.sampling.allowed_token_ids.extend(draw(st.lists(INT32, max_size=3)))
     if draw(SOMETIMES):
         request.bad_words.extend(draw(st.lists(st.text(max_size=5), max_size=3)))
+    if draw(SOMETIMES):
+        request.prompt_logprobs = draw(st.sampled_from([0, 2, 21]))
     if draw(st.booleans()):
         request.speculation.k = draw(st.sampled_from([0, 1, 3, 8, 9, 2**32 - 1]))
     request.speculation.disable = draw(st.booleans())

@@ -195,7 +195,8 @@ def test_raw_sse_framing(served):
     ({"max_tokens": 10 ** 6}, "max_tokens"), ({"logprobs": 50}, "logprobs"), ({"stop": [""]}, "stop"),
     ({"n": 0}, "n"), ({"prompt": ""}, "prompt"), ({"speculation": {"k": 99}}, "speculation.k"),
     ({"prompt": [10 ** 6]}, "prompt"), ({"stop_token_ids": [10 ** 6]}, "stop_token_ids"),
-    ({"speculation": {"kk": 3}}, "speculation.kk"), ({"echo": True}, "echo"), ({"user": 5}, "user"),
+    ({"speculation": {"kk": 3}}, "speculation.kk"), ({"echo": 1}, "echo"), ({"user": 5}, "user"),
+    ({"prompt_logprobs": 2}, "prompt_logprobs"),
 ])
 def test_400_names_the_parameter(served, body, param):
     refused = requests_counted(served, "INVALID_ARGUMENT")
@@ -1003,6 +1004,41 @@ def test_logprobs_equal_the_target_alone(served, target, temperature, top_k, top
                                             extra_body={"top_k": top_k, "speculation": {"k": k}})
     finite = torch.where(torch.isfinite(chosen), chosen, torch.tensor(-9999.0))
     assert torch.allclose(torch.tensor(http.choices[0].logprobs.token_logprobs), finite, atol=1e-4)
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(served, target):
+    """lm-eval's loglikelihood request (token IDs, max_tokens 1, greedy, logprobs 1, echo): the text is the prompt's
+    and the output's, and the logprobs list every prompt token (the first's null) with the target alone's logprob
+    (to 1e-4) and its most likely alternative, then the output's; streamed, the first chunk carries the prompt. Over
+    gRPC, GenerateRequest.prompt_logprobs answers the same on the unary response and on a stream's first message."""
+    model, tokenizer = target
+    ids = tokenizer(PROMPT + "):\n        self.x = x\n").input_ids
+    with torch.inference_mode():
+        alone = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)
+    chosen = alone.gather(-1, torch.tensor(ids[1:]).view(-1, 1)).squeeze(-1)
+    body = dict(model=served.model, prompt=ids, max_tokens=1, temperature=0, logprobs=1, echo=True)
+    answer = served.client.completions.create(**body).choices[0]
+    output = answer.logprobs.tokens[len(ids):]
+    assert answer.text == tokenizer.decode(ids) + "".join(output) and len(output) == 1
+    assert answer.logprobs.tokens[:len(ids)] == [tokenizer.decode([i]) for i in ids]
+    assert answer.logprobs.token_logprobs[0] is None and answer.logprobs.top_logprobs[0] is None
+    assert torch.allclose(torch.tensor(answer.logprobs.token_logprobs[1:len(ids)]), chosen, atol=1e-4)
+    assert [list(top) for top in answer.logprobs.top_logprobs[1:len(ids)]] == [
+        [tokenizer.decode([i])] for i in alone.argmax(-1).tolist()]
+    offsets = answer.logprobs.text_offset
+    assert offsets[0] == 0 and offsets[len(ids)] == len(tokenizer.decode(ids))
+    chunks = list(served.client.completions.create(**body, stream=True))
+    assert chunks[0].choices[0].text.startswith(tokenizer.decode(ids))
+    assert "".join(c.choices[0].text for c in chunks) == answer.text
+    assert sum((c.choices[0].logprobs.token_logprobs for c in chunks), []) == answer.logprobs.token_logprobs
+    plain = served.client.completions.create(**{**body, "logprobs": None, "max_tokens": 4}).choices[0]
+    assert plain.text.startswith(tokenizer.decode(ids)) and plain.logprobs is None
+    request = generation_pb2.GenerateRequest(prompt_token_ids=ids, max_new_tokens=8, prompt_logprobs=2)
+    for messages in ([served.stub.Generate(request)], list(served.stub.GenerateStream(request))):
+        assert [e.token_id for e in messages[0].prompt_logprobs] == ids[1:]
+        assert torch.allclose(torch.tensor([e.logprob for e in messages[0].prompt_logprobs]), chosen, atol=1e-4)
+        assert [[t.token_id for t in e.top] for e in messages[0].prompt_logprobs] == alone.topk(2, -1).indices.tolist()
+        assert not any(m.prompt_logprobs for m in messages[1:])
 
 
 def test_chat_logprobs_format(served):

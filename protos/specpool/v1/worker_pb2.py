@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from protos.specpool.v1 import generation_pb2 as protos_dot_specpool_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/specpool/v1/worker.proto\x12\x0bspecpool.v1\x1a#protos/specpool/v1/generation.proto\"\xf8\x03\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\x05\x12\t\n\x01k\x18\x04 \x01(\r\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.specpool.v1.SamplingParams\x12$\n\x04mode\x18\x06 \x01(\x0e\x32\x16.specpool.v1.DraftMode\x12\x0f\n\x07\x63\x61ll_id\x18\x07 \x01(\x04\x12\x0e\n\x06\x63\x61ncel\x18\x08 \x01(\x08\x12\x12\n\nrunner_ups\x18\t \x01(\x08\x12*\n\x08\x62ranches\x18\n \x03(\x0b\x32\x18.specpool.v1.BranchPoint\x12\x0f\n\x07hand_to\x18\x0b \x01(\t\x12\x12\n\nhandoff_id\x18\x0c \x01(\x04\x12*\n\x04then\x18\r \x01(\x0b\x32\x1c.specpool.v1.ChainedPredraft\x12\x15\n\rprompt_length\x18\x0e \x01(\r\x12*\n\nmin_tokens\x18\x0f \x01(\x0b\x32\x16.specpool.v1.MinTokens\x12%\n\x07grammar\x18\x10 \x01(\x0b\x32\x14.specpool.v1.Grammar\x12-\n\tbad_words\x18\x11 \x03(\x0b\x32\x1a.specpool.v1.TokenSequence\"D\n\x0f\x43hainedPredraft\x12\t\n\x01k\x18\x01 \x01(\r\x12\x11\n\tbranch_at\x18\x02 \x03(\r\x12\x13\n\x0b\x62ranch_rank\x18\x03 \x03(\r\"+\n\x0b\x42ranchPoint\x12\n\n\x02\x61t\x18\x01 \x01(\r\x12\x10\n\x08token_id\x18\x02 \x01(\x05\"u\n\x0c\x42ranchDrafts\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rhidden_states\x18\x02 \x01(\x0c\x12\x1b\n\x13runner_up_token_ids\x18\x03 \x03(\x05\x12\x1e\n\x16third_choice_token_ids\x18\x04 \x03(\x05\"\xef\x02\n\x0fProposeResponse\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x02 \x01(\x0c\x12\x12\n\ncompute_us\x18\x03 \x01(\r\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12\x12\n\nhandler_us\x18\x05 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\x04\x12\'\n\x06status\x18\x07 \x01(\x0b\x32\x17.specpool.v1.CallStatus\x12\x1b\n\x13runner_up_token_ids\x18\x08 \x03(\x05\x12\x30\n\rbranch_drafts\x18\t \x03(\x0b\x32\x19.specpool.v1.BranchDrafts\x12\x1e\n\x16third_choice_token_ids\x18\n \x03(\x05\x12\x33\n\x0cprefix_cache\x18\x0b \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x0c\n\x04more\x18\x0c \x01(\x08\"\xc7\x04\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x04 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x05 \x01(\x0c\x12-\n\x08sampling\x18\x06 \x01(\x0b\x32\x1b.specpool.v1.SamplingParams\x12\x0f\n\x07\x63\x61ll_id\x18\x07 \x01(\x04\x12\x0e\n\x06\x63\x61ncel\x18\x08 \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\n \x01(\rH\x00\x88\x01\x01\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\x0b \x01(\r\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12)\n\x06lookup\x18\r \x01(\x0b\x32\x19.specpool.v1.PromptLookup\x12\x17\n\x0f\x61nswer_delay_us\x18\x0e \x01(\r\x12(\n\x06staged\x18\x0f \x01(\x0b\x32\x18.specpool.v1.StagedRound\x12\x12\n\nhandoff_id\x18\x10 \x01(\x04\x12\x15\n\rprompt_length\x18\x11 \x01(\r\x12*\n\nmin_tokens\x18\x12 \x01(\x0b\x32\x16.specpool.v1.MinTokens\x12%\n\x07grammar\x18\x13 \x01(\x0b\x32\x14.specpool.v1.Grammar\x12-\n\tbad_words\x18\x14 \x03(\x0b\x32\x1a.specpool.v1.TokenSequenceB\x0f\n\r_top_logprobs\"\"\n\rTokenSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"4\n\x07Grammar\x12\x12\n\nllguidance\x18\x01 \x01(\t\x12\x15\n\reos_token_ids\x18\x02 \x03(\x05\"-\n\tMinTokens\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"\x81\x01\n\x0c\x44raftHandoff\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x12\n\nhandoff_id\x18\x02 \x01(\x04\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x04 \x01(\x0c\x12\x13\n\x0b\x66rom_router\x18\x05 \x01(\x08\"\x0c\n\nHandoffAck\"<\n\x0bStagedRound\x12-\n\ncandidates\x18\x01 \x03(\x0b\x32\x19.specpool.v1.StagedDrafts\"q\n\x0cStagedDrafts\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x04 \x01(\x0c\"\x85\x01\n\x0cPromptLookup\x12\r\n\x05min_n\x18\x01 \x01(\r\x12\r\n\x05max_n\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x13\n\x0b\x65nd_on_miss\x18\x04 \x01(\x08\x12\x11\n\tmin_match\x18\x05 \x01(\r\x12\x1b\n\x13max_tokens_by_match\x18\x06 \x03(\r\"\xdb\x03\n\x0eVerifyResponse\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x12\n\ncompute_us\x18\x03 \x01(\r\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\r\x12\x12\n\nhandler_us\x18\x07 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x08 \x01(\x04\x12\'\n\x06status\x18\t \x01(\x0b\x32\x17.specpool.v1.CallStatus\x12+\n\x08logprobs\x18\n \x03(\x0b\x32\x19.specpool.v1.TokenLogprob\x12\x0c\n\x04more\x18\x0b \x01(\x08\x12\x17\n\x0f\x64raft_token_ids\x18\x0c \x03(\x05\x12\x0e\n\x06missed\x18\r \x01(\x08\x12,\n\x07\x65\x61rlier\x18\x0e \x03(\x0b\x32\x1b.specpool.v1.VerifyResponse\x12\x33\n\x0cprefix_cache\x18\x0f \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x17\n\x0fhandoff_wait_us\x18\x10 \x01(\r\x12\x1b\n\x13handoff_from_router\x18\x11 \x01(\x08\"+\n\nCallStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\";\n\x0bVerifyBatch\x12,\n\x08requests\x18\x01 \x03(\x0b\x32\x1a.specpool.v1.VerifyRequest\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\"\x11\n\x0fReleaseResponse*:\n\tDraftMode\x12\x15\n\x11\x44RAFT_MODE_GREEDY\x10\x00\x12\x16\n\x12\x44RAFT_MODE_SAMPLED\x10\x01\x32\xe9\x01\n\x0b\x44raftWorker\x12\x44\n\x07Propose\x12\x1b.specpool.v1.ProposeRequest\x1a\x1c.specpool.v1.ProposeResponse\x12N\n\rProposeStream\x12\x1b.specpool.v1.ProposeRequest\x1a\x1c.specpool.v1.ProposeResponse(\x01\x30\x01\x12\x44\n\x07Release\x12\x1b.specpool.v1.ReleaseRequest\x1a\x1c.specpool.v1.ReleaseResponse2\xa8\x02\n\x0cTargetWorker\x12\x41\n\x06Verify\x12\x1a.specpool.v1.VerifyRequest\x1a\x1b.specpool.v1.VerifyResponse\x12K\n\x0cVerifyStream\x12\x1a.specpool.v1.VerifyRequest\x1a\x1b.specpool.v1.VerifyResponse(\x01\x30\x01\x12\x44\n\x07Release\x12\x1b.specpool.v1.ReleaseRequest\x1a\x1c.specpool.v1.ReleaseResponse\x12\x42\n\nHandDrafts\x12\x19.specpool.v1.DraftHandoff\x1a\x17.specpool.v1.HandoffAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/specpool/v1/worker.proto\x12\x0bspecpool.v1\x1a#protos/specpool/v1/generation.proto\"\xf8\x03\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\x05\x12\t\n\x01k\x18\x04 \x01(\r\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.specpool.v1.SamplingParams\x12$\n\x04mode\x18\x06 \x01(\x0e\x32\x16.specpool.v1.DraftMode\x12\x0f\n\x07\x63\x61ll_id\x18\x07 \x01(\x04\x12\x0e\n\x06\x63\x61ncel\x18\x08 \x01(\x08\x12\x12\n\nrunner_ups\x18\t \x01(\x08\x12*\n\x08\x62ranches\x18\n \x03(\x0b\x32\x18.specpool.v1.BranchPoint\x12\x0f\n\x07hand_to\x18\x0b \x01(\t\x12\x12\n\nhandoff_id\x18\x0c \x01(\x04\x12*\n\x04then\x18\r \x01(\x0b\x32\x1c.specpool.v1.ChainedPredraft\x12\x15\n\rprompt_length\x18\x0e \x01(\r\x12*\n\nmin_tokens\x18\x0f \x01(\x0b\x32\x16.specpool.v1.MinTokens\x12%\n\x07grammar\x18\x10 \x01(\x0b\x32\x14.specpool.v1.Grammar\x12-\n\tbad_words\x18\x11 \x03(\x0b\x32\x1a.specpool.v1.TokenSequence\"D\n\x0f\x43hainedPredraft\x12\t\n\x01k\x18\x01 \x01(\r\x12\x11\n\tbranch_at\x18\x02 \x03(\r\x12\x13\n\x0b\x62ranch_rank\x18\x03 \x03(\r\"+\n\x0b\x42ranchPoint\x12\n\n\x02\x61t\x18\x01 \x01(\r\x12\x10\n\x08token_id\x18\x02 \x01(\x05\"u\n\x0c\x42ranchDrafts\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rhidden_states\x18\x02 \x01(\x0c\x12\x1b\n\x13runner_up_token_ids\x18\x03 \x03(\x05\x12\x1e\n\x16third_choice_token_ids\x18\x04 \x03(\x05\"\xef\x02\n\x0fProposeResponse\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x02 \x01(\x0c\x12\x12\n\ncompute_us\x18\x03 \x01(\r\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12\x12\n\nhandler_us\x18\x05 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x06 \x01(\x04\x12\'\n\x06status\x18\x07 \x01(\x0b\x32\x17.specpool.v1.CallStatus\x12\x1b\n\x13runner_up_token_ids\x18\x08 \x03(\x05\x12\x30\n\rbranch_drafts\x18\t \x03(\x0b\x32\x19.specpool.v1.BranchDrafts\x12\x1e\n\x16third_choice_token_ids\x18\n \x03(\x05\x12\x33\n\x0cprefix_cache\x18\x0b \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x0c\n\x04more\x18\x0c \x01(\x08\"\xf9\x04\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x10\n\x08position\x18\x02 \x01(\r\x12\x15\n\rnew_token_ids\x18\x03 \x03(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x04 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x05 \x01(\x0c\x12-\n\x08sampling\x18\x06 \x01(\x0b\x32\x1b.specpool.v1.SamplingParams\x12\x0f\n\x07\x63\x61ll_id\x18\x07 \x01(\x04\x12\x0e\n\x06\x63\x61ncel\x18\x08 \x01(\x08\x12\x19\n\x0ctop_logprobs\x18\n \x01(\rH\x00\x88\x01\x01\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\x0b \x01(\r\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12)\n\x06lookup\x18\r \x01(\x0b\x32\x19.specpool.v1.PromptLookup\x12\x17\n\x0f\x61nswer_delay_us\x18\x0e \x01(\r\x12(\n\x06staged\x18\x0f \x01(\x0b\x32\x18.specpool.v1.StagedRound\x12\x12\n\nhandoff_id\x18\x10 \x01(\x04\x12\x15\n\rprompt_length\x18\x11 \x01(\r\x12*\n\nmin_tokens\x18\x12 \x01(\x0b\x32\x16.specpool.v1.MinTokens\x12%\n\x07grammar\x18\x13 \x01(\x0b\x32\x14.specpool.v1.Grammar\x12-\n\tbad_words\x18\x14 \x03(\x0b\x32\x1a.specpool.v1.TokenSequence\x12\x1c\n\x0fprompt_logprobs\x18\x15 \x01(\rH\x01\x88\x01\x01\x42\x0f\n\r_top_logprobsB\x12\n\x10_prompt_logprobs\"\"\n\rTokenSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"4\n\x07Grammar\x12\x12\n\nllguidance\x18\x01 \x01(\t\x12\x15\n\reos_token_ids\x18\x02 \x03(\x05\"-\n\tMinTokens\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"\x81\x01\n\x0c\x44raftHandoff\x12\x12\n\nsession_id\x18\x01 \x01(\x04\x12\x12\n\nhandoff_id\x18\x02 \x01(\x04\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x04 \x01(\x0c\x12\x13\n\x0b\x66rom_router\x18\x05 \x01(\x08\"\x0c\n\nHandoffAck\"<\n\x0bStagedRound\x12-\n\ncandidates\x18\x01 \x03(\x0b\x32\x19.specpool.v1.StagedDrafts\"q\n\x0cStagedDrafts\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x1b\n\x13\x64raft_hidden_states\x18\x04 \x01(\x0c\"\x85\x01\n\x0cPromptLookup\x12\r\n\x05min_n\x18\x01 \x01(\r\x12\r\n\x05max_n\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x13\n\x0b\x65nd_on_miss\x18\x04 \x01(\x08\x12\x11\n\tmin_match\x18\x05 \x01(\r\x12\x1b\n\x13max_tokens_by_match\x18\x06 \x03(\r\"\x8f\x04\n\x0eVerifyResponse\x12\x14\n\x0cnum_accepted\x18\x01 \x01(\r\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x12\n\ncompute_us\x18\x03 \x01(\r\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x05 \x01(\r\x12\x13\n\x0bqueue_depth\x18\x06 \x01(\r\x12\x12\n\nhandler_us\x18\x07 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x08 \x01(\x04\x12\'\n\x06status\x18\t \x01(\x0b\x32\x17.specpool.v1.CallStatus\x12+\n\x08logprobs\x18\n \x03(\x0b\x32\x19.specpool.v1.TokenLogprob\x12\x0c\n\x04more\x18\x0b \x01(\x08\x12\x17\n\x0f\x64raft_token_ids\x18\x0c \x03(\x05\x12\x0e\n\x06missed\x18\r \x01(\x08\x12,\n\x07\x65\x61rlier\x18\x0e \x03(\x0b\x32\x1b.specpool.v1.VerifyResponse\x12\x33\n\x0cprefix_cache\x18\x0f \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x17\n\x0fhandoff_wait_us\x18\x10 \x01(\r\x12\x1b\n\x13handoff_from_router\x18\x11 \x01(\x08\x12\x32\n\x0fprompt_logprobs\x18\x12 \x03(\x0b\x32\x19.specpool.v1.TokenLogprob\"+\n\nCallStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\";\n\x0bVerifyBatch\x12,\n\x08requests\x18\x01 \x03(\x0b\x32\x1a.specpool.v1.VerifyRequest\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x04\"\x11\n\x0fReleaseResponse*:\n\tDraftMode\x12\x15\n\x11\x44RAFT_MODE_GREEDY\x10\x00\x12\x16\n\x12\x44RAFT_MODE_SAMPLED\x10\x01\x32\xe9\x01\n\x0b\x44raftWorker\x12\x44\n\x07Propose\x12\x1b.specpool.v1.ProposeRequest\x1a\x1c.specpool.v1.ProposeResponse\x12N\n\rProposeStream\x12\x1b.specpool.v1.ProposeRequest\x1a\x1c.specpool.v1.ProposeResponse(\x01\x30\x01\x12\x44\n\x07Release\x12\x1b.specpool.v1.ReleaseRequest\x1a\x1c.specpool.v1.ReleaseResponse2\xa8\x02\n\x0cTargetWorker\x12\x41\n\x06Verify\x12\x1a.specpool.v1.VerifyRequest\x1a\x1b.specpool.v1.VerifyResponse\x12K\n\x0cVerifyStream\x12\x1a.specpool.v1.VerifyRequest\x1a\x1b.specpool.v1.VerifyResponse(\x01\x30\x01\x12\x44\n\x07Release\x12\x1b.specpool.v1.ReleaseRequest\x1a\x1c.specpool.v1.ReleaseResponse\x12\x42\n\nHandDrafts\x12\x19.specpool.v1.DraftHandoff\x1a\x17.specpool.v1.HandoffAck(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.specpool.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAFTMODE']._serialized_start=3019
-  _globals['_DRAFTMODE']._serialized_end=3077
+  _globals['_DRAFTMODE']._serialized_start=3121
+  _globals['_DRAFTMODE']._serialized_end=3179
   _globals['_PROPOSEREQUEST']._serialized_start=86
   _globals['_PROPOSEREQUEST']._serialized_end=590
   _globals['_CHAINEDPREDRAFT']._serialized_start=592
@@ -45,35 +45,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROPOSERESPONSE']._serialized_start=827
   _globals['_PROPOSERESPONSE']._serialized_end=1194
   _globals['_VERIFYREQUEST']._serialized_start=1197
-  _globals['_VERIFYREQUEST']._serialized_end=1780
-  _globals['_TOKENSEQUENCE']._serialized_start=1782
-  _globals['_TOKENSEQUENCE']._serialized_end=1816
-  _globals['_GRAMMAR']._serialized_start=1818
-  _globals['_GRAMMAR']._serialized_end=1870
-  _globals['_MINTOKENS']._serialized_start=1872
-  _globals['_MINTOKENS']._serialized_end=1917
-  _globals['_DRAFTHANDOFF']._serialized_start=1920
-  _globals['_DRAFTHANDOFF']._serialized_end=2049
-  _globals['_HANDOFFACK']._serialized_start=2051
-  _globals['_HANDOFFACK']._serialized_end=2063
-  _globals['_STAGEDROUND']._serialized_start=2065
-  _globals['_STAGEDROUND']._serialized_end=2125
-  _globals['_STAGEDDRAFTS']._serialized_start=2127
-  _globals['_STAGEDDRAFTS']._serialized_end=2240
-  _globals['_PROMPTLOOKUP']._serialized_start=2243
-  _globals['_PROMPTLOOKUP']._serialized_end=2376
-  _globals['_VERIFYRESPONSE']._serialized_start=2379
-  _globals['_VERIFYRESPONSE']._serialized_end=2854
-  _globals['_CALLSTATUS']._serialized_start=2856
-  _globals['_CALLSTATUS']._serialized_end=2899
-  _globals['_VERIFYBATCH']._serialized_start=2901
-  _globals['_VERIFYBATCH']._serialized_end=2960
-  _globals['_RELEASEREQUEST']._serialized_start=2962
-  _globals['_RELEASEREQUEST']._serialized_end=2998
-  _globals['_RELEASERESPONSE']._serialized_start=3000
-  _globals['_RELEASERESPONSE']._serialized_end=3017
-  _globals['_DRAFTWORKER']._serialized_start=3080
-  _globals['_DRAFTWORKER']._serialized_end=3313
-  _globals['_TARGETWORKER']._serialized_start=3316
-  _globals['_TARGETWORKER']._serialized_end=3612
+  _globals['_VERIFYREQUEST']._serialized_end=1830
+  _globals['_TOKENSEQUENCE']._serialized_start=1832
+  _globals['_TOKENSEQUENCE']._serialized_end=1866
+  _globals['_GRAMMAR']._serialized_start=1868
+  _globals['_GRAMMAR']._serialized_end=1920
+  _globals['_MINTOKENS']._serialized_start=1922
+  _globals['_MINTOKENS']._serialized_end=1967
+  _globals['_DRAFTHANDOFF']._serialized_start=1970
+  _globals['_DRAFTHANDOFF']._serialized_end=2099
+  _globals['_HANDOFFACK']._serialized_start=2101
+  _globals['_HANDOFFACK']._serialized_end=2113
+  _globals['_STAGEDROUND']._serialized_start=2115
+  _globals['_STAGEDROUND']._serialized_end=2175
+  _globals['_STAGEDDRAFTS']._serialized_start=2177
+  _globals['_STAGEDDRAFTS']._serialized_end=2290
+  _globals['_PROMPTLOOKUP']._serialized_start=2293
+  _globals['_PROMPTLOOKUP']._serialized_end=2426
+  _globals['_VERIFYRESPONSE']._serialized_start=2429
+  _globals['_VERIFYRESPONSE']._serialized_end=2956
+  _globals['_CALLSTATUS']._serialized_start=2958
+  _globals['_CALLSTATUS']._serialized_end=3001
+  _globals['_VERIFYBATCH']._serialized_start=3003
+  _globals['_VERIFYBATCH']._serialized_end=3062
+  _globals['_RELEASEREQUEST']._serialized_start=3064
+  _globals['_RELEASEREQUEST']._serialized_end=3100
+  _globals['_RELEASERESPONSE']._serialized_start=3102
+  _globals['_RELEASERESPONSE']._serialized_end=3119
+  _globals['_DRAFTWORKER']._serialized_start=3182
+  _globals['_DRAFTWORKER']._serialized_end=3415
+  _globals['_TARGETWORKER']._serialized_start=3418
+  _globals['_TARGETWORKER']._serialized_end=3714
 # @@protoc_insertion_point(module_scope)

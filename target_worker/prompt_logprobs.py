@@ -1,0 +1,34 @@
+"""Prompt logprobs (GenerateRequest.prompt_logprobs): the target's raw log_softmax at each prompt position, from its
+prefill's own logits, gathered chunk by chunk (each chunk of a long prompt answers Prefilled) and answered on the
+call that completes the prefill. Such a session start computes its whole prompt: it does not read the prefix cache.
+
+    session.prompt_logprobs = PromptLogprobs(request.prompt_logprobs, prompt_length)    # a start that asks
+    gathering.take(row_logits, request.position, request.new_token_ids)    # each forward over the prompt
+    response.prompt_logprobs.extend(gathering.entries)             # the prefill's last call
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling import picked
+from protos.specpool.v1 import generation_pb2
+
+
+@dataclass
+class PromptLogprobs:
+    top: int                     # alternatives per position
+    prompt_length: int
+    entries: list = field(default_factory=list)    # generation_pb2.TokenLogprob per prompt token 1, 2, ... so far
+
+    def take(self, logits: torch.Tensor,   # [n, vocab]: row j at position first + j, predicting the token after it
+             first: int, tokens) -> None:
+        """Record the rows that predict a prompt token; `tokens`: the call's new ones, from position `first` on
+        (a chunk's last row predicts the next chunk's first token)."""
+        rows = max(0, min(self.prompt_length - 1 - first, logits.shape[0]))
+        targets = list(tokens[1:1 + rows])
+        logprobs = torch.log_softmax(logits[:rows].float(), -1)                    # [rows, vocab]
+        for token, (logprob, top) in zip(targets, picked(logprobs, targets, self.top)):
+            self.entries.append(generation_pb2.TokenLogprob(token_id=token, logprob=logprob, top=[
+                generation_pb2.TopLogprob(token_id=other, logprob=value) for other, value in top]))
