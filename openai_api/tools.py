@@ -7,7 +7,8 @@ The tools reach the model through its chat template (`tools`, as transformers pa
   (as vLLM constrains it); the answer is those calls.
 - `"auto"` (the default when there are tools): free text, which the configured parser (`http.tool_call_parser`)
   reads calls out of: `hermes` (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`: Qwen 2.5 / 3, Hermes) or
-  `llama3_json` (the output a JSON object `{"name": ..., "parameters": ...}`, or several joined by `;`).
+  `llama3_json` (the output a JSON object `{"name": ..., "parameters": ...}`, or several joined by `;`) or
+  `mistral` (the output a JSON array of `{"name": ..., "arguments": ...}`, after `[TOOL_CALLS]`).
 - `"none"`: free text, no calls read.
 
     {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
@@ -123,6 +124,16 @@ def llama3_json_calls(text: str) -> tuple[int, list[Call]] | None:
     return _all([_call(part, "parameters", "arguments") for part in body.split(";")], start)
 
 
+def mistral_calls(text: str) -> tuple[int, list[Call]] | None:
+    """Mistral's calls: the output (after `[TOOL_CALLS]`, a special token the text usually drops) a JSON array of
+    `{"name", "arguments"}` objects; None where it is not."""
+    start = len(text) - len(text.lstrip())
+    called = _json(text[start:].removeprefix("[TOOL_CALLS]"))
+    if not isinstance(called, list) or not called:
+        return None
+    return _all([_call(json.dumps(call), "arguments") for call in called], start)
+
+
 def hermes_held_from(text: str) -> int:
     """Where a stream must stop sending content: the start of `<tool_call>`, or of a tail that may begin one."""
     start = text.find("<tool_call>")
@@ -132,12 +143,15 @@ def hermes_held_from(text: str) -> int:
     return len(text) - max(tails, default=0)
 
 
-def llama3_json_held_from(text: str) -> int:
-    """Llama 3's calls are the whole output: hold it while it is blank or may still begin one."""
-    body = text.lstrip()
-    if not body or body.startswith(("{", "<|python_tag|>")) or "<|python_tag|>".startswith(body):
-        return 0
-    return len(text)
+def whole_output_held_from(*openings: str) -> Callable[[str], int]:
+    """For calls that are the whole output (Llama 3's, Mistral's): hold it while it is blank or may still begin
+    with one of `openings`."""
+    def held_from(text: str) -> int:
+        body = text.lstrip()
+        if not body or any(body.startswith(opening) or opening.startswith(body) for opening in openings):
+            return 0
+        return len(text)
+    return held_from
 
 
 @dataclass(frozen=True)
@@ -147,7 +161,8 @@ class Parser:
 
 
 PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
-           "llama3_json": Parser(llama3_json_calls, llama3_json_held_from)}
+           "llama3_json": Parser(llama3_json_calls, whole_output_held_from("{", "<|python_tag|>")),
+           "mistral": Parser(mistral_calls, whole_output_held_from("[", "[TOOL_CALLS]"))}
 
 
 @dataclass(frozen=True)

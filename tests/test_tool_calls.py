@@ -32,9 +32,9 @@ def test_the_config_names_every_parser_and_refuses_another():
     from settings.schema import ConfigError, config_from_dict
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
     assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
-    with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json or \"\" "
-                                          r"\(got 'mistral'\)$"):
-        config_from_dict({"http": {"tool_call_parser": "mistral"}})
+    with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral or \"\" "
+                                          r"\(got 'pythonic'\)$"):
+        config_from_dict({"http": {"tool_call_parser": "pythonic"}})
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -60,6 +60,16 @@ def test_llama3_json_parser_finds_the_calls_or_none(text, expected):
     assert PARSERS["llama3_json"].calls(text) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]',
+     (0, CALLS)),
+    (' [{"name": "get_time", "arguments": {}}]', (1, [("get_time", "{}")])),          # the special token dropped
+    ("[1, 2]", None), ("[]", None), ('Sure: [{"name": "get_time", "arguments": {}}]', None),
+])
+def test_mistral_parser_finds_the_calls_or_none(text, expected):
+    assert PARSERS["mistral"].calls(text) == expected
+
+
 def test_an_auto_message_has_the_content_before_the_calls_and_finishes_with_tool_calls():
     ids = iter(["call_1", "call_2"])
     answer, finish = message(plan(), HERMES_OUTPUT, "stop", lambda: next(ids))
@@ -71,13 +81,17 @@ def test_an_auto_message_has_the_content_before_the_calls_and_finishes_with_tool
     assert message(plan("none"), HERMES_OUTPUT, "stop") == ({"role": "assistant", "content": HERMES_OUTPUT}, "stop")
 
 
-@pytest.mark.parametrize("choice, text", [("auto", HERMES_OUTPUT), ("auto", "plain text, <tool no call"),
-                                          ("named", '{"city": "Oslo"}'),
-                                          ("required", '[{"name": "get_time", "parameters": {}}]')])
-def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, text):
+@pytest.mark.parametrize("choice, parser, text", [
+    ("auto", "hermes", HERMES_OUTPUT), ("auto", "hermes", "plain text, <tool no call"),
+    ("auto", "llama3_json", ' {"name": "get_time", "parameters": {}}; {"name": "get_time", "parameters": {}}'),
+    ("auto", "llama3_json", "Plain {text}"), ("auto", "mistral", '[{"name": "get_time", "arguments": {}}]'),
+    ("auto", "mistral", "[not a call] after all"),
+    ("named", "hermes", '{"city": "Oslo"}'), ("required", "hermes", '[{"name": "get_time", "parameters": {}}]')])
+def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, parser, text):
     """Cut into two or three pieces at every place: the content and calls a client assembles from the deltas are
     the whole message's (a content never includes a piece of a call's markup)."""
-    tool_plan = plan({"type": "function", "function": {"name": "get_weather"}} if choice == "named" else choice)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    tool_plan = plan(named if choice == "named" else choice, parser)
     whole, finish = message(tool_plan, text, "stop", lambda: "call_x")
     expected = (whole["content"] or "", [(c["function"]["name"], c["function"]["arguments"])
                                          for c in whole.get("tool_calls", [])], finish)
