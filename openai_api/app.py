@@ -83,8 +83,9 @@ class Api:
         model = check_model(body, self.model_name(router))
         prompt = completion_prompt(body)
         generate = generate_request(body, prompt, body.max_tokens, body.logprobs)
-        echo = (prompt if isinstance(prompt, str) else router.tokenizer.decode(prompt)) if body.echo else None
-        return await answer(request, router, body, generate, Completions(_decoder(router), echo), model)
+        echo = (prompt if isinstance(prompt, str) else True) if body.echo else False
+        kind = Completions(_decoder(router), _text_of(router), echo)
+        return await answer(request, router, body, generate, kind, model)
 
     async def chat(self, body: ChatRequest, request: Request) -> Response:
         router = self.router()
@@ -192,6 +193,11 @@ def create_app(http: HttpConfig, get_router: Callable[[], Router | None],
 
 def _decoder(router: Router) -> Callable[[int], str]:
     return lambda token_id: router.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _text_of(router: Router) -> Callable[[list[int]], str]:
+    """Token IDs -> the text they add to an output (special tokens left out, as the router's text leaves them)."""
+    return lambda ids: router.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def check_model(body: SamplingBody, served: str) -> str:

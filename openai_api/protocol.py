@@ -91,22 +91,25 @@ LogitBias = Annotated[dict[str, number(ge=-100, le=100)], AfterValidator(_token_
 
 
 # Tags of a union's members, which an error's location carries: they have a space, unlike any field's name
-STRING, STRINGS, LIST = "a string", "a list of strings", "another list"
+STRING, STRINGS, LISTS, LIST = "a string", "a list of strings", "a list of lists", "another list"
 
 
 def _kind(value: Any) -> str | None:
     if isinstance(value, str):
         return STRING
     if isinstance(value, list):
-        return STRINGS if value and isinstance(value[0], str) else LIST
+        first = value[0] if value else None
+        return STRINGS if isinstance(first, str) else LISTS if isinstance(first, list) else LIST
     return None
 
 
-def one_of(expected: str, string: Any, strings: Any, other_list: Any) -> Any:
-    """A union whose member is chosen by the kind of JSON value (a string, a list that starts with a string,
-    another list), so that an invalid value gets that member's error alone, or `must be <expected>`."""
-    return Annotated[Union[Annotated[string, Tag(STRING)], Annotated[strings, Tag(STRINGS)],
-                           Annotated[other_list, Tag(LIST)]],
+def one_of(expected: str, string: Any, strings: Any, other_list: Any, lists: Any = None) -> Any:
+    """A union whose member is chosen by the kind of JSON value (a string, a list that starts with a string, a
+    list of lists where `lists` is given, another list), so that an invalid value gets that member's error alone,
+    or `must be <expected>`."""
+    members = [Annotated[string, Tag(STRING)], Annotated[strings, Tag(STRINGS)], Annotated[other_list, Tag(LIST)]]
+    members += [Annotated[lists, Tag(LISTS)]] if lists is not None else []
+    return Annotated[Union[tuple(members)],
                      Discriminator(_kind, custom_error_type="invalid_type", custom_error_message=f"must be {expected}")]
 
 
@@ -128,8 +131,8 @@ TopLogprobs = Optional[proto_int("logprobs", le=MAX_TOP_LOGPROBS)]
 TopK, Seed, SpeculationK = proto_int("sampling.top_k", ge=0), proto_int("sampling.seed"), proto_int("speculation.k")
 MinTokens = proto_int("min_new_tokens")
 Stop = one_of("a string or a list of strings", Text, list[Text], list[Text])
-Prompt = one_of("a string, a list of one string, or a list of token IDs", Text, list[Text],
-                list[proto_int("prompt_token_ids")])
+Prompt = one_of("a string, a list of one string, a list of token IDs or a list of one such list", Text, list[Text],
+                list[proto_int("prompt_token_ids")], list[list[proto_int("prompt_token_ids")]])
 StopTokenId, AllowedTokenId = proto_int("stop_token_ids"), proto_int("sampling.allowed_token_ids")
 # A sane bound on one body's fan-out (each choice is a router request, holding a slot and both workers'
 # caches); check_n in app.py refuses an n the router could never admit at once, which may be lower
@@ -318,7 +321,7 @@ class Message(Body):
         message = {"role": self.role, "content": self.text()}
         if self.tool_calls:
             message["tool_calls"] = [{"id": call.id, "type": call.type, "function": {
-                "name": call.function.name, "arguments": json.loads(call.function.arguments)}}
+                "name": call.function.name, "arguments": call.function.for_template()}}
                 for call in self.tool_calls]
         message.update({key: getattr(self, key) for key in ("tool_call_id", "name") if getattr(self, key)})
         return message
@@ -391,7 +394,7 @@ def http_error(exc: RequestError, params: dict[str, str]) -> ApiError:
 
 def completion_prompt(body: CompletionRequest) -> str | list[int]:
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):     # a batch (of one)
         if len(prompt) != 1:
             raise ApiError(400, "prompt: one prompt per request (got a batch of "
                            f"{len(prompt)}); use n for several completions", "prompt")
@@ -412,19 +415,7 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
         request.prompt = prompt
     else:
         request.prompt_token_ids.extend(prompt)
-    request.sampling.temperature, request.sampling.top_k = body.temperature, body.top_k
-    request.sampling.min_p = body.min_p
-    request.sampling.allowed_token_ids.extend(body.allowed_token_ids or [])
-    if body.top_p is not None:
-        request.sampling.top_p = body.top_p
-    if body.seed is not None:
-        request.sampling.seed = body.seed
-    request.sampling.frequency_penalty = body.frequency_penalty
-    request.sampling.presence_penalty = body.presence_penalty
-    if body.repetition_penalty is not None:
-        request.sampling.repetition_penalty = body.repetition_penalty
-    for token, bias in (body.logit_bias or {}).items():
-        request.sampling.logit_bias[int(token)] = bias
+    request.sampling.CopyFrom(sampling_params(body))
     if body.speculation is not None:
         request.speculation.disable = body.speculation.disable
         if body.speculation.k is not None:
@@ -441,6 +432,19 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
     if asked is not None:
         request.structured_output.CopyFrom(asked[1])
     return request
+
+
+def sampling_params(body: SamplingBody) -> generation_pb2.SamplingParams:
+    sampling = generation_pb2.SamplingParams(temperature=body.temperature, top_k=body.top_k, min_p=body.min_p,
+                                             allowed_token_ids=body.allowed_token_ids or [],
+                                             frequency_penalty=body.frequency_penalty,
+                                             presence_penalty=body.presence_penalty,
+                                             logit_bias={int(token): bias for token, bias in
+                                                         (body.logit_bias or {}).items()})
+    for name in ("top_p", "seed", "repetition_penalty"):          # optional fields: unset unless given
+        if getattr(body, name) is not None:
+            setattr(sampling, name, getattr(body, name))
+    return sampling
 
 
 def with_seed(request: generation_pb2.GenerateRequest, index: int) -> generation_pb2.GenerateRequest:

@@ -41,9 +41,10 @@ class Completions:
     output, its tokens' logprobs before the output's (the first token's null, as OpenAI answers)."""
     object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
 
-    def __init__(self, decode, echo: str | None = None):
-        self.decode = decode           # token ID -> its text
-        self.echo = echo               # set: the prompt's text, echoed before each choice's output
+    def __init__(self, decode, text_of=None, echo: str | bool = False):
+        self.decode = decode           # token ID -> its text, special tokens shown (logprobs' `tokens`)
+        self.text_of = text_of or (lambda ids: "".join(map(decode, ids)))   # token IDs -> the text they add
+        self.echo = echo               # the prompt's text, echoed before each choice's output (True: token IDs)
         self.states: list = []         # the choices' RequestStates (bind): an echo's prompt tokens and logprobs
         self.streamed: dict[int, int] = {}    # choice index -> characters of its tokens already streamed
 
@@ -54,8 +55,9 @@ class Completions:
         """Legacy logprobs; `text_offset` counts from the completion's start (`start`: the characters of the
         tokens before these), as OpenAI and vLLM do in a stream too. An entry that is a bare token ID (an echoed
         prompt's first) has null logprobs."""
-        tokens = [self.decode(e if isinstance(e, int) else e.token_id) for e in entries]
-        offsets = list(itertools.accumulate((len(t) for t in tokens), initial=start))
+        ids = [e if isinstance(e, int) else e.token_id for e in entries]
+        tokens = [self.decode(token) for token in ids]
+        offsets = list(itertools.accumulate((len(self.text_of([token])) for token in ids), initial=start))
         return {"tokens": tokens,
                 "token_logprobs": [None if isinstance(e, int) else finite(e.logprob) for e in entries],
                 "top_logprobs": [None if isinstance(e, int) else {self.decode(t.token_id): finite(t.logprob)
@@ -72,16 +74,18 @@ class Completions:
             text, entries = self._echoed(index, text, entries)
         choice = self._choice(index, text, entries, finish_reason, self.streamed.setdefault(index, 0))
         if entries:
-            logprobs = choice["logprobs"]
-            self.streamed[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+            last = entries[-1]
+            width = len(self.text_of([last if isinstance(last, int) else last.token_id]))
+            self.streamed[index] = choice["logprobs"]["text_offset"][-1] + width
         return choice
 
     def _echoed(self, index: int, text: str, entries: list | None) -> tuple[str, list | None]:
-        if self.echo is None:
+        if self.echo is False:
             return text, entries
         state = self.states[index]
-        prompt = [state.tokens[0], *(state.prompt_logprobs or [])]
-        return self.echo + text, None if entries is None else prompt + entries
+        ids = state.tokens[:state.prompt_len]
+        prompt = self.text_of(ids) if self.echo is True else self.echo
+        return prompt + text, None if entries is None else [ids[0], *(state.prompt_logprobs or [])] + entries
 
     def _choice(self, index: int, text: str, entries: list | None, finish_reason: str | None,
                 start: int = 0) -> dict:
@@ -98,9 +102,9 @@ class ChatCompletions(Completions):
     calls the output holds (openai_api/tools.py), if the request has tools."""
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
-    def __init__(self, decode, tools: ToolPlan | None = None):
+    def __init__(self, decode, tool_plan: ToolPlan | None = None):
         super().__init__(decode)
-        self.tools = tools
+        self.tools = tool_plan
         self.streams: dict[int, ToolStream] = {}     # choice index -> its stream's tool calls so far
 
     def _token(self, token_id: int, logprob: float) -> dict:

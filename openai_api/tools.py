@@ -20,10 +20,9 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field
 
 from protos.specpool.v1 import generation_pb2
 
@@ -66,15 +65,15 @@ def _json(text: str) -> Any:
         return None
 
 
-def _json_object_text(text: str) -> str:
-    if not isinstance(_json(text), dict):
-        raise PydanticCustomError("json_object", "must be a JSON object's text (the call's arguments)")
-    return text
-
-
 class CalledFunction(BaseModel):
     name: str = Field(strict=True)
-    arguments: Annotated[str, Field(strict=True), AfterValidator(_json_object_text)]    # JSON text, as OpenAI sends it
+    arguments: str = Field(strict=True)        # JSON text, as OpenAI sends it (any text: a call cut short too)
+
+    def for_template(self) -> dict | str:
+        """The arguments as chat templates take them: an object (transformers' form), or the text as it came if it
+        is not one."""
+        arguments = _json(self.arguments)
+        return arguments if isinstance(arguments, dict) else self.arguments
 
 
 class ToolCall(BaseModel):
@@ -91,47 +90,63 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def _call(text: str, *argument_keys: str) -> Call | None:
+Found = tuple[str, list[Call]]      # (the output's text outside its calls, the calls)
+
+
+def _call(value: Any, *argument_keys: str) -> Call | None:
     """The call a JSON object `{"name": ..., <an argument key>: {...}}` makes, or None if it is not one."""
-    call = _json(text.strip())
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    arguments = next((call[key] for key in argument_keys if key in call), {})
-    return (call["name"], json.dumps(arguments)) if isinstance(arguments, dict) else None
+    arguments = next((value[key] for key in argument_keys if key in value), {})
+    return (value["name"], json.dumps(arguments)) if isinstance(arguments, dict) else None
 
 
-def _all(calls: list[Call | None], start: int) -> tuple[int, list[Call]] | None:
-    return None if None in calls else (start, calls)
+def _found(content: str, calls: list[Call | None]) -> Found | None:
+    return None if not calls or None in calls else (content, calls)
 
 
-def hermes_calls(text: str) -> tuple[int, list[Call]] | None:
-    """Where the calls start and the calls of `<tool_call>{...}</tool_call>` blocks (the last may be unclosed, as
-    a model that stops at EOS leaves it); None where there is none or one is not a call."""
-    start = text.find("<tool_call>")
-    if start < 0:
-        return None
-    blocks = re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", text[start:], re.DOTALL)
-    return _all([_call(block, "arguments") for block in blocks], start)
+def _json_values(text: str, separator: str = "") -> tuple[list, str]:
+    """The JSON values `text` starts with (one, or with a separator several joined by it), and the text after."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    while True:
+        try:
+            value, end = decoder.raw_decode(text, at)
+        except ValueError:
+            return values, text[at:]
+        values.append(value)
+        after = text[end:].lstrip()
+        if not separator or not after.startswith(separator):
+            return values, text[end:]
+        rest = after[len(separator):]
+        at = len(text) - len(rest.lstrip())
 
 
-def llama3_json_calls(text: str) -> tuple[int, list[Call]] | None:
+def hermes_calls(text: str) -> Found | None:
+    """The calls of `<tool_call>{...}</tool_call>` blocks (the last may be unclosed, as a model that stops at EOS
+    leaves it) and the text around them; None where there is none or one is not a call."""
+    pieces = re.split(r"<tool_call>(.*?)(?:</tool_call>|$)", text, flags=re.DOTALL)   # text, block, text, ...
+    return _found("".join(pieces[0::2]), [_call(_json(block.strip()), "arguments") for block in pieces[1::2]])
+
+
+def llama3_json_calls(text: str) -> Found | None:
     """Llama 3.x's JSON calls: the output (after `<|python_tag|>`, if any) one `{"name", "parameters"}` object or
     several joined by `;`; None where it is not."""
-    start = len(text) - len(text.lstrip())
-    body = text[start:].removeprefix("<|python_tag|>")
+    lead = len(text) - len(text.lstrip())
+    body = text[lead:].removeprefix("<|python_tag|>")
     if not body.startswith("{"):
         return None
-    return _all([_call(part, "parameters", "arguments") for part in body.split(";")], start)
+    values, rest = _json_values(body, ";")
+    return _found(text[:lead] + rest, [_call(value, "parameters", "arguments") for value in values])
 
 
-def mistral_calls(text: str) -> tuple[int, list[Call]] | None:
+def mistral_calls(text: str) -> Found | None:
     """Mistral's calls: the output (after `[TOOL_CALLS]`, a special token the text usually drops) a JSON array of
     `{"name", "arguments"}` objects; None where it is not."""
-    start = len(text) - len(text.lstrip())
-    called = _json(text[start:].removeprefix("[TOOL_CALLS]"))
-    if not isinstance(called, list) or not called:
-        return None
-    return _all([_call(json.dumps(call), "arguments") for call in called], start)
+    lead = len(text) - len(text.lstrip())
+    body = text[lead:].removeprefix("[TOOL_CALLS]")
+    values, rest = _json_values(body) if body.startswith("[") else ([], "")
+    called = values[0] if values and isinstance(values[0], list) else []
+    return _found(text[:lead] + rest, [_call(value, "arguments") for value in called])
 
 
 def hermes_held_from(text: str) -> int:
@@ -154,15 +169,21 @@ def whole_output_held_from(*openings: str) -> Callable[[str], int]:
     return held_from
 
 
+def mistral_call_id() -> str:
+    """Mistral's chat templates take back only call ids of 9 letters and digits."""
+    return uuid.uuid4().hex[:9]
+
+
 @dataclass(frozen=True)
 class Parser:
-    calls: Callable[[str], tuple[int, list[Call]] | None]      # text -> (where the calls start, calls) or None
-    held_from: Callable[[str], int]                            # streamed text -> where content must stop for now
+    calls: Callable[[str], Found | None]       # output text -> (its text outside the calls, the calls), or None
+    held_from: Callable[[str], int]            # streamed text -> where content must stop for now
+    new_id: Callable[[], str] = new_call_id    # the ids of calls, as the model's template takes them back
 
 
 PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
            "llama3_json": Parser(llama3_json_calls, whole_output_held_from("{", "<|python_tag|>")),
-           "mistral": Parser(mistral_calls, whole_output_held_from("[", "[TOOL_CALLS]"))}
+           "mistral": Parser(mistral_calls, whole_output_held_from("[", "[TOOL_CALLS]"), mistral_call_id)}
 
 
 @dataclass(frozen=True)
@@ -185,31 +206,63 @@ class ToolPlan:
             return {"x-guidance": AS_DUMPED, **parameters[self.named]}
         if self.choice != "required":
             return None
+        hoisted = {name: _hoisted(name, schema) for name, schema in parameters.items()}
         calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
                   "required": ["name", "parameters"], "additionalProperties": False}
-                 for name, schema in parameters.items()]
+                 for name, (schema, _) in hoisted.items()]
+        defs = {key: value for _, moved in hoisted.values() for key, value in moved.items()}
         return {"type": "array", "minItems": 1, **({"maxItems": 1} if self.single else {}),
-                "items": {"anyOf": calls}, "x-guidance": AS_DUMPED}
+                "items": {"anyOf": calls}, "x-guidance": AS_DUMPED, **({"$defs": defs} if defs else {})}
 
     def structured_output(self) -> generation_pb2.StructuredOutput | None:
         schema = self.schema()
         return None if schema is None else generation_pb2.StructuredOutput(json_schema=json.dumps(schema))
 
-    def calls(self, text: str) -> tuple[int, list[Call]] | None:
-        """(where the calls start, the calls) the output holds, or None: no calls, the text is content."""
+    def calls(self, text: str) -> Found | None:
+        """(the text outside the calls, the calls) the output holds, or None: no calls, the text is content. Free
+        text's calls count only if each names one of the tools."""
         if self.choice == "named":
-            return 0, [(self.named, text)]
+            return "", [(self.named, text)]
         if self.choice == "required":
             called = _json(text)
             if not isinstance(called, list):                    # cut short by max_tokens: returned as content
                 return None
-            return 0, [(call["name"], json.dumps(call["parameters"])) for call in called]
-        return self.parser.calls(text) if self.calls_read else None
+            return "", [(call["name"], json.dumps(call["parameters"])) for call in called]
+        found = self.parser.calls(text) if self.calls_read else None
+        names = {tool.function.name for tool in self.tools}
+        return found if found and all(name in names for name, _ in found[1]) else None
 
     @property
     def calls_read(self) -> bool:
         """Whether free text is read for calls (`auto`, with a parser)."""
         return self.choice == "auto" and self.parser is not None
+
+    @property
+    def new_id(self) -> Callable[[], str]:
+        return self.parser.new_id if self.parser else new_call_id
+
+
+def _hoisted(name: str, schema: dict) -> tuple[dict, dict]:
+    """A tool's parameters schema placed inside the "required" array's schema: its `$defs` (or `definitions`, as
+    pydantic writes nested models) moved to that schema's root as `<name>__<def>`, the `$ref`s to them rewritten;
+    (the schema, the $defs it moved)."""
+    def moved(node: Any) -> Any:
+        if isinstance(node, list):
+            return [moved(value) for value in node]
+        if not isinstance(node, dict):
+            return node
+        return {key: _renamed(value, name) if key == "$ref" and isinstance(value, str) else moved(value)
+                for key, value in node.items()}
+    defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+    body = {key: value for key, value in schema.items() if key not in ("$defs", "definitions")}
+    return moved(body), {f"{name}__{key}": moved(value) for key, value in defs.items()}
+
+
+def _renamed(ref: str, name: str) -> str:
+    for prefix in ("#/$defs/", "#/definitions/"):
+        if ref.startswith(prefix):
+            return f"#/$defs/{name}__{ref.removeprefix(prefix)}"
+    return ref
 
 
 def calls_message(calls: list[Call], new_id: Callable[[], str], delta: bool = False) -> list[dict]:
@@ -224,15 +277,14 @@ def finish_with_calls(plan: ToolPlan, finish_reason: str | None) -> str | None:
 
 
 def message(plan: ToolPlan, text: str, finish_reason: str | None,
-            new_id: Callable[[], str] = new_call_id) -> tuple[dict, str | None]:
+            new_id: Callable[[], str] | None = None) -> tuple[dict, str | None]:
     """The assistant message of a whole output, and its finish reason."""
     found = plan.calls(text)
     if not found:
         return {"role": "assistant", "content": text}, finish_reason
-    start, calls = found
-    content = text[:start].strip() or None
-    return ({"role": "assistant", "content": content, "tool_calls": calls_message(calls, new_id)},
-            finish_with_calls(plan, finish_reason))
+    content, calls = found
+    return ({"role": "assistant", "content": content.strip() or None,
+             "tool_calls": calls_message(calls, new_id or plan.new_id)}, finish_with_calls(plan, finish_reason))
 
 
 def merged(delta: dict, last: dict) -> dict:
@@ -246,7 +298,7 @@ class ToolStream:
     """One choice's stream: content deltas as they come, up to where calls may start; the calls at the end (a
     named function's arguments as they come)."""
     plan: ToolPlan
-    new_id: Callable[[], str] = new_call_id
+    new_id: Callable[[], str] | None = None    # None: the plan's
     text: str = ""
     sent: int = 0                          # characters of text sent as content
     opened: bool = False                   # named: the call's first delta (id, name) has gone
@@ -258,7 +310,8 @@ class ToolStream:
             return self._arguments(piece)
         if self.plan.choice == "required":                  # a JSON array: read once it is whole
             return {}
-        return self._content(self.plan.parser.held_from(self.text) if self.plan.calls_read else len(self.text))
+        held = self.plan.parser.held_from(self.text) if self.plan.calls_read else len(self.text)
+        return self._content(self.text[:held])
 
     def finish(self, finish_reason: str | None) -> tuple[dict, str | None]:
         """The last delta (what was held) and the finish reason."""
@@ -266,14 +319,15 @@ class ToolStream:
             return {}, finish_reason
         found = self.plan.calls(self.text)
         if not found:
-            return self._content(len(self.text)), finish_reason
-        start, calls = found
-        delta = self._content(start) if self.text[self.sent:start].strip() else {}
-        return {**delta, "tool_calls": calls_message(calls, self.new_id, delta=True)}, \
+            return self._content(self.text), finish_reason
+        content, calls = found                  # starts with the text sent: calls are held from their start
+        delta = self._content(content) if content[self.sent:].strip() else {}
+        return {**delta, "tool_calls": calls_message(calls, self.new_id or self.plan.new_id, delta=True)}, \
             finish_with_calls(self.plan, finish_reason)
 
-    def _content(self, upto: int) -> dict:
-        piece, self.sent = self.text[self.sent:upto], max(self.sent, upto)
+    def _content(self, upto: str) -> dict:
+        """A delta of the content `upto` holds past what was sent."""
+        piece, self.sent = upto[self.sent:], max(self.sent, len(upto))
         return {"content": piece} if piece else {}
 
     def _arguments(self, piece: str) -> dict:
@@ -282,6 +336,6 @@ class ToolStream:
         call = {"index": 0, "function": {"arguments": piece}}
         if not self.opened:
             self.opened = True
-            call = {"index": 0, "id": self.new_id(), "type": "function",
+            call = {"index": 0, "id": (self.new_id or self.plan.new_id)(), "type": "function",
                     "function": {"name": self.plan.named, "arguments": piece}}
         return {"tool_calls": [call]}

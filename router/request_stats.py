@@ -10,10 +10,10 @@ def record_start(state: RequestState, response, pool: str) -> None:
     """What a session start's answer from the `pool` worker says: its prefix-cache lookup, if it has one, added to
     the request's stats (the target's first one says how much of the prompt it found cached); the prompt's logprobs,
     the first time the target answers them."""
-    if pool == "target" and response.prompt_logprobs and state.prompt_logprobs is None:
-        state.prompt_logprobs = list(response.prompt_logprobs)
-    if not response.HasField("prefix_cache"):
+    if not response.HasField("prefix_cache"):         # not a session start's answer
         return
+    if pool == "target" and state.prompt_top_logprobs is not None and state.prompt_logprobs is None:
+        state.prompt_logprobs = list(response.prompt_logprobs)      # [] for a one-token prompt
     field = f"{pool}_prefix_cache"
     if pool == "target" and not state.stats.HasField(field):
         state.stats.cached_prompt_tokens = min(response.prefix_cache.found, state.prompt_len)

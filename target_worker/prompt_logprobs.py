@@ -15,6 +15,8 @@ import torch
 from engine.sampling import picked
 from protos.specpool.v1 import generation_pb2
 
+GATHERED_CHUNK = 512     # at most this many positions' logits per forward of a start gathering them (chunked prefill)
+
 
 @dataclass
 class PromptLogprobs:

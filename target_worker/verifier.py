@@ -18,7 +18,7 @@ from engine.prefill_chunks import chunk_ends, prefilled
 from engine.prefix_cache import PrefixCache, lookup_stats
 from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample, token_logprobs
 from engine.sessions import SessionStore, open_sessions
-from target_worker.prompt_logprobs import PromptLogprobs
+from target_worker.prompt_logprobs import GATHERED_CHUNK, PromptLogprobs
 
 
 def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, sampling: Sampling,
@@ -112,7 +112,7 @@ class TargetEngine:
         beginning of its context from the prefix cache where it is there; a row with more new tokens left than
         prefill_chunk computes only the next chunk of them, and answers Prefilled."""
         found = {i: self._attach(session, requests[i]) for i, session in rows}
-        ends = chunk_ends(rows, requests, found, self.prefill_chunk)   # where a chunked row's forward ends
+        ends = self._chunk_ends(rows, requests, found)                # where a chunked row's forward ends
         rows, drafts = self._drafts(rows, requests, results, ends)
         if not rows:
             return
@@ -181,6 +181,13 @@ class TargetEngine:
                 del session.tokens[session.length:]
                 results[i] = exc
         return kept, drafts
+
+    def _chunk_ends(self, rows: list, requests: list, found: dict) -> dict:
+        """chunk_ends, a start gathering prompt logprobs chunked even where prefill_chunk is 0: its forward keeps
+        every position's logits, at most GATHERED_CHUNK of them."""
+        gathering = [(i, session) for i, session in rows if session.prompt_logprobs is not None]
+        return {**chunk_ends(rows, requests, found, self.prefill_chunk),
+                **chunk_ends(gathering, requests, found, min(self.prefill_chunk or GATHERED_CHUNK, GATHERED_CHUNK))}
 
     def _attach(self, session, request) -> int:
         """A session start's cached prompt blocks (PrefixCache.attach); one that asks for prompt logprobs computes

@@ -725,10 +725,6 @@ def test_a_conversation_with_calls_and_their_results_is_the_target_alones_contin
 
 
 
-BAD_ARGUMENTS = [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
-    {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{bad"}}]}]
-
-
 @pytest.mark.parametrize("body, param", [
     ({"tool_choice": "required"}, "tool_choice"),                                     # no tools
     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
@@ -739,7 +735,9 @@ BAD_ARGUMENTS = [{"role": "user", "content": "x"}, {"role": "assistant", "tool_c
     ({"tools": [TOOL], "tool_choice": "required", "guided_json": {"type": "object"}}, "guided_json"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages[0].tool_calls"),
-    ({"messages": BAD_ARGUMENTS}, "messages[1].tool_calls[0].function.arguments"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": 3}}]}]},
+     "messages[1].tool_calls[0].function.arguments"),
     ({"messages": [{"role": "assistant"}]}, "messages[0].content"),
 ])
 def test_a_tool_request_that_cannot_be_served_is_refused_naming_its_parameter(served, body, param):
@@ -1016,7 +1014,7 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(served, target):
     with torch.inference_mode():
         alone = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)
     chosen = alone.gather(-1, torch.tensor(ids[1:]).view(-1, 1)).squeeze(-1)
-    body = dict(model=served.model, prompt=ids, max_tokens=1, temperature=0, logprobs=1, echo=True)
+    body = dict(model=served.model, prompt=[ids], max_tokens=1, temperature=0, logprobs=1, echo=True)   # lm-eval's
     answer = served.client.completions.create(**body).choices[0]
     output = answer.logprobs.tokens[len(ids):]
     assert answer.text == tokenizer.decode(ids) + "".join(output) and len(output) == 1
@@ -1033,6 +1031,8 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(served, target):
     assert sum((c.choices[0].logprobs.token_logprobs for c in chunks), []) == answer.logprobs.token_logprobs
     plain = served.client.completions.create(**{**body, "logprobs": None, "max_tokens": 4}).choices[0]
     assert plain.text.startswith(tokenizer.decode(ids)) and plain.logprobs is None
+    one = served.client.completions.create(**{**body, "prompt": ids[:1]}).choices[0]      # a one-token prompt
+    assert one.logprobs.token_logprobs[0] is None and len(one.logprobs.token_logprobs) == 2
     request = generation_pb2.GenerateRequest(prompt_token_ids=ids, max_new_tokens=8, prompt_logprobs=2)
     for messages in ([served.stub.Generate(request)], list(served.stub.GenerateStream(request))):
         assert [e.token_id for e in messages[0].prompt_logprobs] == ids[1:]

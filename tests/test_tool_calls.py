@@ -38,8 +38,10 @@ def test_the_config_names_every_parser_and_refuses_another():
 
 
 @pytest.mark.parametrize("text, expected", [
-    (HERMES_OUTPUT, (len("Let me look.\n"), CALLS)),
-    ('<tool_call>{"name": "get_time", "arguments": {}}', (0, [("get_time", "{}")])),        # unclosed at EOS
+    (HERMES_OUTPUT, ("Let me look.\n\n", CALLS)),
+    ('<tool_call>{"name": "get_time", "arguments": {}}', ("", [("get_time", "{}")])),       # unclosed at EOS
+    ('A<tool_call>{"name": "get_time", "arguments": {}}</tool_call>B<tool_call>{"name": "get_time"}</tool_call>C',
+     ("ABC", [("get_time", "{}")] * 2)),                                        # the text around the calls kept
     ("no calls here", None),
     ('<tool_call>{"name": "get_time", "arguments": {</tool_call>', None),                   # not JSON
     ('<tool_call>{"arguments": {}}</tool_call>', None),                                      # no name
@@ -50,9 +52,11 @@ def test_hermes_parser_finds_the_calls_or_none(text, expected):
 
 
 @pytest.mark.parametrize("text, expected", [
-    ('{"name": "get_weather", "parameters": {"city": "Oslo"}}', (0, CALLS[:1])),
+    ('{"name": "get_weather", "parameters": {"city": "Oslo"}}', ("", CALLS[:1])),
     ('  <|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_time", '
-     '"parameters": {}}', (2, CALLS)),
+     '"parameters": {}}', ("  ", CALLS)),
+    ('{"name": "sql", "parameters": {"q": "SELECT 1; SELECT 2"}} done', (" done", [
+        ("sql", '{"q": "SELECT 1; SELECT 2"}')])),                              # a ; inside a string
     ('The answer is {"name": "x"}', None),
     ('{"name": "get_time", "parameters": {}', None),
 ])
@@ -62,8 +66,8 @@ def test_llama3_json_parser_finds_the_calls_or_none(text, expected):
 
 @pytest.mark.parametrize("text, expected", [
     ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]',
-     (0, CALLS)),
-    (' [{"name": "get_time", "arguments": {}}]', (1, [("get_time", "{}")])),          # the special token dropped
+     ("", CALLS)),
+    (' [{"name": "get_time", "arguments": {}}]', (" ", [("get_time", "{}")])),        # the special token dropped
     ("[1, 2]", None), ("[]", None), ('Sure: [{"name": "get_time", "arguments": {}}]', None),
 ])
 def test_mistral_parser_finds_the_calls_or_none(text, expected):
@@ -79,6 +83,24 @@ def test_an_auto_message_has_the_content_before_the_calls_and_finishes_with_tool
     assert finish == "tool_calls"
     assert message(plan(), "just text", "stop") == ({"role": "assistant", "content": "just text"}, "stop")
     assert message(plan("none"), HERMES_OUTPUT, "stop") == ({"role": "assistant", "content": HERMES_OUTPUT}, "stop")
+
+
+@pytest.mark.parametrize("parser, text", [("llama3_json", '{"name": "Bob", "age": 3}'),
+                                          ("mistral", '[{"name": "Bob", "age": 3}]'),
+                                          ("hermes", '<tool_call>{"name": "Bob", "arguments": {}}</tool_call>')])
+def test_json_that_names_no_given_tool_is_content_not_a_call(parser, text):
+    """A JSON answer that happens to have a "name" (or a call of a function the request did not give) stays the
+    text it is."""
+    assert message(plan(parser=parser), text, "stop") == ({"role": "assistant", "content": text}, "stop")
+
+
+def test_call_ids_are_what_the_models_template_takes_back():
+    """OpenAI's `call_` ids, but 9 letters and digits with the mistral parser (Mistral's templates refuse others),
+    whatever the tool_choice."""
+    for choice in ("auto", "required"):
+        mistral = plan(choice, "mistral").new_id()
+        assert len(mistral) == 9 and mistral.isalnum()
+    assert plan("required").new_id().startswith("call_")
 
 
 @pytest.mark.parametrize("choice, parser, text", [
@@ -130,12 +152,28 @@ def test_required_asks_llguidance_for_an_array_of_the_tools_calls():
         WEATHER["function"]["parameters"], NO_PARAMETERS]
     grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
     assert llguidance.LLMatcher.validate_grammar(grammar) == ""
-    assert plan("required").calls('[{"name": "get_weather", "parameters": {"city": "Oslo"}}]') == (0, CALLS[:1])
+    assert plan("required").calls('[{"name": "get_weather", "parameters": {"city": "Oslo"}}]') == ("", CALLS[:1])
     assert plan("required").calls('[{"name": "get_wea') is None            # cut short: the text is content
     named = plan({"type": "function", "function": {"name": "get_weather"}})
     assert named.schema() == {**WEATHER["function"]["parameters"], "x-guidance": AS_DUMPED}
-    assert named.calls('{"ci') == (0, [("get_weather", '{"ci')])
+    assert named.calls('{"ci') == ("", [("get_weather", '{"ci')])
     assert plan("auto").schema() is None and plan("none").schema() is None
+
+
+def test_required_keeps_each_tools_definitions_and_references():
+    """A tool whose parameters refer to their own `$defs` (as pydantic writes nested models, and the openai SDK's
+    pydantic_function_tool sends them): inside "required"'s array its references still resolve, and only to its
+    own definitions."""
+    import llguidance
+    location = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    nested = [{"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {"where": {"$ref": "#/$defs/Loc"}}, "required": ["where"],
+        "$defs": {"Loc": {**location, "title": name}}}}} for name in ("f", "g")]
+    schema = chat(tools=nested, tool_choice="required").tool_plan(None).schema()
+    assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_json_schema(schema)) == ""
+    assert schema["$defs"] == {"f__Loc": {**location, "title": "f"}, "g__Loc": {**location, "title": "g"}}
+    assert [item["properties"]["parameters"]["properties"]["where"] for item in schema["items"]["anyOf"]] == [
+        {"$ref": "#/$defs/f__Loc"}, {"$ref": "#/$defs/g__Loc"}]
 
 
 @pytest.mark.parametrize("body, param", [
