@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
-from engine.constraints import session_constraint
+from engine.constraints import session_constraint, warm_grammar_tokenizer
 from engine.modeling import RaggedBatch, batchable, fork_session, load_model
 from engine.penalties import penalize
 from engine.prefill_chunks import chunk_ends, prefilled
@@ -106,7 +106,7 @@ class DraftEngine:
         self.prefixes = PrefixCache(prefix_cache_tokens if self.batched else 0)   # only caches that crop and concat
         self.prefill_chunk = prefill_chunk_tokens   # 0: a call's new tokens in one forward, however many
         self.stats = BatchStats()
-
+        warm_grammar_tokenizer(model_path, self.model)      # the target's EOS tokens, if the draft's are the same
     def propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
         """One request alone (a batch of one)."""
         return only_answer(self.propose_batch([request]))

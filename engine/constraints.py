@@ -24,7 +24,7 @@ import torch
 @functools.lru_cache(maxsize=4)
 def grammar_tokenizer(model_path: str, vocab_size: int, eos_ids: tuple):
     """llguidance's view of the model's tokenizer (its vocabulary padded to the logits' size), built once per
-    model: ~1 s for a large vocabulary. A tokenizer whose decoder llguidance does not read (a Fuse decoder, as
+    model (at load: warm_grammar_tokenizer): ~1 s for a large vocabulary. A tokenizer whose decoder llguidance does not read (a Fuse decoder, as
     the tests' letter pairs have) is given to it token by token, each token's bytes as it decodes alone."""
     import llguidance
     import llguidance.hf
@@ -35,6 +35,18 @@ def grammar_tokenizer(model_path: str, vocab_size: int, eos_ids: tuple):
     except ValueError:
         wrapped = llguidance.TokenizerWrapper(DecodedTokens(tokenizer))
         return llguidance.LLTokenizer(wrapped, n_vocab=vocab_size, eos_token=list(eos_ids))
+
+
+def warm_grammar_tokenizer(model_path: str, model) -> None:
+    """Build grammar_tokenizer at load, for the EOS tokens the router sends with a grammar (the target's, sorted:
+    router/structured_output.py), so that a worker's first structured-output call does not build it on the engine
+    thread, stalling every other session's rounds there. A model folder without a tokenizer has none to build."""
+    from engine.modeling import model_info
+    eos = tuple(sorted(set(model_info(model)["eos_token_ids"])))
+    try:
+        grammar_tokenizer(model_path, model.config.vocab_size, eos)
+    except (OSError, ValueError, TypeError):
+        pass
 
 
 class DecodedTokens:

@@ -10,7 +10,7 @@ import torch
 
 from protos.specpool.v1 import worker_pb2
 from engine.batching import BatchStats, forward_groups, only_answer, prefills, run_isolated
-from engine.constraints import session_constraint
+from engine.constraints import session_constraint, warm_grammar_tokenizer
 from engine.ngram import LookupMissed, NgramIndex
 from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
 from engine.penalties import penalize
@@ -88,6 +88,7 @@ class TargetEngine:
         self._batch = None                # the last forward's RaggedBatch: the next one may run on it (holds())
         check_same_vocabulary(draft_model_path, model_path, self.draft_head.weight.shape[0],
                               self.model.config.vocab_size)
+        warm_grammar_tokenizer(model_path, self.model)
 
     def verify(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         """One request alone (a batch of one)."""

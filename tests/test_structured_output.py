@@ -71,6 +71,21 @@ def test_greedy_rounds_match_the_target_alone_under_a_json_schema(demo, k):
     assert set(value) == {"name", "n"} and isinstance(value["name"], str) and isinstance(value["n"], int)
 
 
+def test_both_engines_build_the_grammar_tokenizer_at_load_not_at_the_first_structured_call(demo):
+    """The first structured-output session of a newly loaded pair finds llguidance's tokenizer built (no cache miss
+    while it runs), for the EOS tokens the router sends: the engine thread never builds it mid-serving."""
+    from engine.constraints import grammar_tokenizer
+    from tests.conftest import pair_engines
+    grammar_tokenizer.cache_clear()
+    draft, target, _ = pair_engines((str(DEMO / "draft"), str(DEMO / "target")))
+    grammar = grammar_of(json_schema=json.dumps(POINT))
+    assert tuple(grammar.eos_token_ids) == tuple(sorted(EOS_IDS))
+    misses = grammar_tokenizer.cache_info().misses
+    run_rounds(draft, target, demo[3]("x = ").input_ids, 2, 4, generation_pb2.SamplingParams(top_p=1.0),
+               worker_pb2.DRAFT_MODE_GREEDY, grammar=grammar)
+    assert grammar_tokenizer.cache_info().misses == misses
+
+
 def test_the_draft_masks_its_rows_as_the_target_does(demo):
     """Drafting with the target's own model under the schema, every greedy draft is accepted: the draft restricts
     each of its rows to what the grammar allows after that row's own prefix, its earlier drafts included."""
