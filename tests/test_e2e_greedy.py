@@ -87,6 +87,25 @@ def test_plain_target_decoding_with_k0(service, reference_generate):
     check_round_accounting(list(response.token_ids), response.stats, response.finish_reason)
 
 
+def test_prompt_logprobs_are_the_target_alones_at_tp1_and_tp2(service, byte_pair, reference_generate):
+    """Prompt logprobs (tests/test_prompt_logprobs.py) from a TP 2 group whose ranks prefill in chunks of 4, as from
+    TP 1: the target alone's log_softmax at each prompt position (to 1e-4), and the output unchanged."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    prompt = PROMPTS[1]
+    with torch.no_grad():
+        model = AutoModelForCausalLM.from_pretrained(byte_pair[1]).eval()
+        alone = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
+    request = greedy_request(prompt, 3)
+    request.prompt_logprobs = 2
+    response = service.stub.Generate(request)
+    assert list(response.token_ids) == reference_generate(prompt, MAX_NEW)
+    assert [e.token_id for e in response.prompt_logprobs] == prompt[1:]
+    expected = alone.gather(-1, torch.tensor(prompt[1:]).view(-1, 1)).squeeze(-1)
+    assert torch.allclose(torch.tensor([e.logprob for e in response.prompt_logprobs]), expected, atol=1e-4)
+    assert [[t.token_id for t in e.top] for e in response.prompt_logprobs] == alone.topk(2, -1).indices.tolist()
+
+
 def test_a_run_read_whole_comes_in_two_messages_and_a_streamed_one_in_one_per_step(service, reference_generate):
     """Pinned to K = 0, a request is one decode run to its end. Streamed with answer_delay_ms 0, each step is its
     own message; read whole (Generate) with unstreamed_answer_delay_ms longer than the run, the run answers its
