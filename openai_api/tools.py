@@ -283,7 +283,7 @@ def message(plan: ToolPlan, text: str, finish_reason: str | None,
     if not found:
         return {"role": "assistant", "content": text}, finish_reason
     content, calls = found
-    return ({"role": "assistant", "content": content.strip() or None,
+    return ({"role": "assistant", "content": content if content.strip() else None,
              "tool_calls": calls_message(calls, new_id or plan.new_id)}, finish_with_calls(plan, finish_reason))
 
 
@@ -321,7 +321,7 @@ class ToolStream:
         if not found:
             return self._content(self.text), finish_reason
         content, calls = found                  # starts with the text sent: calls are held from their start
-        delta = self._content(content) if content[self.sent:].strip() else {}
+        delta = self._content(content)
         return {**delta, "tool_calls": calls_message(calls, self.new_id or self.plan.new_id, delta=True)}, \
             finish_with_calls(self.plan, finish_reason)
 
