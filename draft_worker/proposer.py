@@ -107,6 +107,7 @@ class DraftEngine:
         self.prefill_chunk = prefill_chunk_tokens   # 0: a call's new tokens in one forward, however many
         self.stats = BatchStats()
         warm_grammar_tokenizer(model_path, self.model)      # the target's EOS tokens, if the draft's are the same
+
     def propose(self, request: worker_pb2.ProposeRequest) -> worker_pb2.ProposeResponse:
         """One request alone (a batch of one)."""
         return only_answer(self.propose_batch([request]))

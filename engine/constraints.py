@@ -24,8 +24,9 @@ import torch
 @functools.lru_cache(maxsize=4)
 def grammar_tokenizer(model_path: str, vocab_size: int, eos_ids: tuple):
     """llguidance's view of the model's tokenizer (its vocabulary padded to the logits' size), built once per
-    model (at load: warm_grammar_tokenizer): ~1 s for a large vocabulary. A tokenizer whose decoder llguidance does not read (a Fuse decoder, as
-    the tests' letter pairs have) is given to it token by token, each token's bytes as it decodes alone."""
+    model (at load: warm_grammar_tokenizer): ~1 s for a large vocabulary. A tokenizer whose decoder llguidance does
+    not read (a Fuse decoder, as the tests' letter pairs have) is given to it token by token, each token's bytes as
+    it decodes alone."""
     import llguidance
     import llguidance.hf
     from transformers import AutoTokenizer

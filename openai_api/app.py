@@ -95,8 +95,9 @@ class Api:
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         generate = generate_request(body, prompt, max_tokens, logprobs)
-        if plan.structured_output() is not None:
-            generate.structured_output.CopyFrom(plan.structured_output())
+        structured = plan.structured_output()
+        if structured is not None:
+            generate.structured_output.CopyFrom(structured)
         return await answer(request, router, body, generate, ChatCompletions(_decoder(router), plan), model)
 
     async def models(self) -> dict:

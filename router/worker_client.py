@@ -424,7 +424,8 @@ class DraftClient(WorkerClient):
         runner-up; with `branches` [(context length, token)], also k - 1 drafts after each of those; with
         `hand_to` (target address, handoff id), the drafts also handed straight to that target."""
         make = _request(worker_pb2.ProposeRequest, session_id, start, k=k, mode=mode, runner_ups=runner_ups,
-                        hand_to=hand_to[0], handoff_id=hand_to[1], branches=[worker_pb2.BranchPoint(at=at, token_id=token) for at, token in branches])
+                        hand_to=hand_to[0], handoff_id=hand_to[1],
+                        branches=[worker_pb2.BranchPoint(at=at, token_id=token) for at, token in branches])
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
     def propose_chained(self, session_id: int, tokens: list[int], synced: int, k: int, start: dict, mode: int,

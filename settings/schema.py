@@ -27,7 +27,8 @@ DRAFT_SAMPLING_MODES = ("greedy", "sampled")
 DRAFT_METHODS = ("model", "ngram", "model+ngram")
 POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")      # http.tool_call_parser's names (openai_api/tools.py PARSERS)
+# http.tool_call_parser's names (openai_api/tools.py PARSERS)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")
 BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)
 # Upper bounds of the counts that size a round's work. Speculating past a few dozen tokens never pays (E[K] grows
 # at most by the product of the acceptance rates, which falls geometrically, while the draft's time grows with K),

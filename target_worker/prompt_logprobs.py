@@ -18,6 +18,14 @@ from protos.specpool.v1 import generation_pb2
 GATHERED_CHUNK = 512     # at most this many positions' logits per forward of a start gathering them (chunked prefill)
 
 
+def as_entries(tokens: list[int], picks: list) -> list[generation_pb2.TokenLogprob]:
+    """Each token's (logprob, [(alternative, logprob)]) from engine.sampling.picked as the message both the output's
+    and the prompt's logprobs travel in."""
+    return [generation_pb2.TokenLogprob(token_id=token, logprob=logprob, top=[
+        generation_pb2.TopLogprob(token_id=other, logprob=value) for other, value in top])
+        for token, (logprob, top) in zip(tokens, picks)]
+
+
 @dataclass
 class PromptLogprobs:
     top: int                     # alternatives per position
@@ -31,6 +39,4 @@ class PromptLogprobs:
         rows = max(0, min(self.prompt_length - 1 - first, logits.shape[0]))
         targets = list(tokens[1:1 + rows])
         logprobs = torch.log_softmax(logits[:rows].float(), -1)                    # [rows, vocab]
-        for token, (logprob, top) in zip(targets, picked(logprobs, targets, self.top)):
-            self.entries.append(generation_pb2.TokenLogprob(token_id=token, logprob=logprob, top=[
-                generation_pb2.TopLogprob(token_id=other, logprob=value) for other, value in top]))
+        self.entries += as_entries(targets, picked(logprobs, targets, self.top))

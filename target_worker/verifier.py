@@ -18,7 +18,7 @@ from engine.prefill_chunks import chunk_ends, prefilled
 from engine.prefix_cache import PrefixCache, lookup_stats
 from engine.sampling import Sampling, greedy_match, logits_to_probs, match_sample, rejection_sample, token_logprobs
 from engine.sessions import SessionStore, open_sessions
-from target_worker.prompt_logprobs import GATHERED_CHUNK, PromptLogprobs
+from target_worker.prompt_logprobs import GATHERED_CHUNK, PromptLogprobs, as_entries
 
 
 def draft_probs_from_hidden(head: torch.nn.Module, hidden_bytes: bytes, k: int, sampling: Sampling,
@@ -62,11 +62,8 @@ def add_logprobs(response: worker_pb2.VerifyResponse, request: worker_pb2.Verify
     if not request.HasField("top_logprobs"):
         return
     committed = drafts[:response.num_accepted] + [response.next_token_id]
-    for token, (logprob, top) in zip(committed, token_logprobs(logits[:len(committed)], committed, sampling,
-                                                               request.top_logprobs)):
-        entry = response.logprobs.add(token_id=token, logprob=logprob)
-        for alternative, alternative_logprob in top:
-            entry.top.add(token_id=alternative, logprob=alternative_logprob)
+    response.logprobs.extend(as_entries(committed, token_logprobs(logits[:len(committed)], committed, sampling,
+                                                                  request.top_logprobs)))
 
 
 class TargetEngine:
