@@ -5,6 +5,7 @@ each with where a round's wall time went.
 
     python -m benchmarks.gpu --out /tmp/gpu                  # on a machine with a CUDA device
     python -m benchmarks.gpu --device cpu --quick            # the same rows on the CPU: a smoke run of this script
+    python -m benchmarks.gpu --dtype bfloat16 --skip-demo    # the heavy pair alone, in a GPU deployment's dtype
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def section(data: dict, cfg: BenchConfig) -> dict:
             "ratio_ranges": {key: value[1:] for key, value in measured.items()}}
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, str, str]:
+def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, str, str, bool]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=BenchConfig.config)
     parser.add_argument("--out", default="benchmarks/results/gpu")
@@ -70,18 +71,20 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, str, str]:
     parser.add_argument("--ks", type=lambda text: tuple(int(k) for k in text.split(",")), default=(4,))
     parser.add_argument("--heavy-layers", type=int, default=40, help="zero-output layers of the heavy pair (0: skip)")
     parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK}")
+    parser.add_argument("--skip-demo", action="store_true", help="the heavy pair alone (the demo pair's GPU passes "
+                        "cost their launches: its ratios are noise)")
     args = parser.parse_args(argv)
     cfg = BenchConfig(config=args.config, out=args.out, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                       ks=args.ks, heavy_layers=args.heavy_layers)
     if args.quick:
         cfg = dataclasses.replace(cfg, max_new_tokens=QUICK["max_new_tokens"], repeats=QUICK["repeats"])
-    return cfg, args.device, args.dtype
+    return cfg, args.device, args.dtype, args.skip_demo
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg, device, dtype = parse_args(argv)
+    cfg, device, dtype, skip_demo = parse_args(argv)
     data = on_device(load_service_config(cfg.config), device, dtype)
-    pairs = {"demo pair": (data, cfg)}
+    pairs = {} if skip_demo else {"demo pair": (data, cfg)}
     if cfg.heavy_layers:
         pairs["heavy pair"] = (heavy_config(data, cfg.heavy_layers), dataclasses.replace(cfg, prompts=PREDICTABLE))
     results = {}

@@ -58,13 +58,14 @@ def tiny_pair(tmp_path_factory):
     return str(draft), str(target)
 
 
-def pair_engines(pair: tuple[str, str]) -> tuple:
+def pair_engines(pair: tuple[str, str], device: str = "cpu") -> tuple:
     """(DraftEngine, TargetEngine, the target alone as a transformers model) of a pair, in this process."""
     from transformers import AutoModelForCausalLM
     from draft_worker.proposer import DraftEngine
     from target_worker.verifier import TargetEngine
     draft, target = pair
-    return DraftEngine(draft), TargetEngine(target, draft), AutoModelForCausalLM.from_pretrained(target).eval()
+    return (DraftEngine(draft, device=device), TargetEngine(target, draft, device=device),
+            AutoModelForCausalLM.from_pretrained(target).to(device).eval())
 
 
 @pytest.fixture(scope="module")

@@ -1,19 +1,28 @@
-"""The CUDA path (run on a GPU machine; skipped where there is none): the engines alone, then the whole stack
-(router, Ray actors, gRPC) serving from CUDA, at TP 1 on one GPU and at TP 2 over NCCL where there are two.
+"""The CUDA path (run on a GPU machine; skipped where there is none): the engines alone (float32, and bfloat16 up
+to the dtype's ties), structured output and prompt logprobs, then the whole stack (router, Ray actors, gRPC)
+serving from CUDA, at TP 1 on one GPU and at TP 2 over NCCL where there are two, with each proposal source.
 
     python -m pytest -q tests/test_cuda_engines.py
 """
 import contextlib
+import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from tests.conftest import service_config
+from tests.conftest import pair_engines, service_config
 from tests.engine_rounds import run_rounds
+from tests.test_low_precision import assert_ties_only
+from tests.test_prefill_chunks import start
+from tests.test_prompt_logprobs import CODE, TOP, assert_alones, whole
+from tests.test_structured_output import POINT, assert_schema_greedy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEMO = Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair"
+DEMO_PAIR = (str(DEMO / "draft"), str(DEMO / "target"))
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +47,42 @@ def test_sampled_draft_on_cuda_is_seed_deterministic(cuda_engines):
     sampling = generation_pb2.SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=3)
     runs = [run_rounds(*cuda_engines, [1, 2, 3], 3, 16, sampling, worker_pb2.DRAFT_MODE_SAMPLED) for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0]) == 16
+
+
+@pytest.fixture(scope="module")
+def demo_on_cuda():
+    """The demo pair's engines on CUDA (a real BPE vocabulary, drafts that are accepted), its target alone there
+    and its tokenizer."""
+    from transformers import AutoTokenizer
+    return (*pair_engines(DEMO_PAIR, device="cuda"), AutoTokenizer.from_pretrained(DEMO_PAIR[1]))
+
+
+def test_structured_greedy_on_cuda_is_the_target_alones_under_the_schema(demo_on_cuda):
+    """The grammar's mask applied to logits on the GPU, in the target's rows and the draft's."""
+    assert_schema_greedy(*demo_on_cuda, 4)
+
+
+def test_prompt_logprobs_on_cuda_are_the_target_alones(demo_on_cuda):
+    _, target, model, tokenizer = demo_on_cuda
+    prompt = tokenizer(CODE).input_ids
+    assert_alones(whole(target, start(77, 0.0, prompt=prompt, prompt_length=len(prompt), prompt_logprobs=TOP)),
+                  model, prompt)
+    target.release(77)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_bfloat16_on_cuda_differs_from_the_target_alone_only_at_ties(k):
+    """As tests/test_low_precision.py checks on the CPU: a difference from plain decoding in bfloat16 is a tie
+    within one ulp, with the GPU's kernels for a verify pass and for a one-token pass."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+    draft, target = DEMO_PAIR
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16).cuda().eval()
+    assert_ties_only("bfloat16", AutoTokenizer.from_pretrained(target), model,
+                     DraftEngine(draft, dtype="bfloat16", device="cuda"),
+                     TargetEngine(target, draft, dtype="bfloat16", draft_dtype="bfloat16", device="cuda"), k)
 
 
 # ---- the whole stack on CUDA ----------------------------------------------------------------------
@@ -98,6 +143,46 @@ def test_service_on_one_gpu_is_identical_to_the_target_alone(ray_local, byte_pai
                 assert all_at_once(service.stub, k) == cuda_reference, (overlap, k)
             # a greedy draft's verification draws what plain decoding draws: seeded tokens independent of K
             assert all_at_once(service.stub, 4, SEEDED) == all_at_once(service.stub, 0, SEEDED), overlap
+
+
+def test_ngram_and_model_plus_ngram_on_one_gpu_are_identical_to_the_target_alone(ray_local, byte_pair,
+                                                                                 cuda_reference):
+    """Prompt lookup on the GPU target (draft.method ngram: the target looks its drafts up itself), and each
+    round's choice of source (model+ngram), hot-reloaded on a service with a draft pool."""
+    with serving(on_cuda(byte_pair)) as service:
+        for method in ("model+ngram", "ngram"):
+            service.reload_draft_method(method)
+            assert all_at_once(service.stub, 4) == cuda_reference, method
+
+
+def test_structured_output_and_logprobs_through_the_stack_on_one_gpu_are_independent_of_k(ray_local):
+    """On the demo pair, a JSON-schema request with logprobs and prompt logprobs, batched beside plain ones: its
+    tokens and both logprobs are the same at K = 4 as at K = 0 (plain decoding on the GPU), and it is the schema's
+    JSON."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_PAIR[1])
+    structured = generation_pb2.GenerateRequest(
+        prompt_token_ids=tokenizer("x = ").input_ids, max_new_tokens=48, logprobs=2, prompt_logprobs=2,
+        structured_output=generation_pb2.StructuredOutput(json_schema=json.dumps(POINT)))
+    plain = [generation_pb2.GenerateRequest(prompt_token_ids=tokenizer(CODE).input_ids[:n], max_new_tokens=32)
+             for n in (12, 30)]
+
+    def answers(stub, k: int) -> list:
+        for request in (structured, *plain):
+            request.speculation.k = k
+        with ThreadPoolExecutor(3) as pool:
+            return list(pool.map(lambda request: stub.Generate(request, timeout=300), (structured, *plain)))
+
+    def logprobs(entries) -> torch.Tensor:
+        return torch.tensor([entry.logprob for entry in entries])
+    with serving(on_cuda(DEMO_PAIR)) as service:
+        at = {k: answers(service.stub, k) for k in (0, 4)}
+    for one, other in zip(at[0], at[4]):
+        assert list(one.token_ids) == list(other.token_ids)
+    for field in ("logprobs", "prompt_logprobs"):
+        assert torch.allclose(logprobs(getattr(at[0][0], field)), logprobs(getattr(at[4][0], field)), atol=1e-4)
+    value = json.loads(tokenizer.decode(list(at[4][0].token_ids), skip_special_tokens=True))
+    assert set(value) == {"name", "n"}
 
 
 def test_sampled_draft_service_on_one_gpu_is_seed_deterministic(ray_local, byte_pair):

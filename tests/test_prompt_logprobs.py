@@ -29,10 +29,12 @@ def whole(engine: TargetEngine, request) -> worker_pb2.VerifyResponse:
 
 
 def alone(model, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target alone's logprobs of prompt tokens 1.. given those before, and its top-TOP ids there."""
+    """The target alone's logprobs of prompt tokens 1.. given those before, and its top-TOP ids there (computed on
+    the model's device, returned on the host)."""
     with torch.no_grad():
-        logprobs = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
-    return logprobs.gather(-1, torch.tensor(prompt[1:]).view(-1, 1)).squeeze(-1), logprobs.topk(TOP, -1).indices
+        logprobs = torch.log_softmax(model(torch.tensor([prompt], device=model.device)).logits[0, :-1].float(), -1)
+    chosen = logprobs.gather(-1, torch.tensor(prompt[1:], device=model.device).view(-1, 1)).squeeze(-1)
+    return chosen.cpu(), logprobs.topk(TOP, -1).indices.cpu()
 
 
 def assert_alones(answer, model, prompt: list[int]) -> None:

@@ -31,7 +31,7 @@ def grammar_of(eos_ids=EOS_IDS, **structure) -> worker_pb2.Grammar:
 def constrained_greedy(model, tokenizer_path: str, grammar: worker_pb2.Grammar, prompt: list[int],
                        max_new: int) -> list[int]:
     """The target alone, greedy, each step's logits restricted by an llguidance matcher of its own (no specpool
-    code), stopping after EOS."""
+    code), stopping after EOS; on the model's device."""
     import llguidance
     import llguidance.hf
     from transformers import AutoTokenizer
@@ -40,8 +40,9 @@ def constrained_greedy(model, tokenizer_path: str, grammar: worker_pb2.Grammar, 
     matcher, out = llguidance.LLMatcher(tokenizer, grammar.llguidance), []
     with torch.no_grad():
         while len(out) < max_new and not (out and out[-1] in grammar.eos_token_ids):
-            logits = model(torch.tensor([prompt + out])).logits[0, -1]
-            allowed = torch.frombuffer(bytearray(matcher.compute_logit_bias()), dtype=torch.uint8) > 0
+            logits = model(torch.tensor([prompt + out], device=model.device)).logits[0, -1]
+            bias = torch.frombuffer(bytearray(matcher.compute_logit_bias()), dtype=torch.uint8)
+            allowed = (bias > 0).to(model.device)
             out.append(int(logits.masked_fill(~allowed, float("-inf")).argmax()))
             assert matcher.consume_token(out[-1])
     return out
@@ -59,7 +60,12 @@ def demo():
 @pytest.mark.parametrize("k", [0, 1, 4])
 def test_greedy_rounds_match_the_target_alone_under_a_json_schema(demo, k):
     """The output is the target alone's under the schema, token for token, and it is JSON the schema accepts."""
-    draft, target, model, tokenizer = demo
+    assert_schema_greedy(*demo, k)
+
+
+def assert_schema_greedy(draft, target, model, tokenizer, k: int) -> None:
+    """Greedy rounds at K = k under POINT's schema give the target alone's constrained output (on the engines' and
+    the model's device: tests/test_cuda_engines.py runs it on CUDA)."""
     grammar = grammar_of(json_schema=json.dumps(POINT))
     prompt = tokenizer("x = ").input_ids
     expected = constrained_greedy(model, target.model_path, grammar, prompt, 48)

@@ -6,6 +6,9 @@
 # ~6 minutes on an H100.
 #
 #   bash tools/gpu_check.sh OUT_DIR [BENCH_ARGS...]      # e.g. bash tools/gpu_check.sh /tmp/gpu --dtype bfloat16
+#
+# Environment: COMPILE_ARGS (the compile step's, default "--heavy-layers 8"), and each step's limit in seconds,
+# TESTS_S, BENCH_S and COMPILE_S (300, 600, 240), to fit a lease.
 set -uo pipefail
 out=${1:?usage: tools/gpu_check.sh OUT_DIR [BENCH_ARGS...]}; shift
 mkdir -p "$out"
@@ -22,16 +25,17 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", 
 EOF
 
 started=$SECONDS
-timeout 300 "$py" -m pytest -q -p no:cacheprovider tests/test_cuda_engines.py 2>&1 | tee "$out/tests.log"
+timeout "${TESTS_S:-300}" "$py" -m pytest -q -p no:cacheprovider tests/test_cuda_engines.py 2>&1 | tee "$out/tests.log"
 tests=${PIPESTATUS[0]}
 echo "CUDA tests: exit $tests in $((SECONDS - started)) s" | tee -a "$out/tests.log"
 
 started=$SECONDS
-"$py" -m benchmarks.gpu --out "$out" "$@" 2>&1 | tee "$out/bench.log"
+timeout "${BENCH_S:-600}" "$py" -m benchmarks.gpu --out "$out" "$@" 2>&1 | tee "$out/bench.log"
 bench=${PIPESTATUS[0]}
 echo "GPU benchmark: exit $bench in $((SECONDS - started)) s"
 
 started=$SECONDS
-timeout 240 "$py" -m benchmarks.compile_step --device cuda --heavy-layers 8 2>&1 | tee "$out/compile.log"
+timeout "${COMPILE_S:-240}" "$py" -m benchmarks.compile_step --device cuda ${COMPILE_ARGS:---heavy-layers 8} 2>&1 |
+  tee "$out/compile.log"
 echo "compile step: exit ${PIPESTATUS[0]} in $((SECONDS - started)) s"
 exit $((tests || bench))
