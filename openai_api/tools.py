@@ -8,7 +8,8 @@ The tools reach the model through its chat template (`tools`, as transformers pa
 - `"auto"` (the default when there are tools): free text, which the configured parser (`http.tool_call_parser`)
   reads calls out of: `hermes` (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`: Qwen 2.5 / 3, Hermes) or
   `llama3_json` (the output a JSON object `{"name": ..., "parameters": ...}`, or several joined by `;`) or
-  `mistral` (the output a JSON array of `{"name": ..., "arguments": ...}`, after `[TOOL_CALLS]`).
+  `mistral` (the output a JSON array of `{"name": ..., "arguments": ...}`, after `[TOOL_CALLS]`) or `pythonic`
+  (the output a Python list of calls, `[get_weather(city="Oslo")]`: Llama 3.2 and 4).
 - `"none"`: free text, no calls read.
 
     {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
@@ -16,7 +17,9 @@ The tools reach the model through its chat template (`tools`, as transformers pa
 """
 from __future__ import annotations
 
+import ast
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass
@@ -149,6 +152,52 @@ def mistral_calls(text: str) -> Found | None:
     return _found(text[:lead] + rest, [_call(value, "arguments") for value in called])
 
 
+_PYTHONIC_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
+
+
+def _literal(node: ast.AST) -> Any:
+    """A keyword argument's value as JSON takes it: Python literals (strings, numbers, lists, tuples, dicts with
+    string keys) and JSON's `true`, `false` and `null`; ValueError for anything else (a name, an expression)."""
+    if isinstance(node, ast.Name) and node.id in _PYTHONIC_NAMES:
+        return _PYTHONIC_NAMES[node.id]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(item) for item in node.elts]
+    if isinstance(node, ast.Dict) and all(isinstance(key, ast.Constant) and isinstance(key.value, str)
+                                          for key in node.keys):
+        return {key.value: _literal(value) for key, value in zip(node.keys, node.values)}
+    value = ast.literal_eval(node)
+    if isinstance(value, (str, int, bool, type(None))) or isinstance(value, float) and math.isfinite(value):
+        return value
+    raise ValueError("not a JSON value")
+
+
+def _pythonic_call(node: ast.AST) -> Call | None:
+    """The call `name(key=value, ...)` makes, or None (positional arguments, a name that is not plain, a value that
+    is not a literal)."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args or \
+            any(keyword.arg is None for keyword in node.keywords):
+        return None
+    try:
+        return node.func.id, json.dumps({keyword.arg: _literal(keyword.value) for keyword in node.keywords})
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return None
+
+
+def pythonic_calls(text: str) -> Found | None:
+    """Pythonic calls (Llama 3.2, Llama 4): the output (between `<|python_start|>` and `<|python_end|>`, if
+    there) one Python list of calls with keyword arguments, `[get_weather(city="Oslo"), get_time()]`; None where
+    it is not."""
+    lead = len(text) - len(text.lstrip())
+    body = text[lead:].removeprefix("<|python_start|>").rstrip().removesuffix("<|python_end|>")
+    if not body.lstrip().startswith("["):
+        return None
+    try:
+        tree = ast.parse(body.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    return _found(text[:lead], [_pythonic_call(node) for node in tree.elts]) if isinstance(tree, ast.List) else None
+
+
 def hermes_held_from(text: str) -> int:
     """Where a stream must stop sending content: the start of `<tool_call>`, or of a tail that may begin one."""
     start = text.find("<tool_call>")
@@ -183,7 +232,8 @@ class Parser:
 
 PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
            "llama3_json": Parser(llama3_json_calls, whole_output_held_from("{", "<|python_tag|>")),
-           "mistral": Parser(mistral_calls, whole_output_held_from("[", "[TOOL_CALLS]"), mistral_call_id)}
+           "mistral": Parser(mistral_calls, whole_output_held_from("[", "[TOOL_CALLS]"), mistral_call_id),
+           "pythonic": Parser(pythonic_calls, whole_output_held_from("[", "<|python_start|>"))}
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ def test_the_config_names_every_parser_and_refuses_another():
     from settings.schema import ConfigError, config_from_dict
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
     assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
-    with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral or \"\" "
-                                          r"\(got 'pythonic'\)$"):
-        config_from_dict({"http": {"tool_call_parser": "pythonic"}})
+    with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral, pythonic "
+                                          r"or \"\" \(got 'xml'\)$"):
+        config_from_dict({"http": {"tool_call_parser": "xml"}})
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -74,6 +74,19 @@ def test_mistral_parser_finds_the_calls_or_none(text, expected):
     assert PARSERS["mistral"].calls(text) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ('[get_weather(city="Oslo"), get_time()]', ("", CALLS)),
+    ('\n<|python_start|>[get_weather(city=\'Oslo\')]<|python_end|>', ("\n", CALLS[:1])),     # Llama 4's markers
+    ("[f(n=-2, xs=[1, (2, 3)], opt={'a': None}, on=true, off=false, none=null)]",           # literals as JSON
+     ("", [("f", '{"n": -2, "xs": [1, [2, 3]], "opt": {"a": null}, "on": true, "off": false, "none": null}')])),
+    ("[f(1)]", None), ("[f(a=x)]", None), ("[f(a=1 + 2)]", None), ("[f(**kw)]", None),        # not literals
+    ("[a.b(x=1)]", None), ("[f(a={1: 2})]", None), ("[f(a=1e999)]", None), ("[f(a=b'x')]", None),
+    ("[1, 2]", None), ("[]", None), ("[f(a=1)] and more", None), ("Sure: [f(a=1)]", None), ("[f(a=1", None),
+])
+def test_pythonic_parser_finds_the_calls_or_none(text, expected):
+    assert PARSERS["pythonic"].calls(text) == expected
+
+
 def test_an_auto_message_has_the_content_before_the_calls_and_finishes_with_tool_calls():
     ids = iter(["call_1", "call_2"])
     answer, finish = message(plan(), HERMES_OUTPUT, "stop", lambda: next(ids))
@@ -87,7 +100,8 @@ def test_an_auto_message_has_the_content_before_the_calls_and_finishes_with_tool
 
 @pytest.mark.parametrize("parser, text", [("llama3_json", '{"name": "Bob", "age": 3}'),
                                           ("mistral", '[{"name": "Bob", "age": 3}]'),
-                                          ("hermes", '<tool_call>{"name": "Bob", "arguments": {}}</tool_call>')])
+                                          ("hermes", '<tool_call>{"name": "Bob", "arguments": {}}</tool_call>'),
+                                          ("pythonic", "[Bob(age=3)]")])
 def test_json_that_names_no_given_tool_is_content_not_a_call(parser, text):
     """A JSON answer that happens to have a "name" (or a call of a function the request did not give) stays the
     text it is."""
@@ -107,7 +121,8 @@ def test_call_ids_are_what_the_models_template_takes_back():
     ("auto", "hermes", HERMES_OUTPUT), ("auto", "hermes", "plain text, <tool no call"),
     ("auto", "llama3_json", ' {"name": "get_time", "parameters": {}}; {"name": "get_time", "parameters": {}}'),
     ("auto", "llama3_json", "Plain {text}"), ("auto", "mistral", '[{"name": "get_time", "arguments": {}}]'),
-    ("auto", "mistral", "[not a call] after all"),
+    ("auto", "mistral", "[not a call] after all"), ("auto", "pythonic", '[get_weather(city="Oslo"), get_time()]'),
+    ("auto", "pythonic", "[not, a, call]"),
     ("named", "hermes", '{"city": "Oslo"}'), ("required", "hermes", '[{"name": "get_time", "parameters": {}}]')])
 def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, parser, text):
     """Cut into two or three pieces at every place: the content and calls a client assembles from the deltas are
