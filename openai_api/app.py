@@ -84,7 +84,7 @@ class Api:
         prompt = completion_prompt(body)
         generate = generate_request(body, prompt, body.max_tokens, body.logprobs)
         echo = (prompt if isinstance(prompt, str) else True) if body.echo else False
-        kind = Completions(_decoder(router), _text_of(router), echo)
+        kind = Completions(_decoder(router), _text_of(router), echo, body.logprobs)
         return await answer(request, router, body, generate, kind, model)
 
     async def chat(self, body: ChatRequest, request: Request) -> Response:
@@ -250,7 +250,7 @@ async def answer(request: Request, router: Router, body: SamplingBody, generate,
     client, given = client_request(request), request_id_header(request)
     client.request_id = kind.id_prefix + given if given else ""   # a refusal below is logged under the client's id
     client.states = states = await admit(router, generate, body)
-    kind.bind(states)
+    kind.bind(states, body.prompt_logprobs)
     request_id = given or uuid.uuid4().hex
     client.request_id = kind.id_prefix + request_id              # the "id" its client sees
     headers = {"X-Request-Id": request_id}
@@ -268,8 +268,8 @@ async def answer(request: Request, router: Router, body: SamplingBody, generate,
     await until_disconnected(request, tracked(router, collect(), client))
     logprobs = [e if generate.HasField("logprobs") else None for e in entries]
     choices = [kind.choice(i, "".join(texts[i]), logprobs[i], FINISH.get(s.finish_reason)) for i, s in enumerate(states)]
-    return JSONResponse({**envelope(kind, request_id, model, choices), "usage": usage(states),
-                         "specpool": spec_stats(states)}, headers=headers)
+    return JSONResponse({**envelope(kind, request_id, model, choices), **kind.response_fields(),
+                         "usage": usage(states), "specpool": spec_stats(states)}, headers=headers)
 
 
 async def choice_chunks(router: Router, states: list) -> AsyncIterator[tuple]:

@@ -128,6 +128,17 @@ class Body(BaseModel):
 
 MaxTokens = Optional[proto_int("max_new_tokens", ge=1)]
 TopLogprobs = Optional[proto_int("logprobs", le=MAX_TOP_LOGPROBS)]
+
+
+def _whole_vocabulary_refused(value: Any) -> Any:
+    """vLLM's prompt_logprobs -1 asks for every token of the vocabulary at every prompt position."""
+    if value is not None and value < 0:
+        raise PydanticCustomError("alternatives", "0 to {most} alternatives per token (vLLM's -1, the whole "
+                                  "vocabulary, is not served)", {"most": MAX_TOP_LOGPROBS})
+    return value
+
+
+PromptLogprobs = Annotated[Optional[strict(int, le=MAX_TOP_LOGPROBS)], AfterValidator(_whole_vocabulary_refused)]
 TopK, Seed, SpeculationK = proto_int("sampling.top_k", ge=0), proto_int("sampling.seed"), proto_int("speculation.k")
 MinTokens = proto_int("min_new_tokens")
 Stop = one_of("a string or a list of strings", Text, list[Text], list[Text])
@@ -181,7 +192,6 @@ REFUSED: dict[str, Any] = {
     "use_beam_search": False,
     "length_penalty": 1,
     "logits_processors": None,
-    "prompt_logprobs": None,        # vLLM's (a dict per prompt position); a completion's `echo` gives them
 }
 
 
@@ -220,6 +230,16 @@ def only_when_true(flag: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+def only_when_false(flag: str) -> AfterValidator:
+    """A parameter refused when the boolean parameter `flag`, read before it, is `true`, as vLLM refuses
+    prompt_logprobs with `stream`."""
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if info.data.get(flag):
+            raise PydanticCustomError(f"not_{flag}", f"not with `{flag}`: ask without it")
+        return value
+    return AfterValidator(check)
+
+
 class SamplingFields(Body):
     """Fields common to both endpoints (SamplingBody adds the refused parameters)."""
     model: Text
@@ -243,6 +263,7 @@ class SamplingFields(Body):
     allowed_token_ids: Annotated[list[AllowedTokenId], Field(min_length=1)] | None = None     # vLLM's
     stream: Flag = False
     stream_options: Annotated[StreamOptions | None, only_when_true("stream")] = None
+    prompt_logprobs: Annotated[PromptLogprobs, only_when_false("stream")] = None    # vLLM's: each prompt token's
     speculation: Speculation | None = None
     user: Text | None = None
     response_format: ResponseFormat | None = None              # structured output (openai_api/structured.py)
@@ -422,8 +443,9 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
             request.speculation.k = body.speculation.k
     if logprobs is not None:
         request.logprobs = logprobs
-        if getattr(body, "echo", False):
-            request.prompt_logprobs = logprobs
+    asked = [n for n in (logprobs if getattr(body, "echo", False) else None, body.prompt_logprobs) if n is not None]
+    if asked:                           # an echo's and vLLM's prompt_logprobs: the most alternatives either asks
+        request.prompt_logprobs = max(asked)
     try:
         asked = structured_output(body)
     except ValueError as exc:

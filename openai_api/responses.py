@@ -41,15 +41,32 @@ class Completions:
     output, its tokens' logprobs before the output's (the first token's null, as OpenAI answers)."""
     object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
 
-    def __init__(self, decode, text_of=None, echo: str | bool = False):
+    def __init__(self, decode, text_of=None, echo: str | bool = False, top: int | None = None):
         self.decode = decode           # token ID -> its text, special tokens shown (logprobs' `tokens`)
         self.text_of = text_of or (lambda ids: "".join(map(decode, ids)))   # token IDs -> the text they add
         self.echo = echo               # the prompt's text, echoed before each choice's output (True: token IDs)
+        self.top = top                 # alternatives per token in the legacy logprobs (an echo's prompt has more
+                                       # when prompt_logprobs asks for more)
+        self.prompt_top: int | None = None    # vLLM's prompt_logprobs asked for: alternatives per prompt token
         self.states: list = []         # the choices' RequestStates (bind): an echo's prompt tokens and logprobs
         self.streamed: dict[int, int] = {}    # choice index -> characters of its tokens already streamed
 
-    def bind(self, states: list) -> None:
-        self.states = states
+    def bind(self, states: list, prompt_top: int | None = None) -> None:
+        self.states, self.prompt_top = states, prompt_top
+
+    def vllm_prompt_logprobs(self) -> list:
+        """vLLM's prompt_logprobs (the choices share the prompt): null for the first prompt token, then per token
+        {token ID: {logprob, rank, decoded_token}} of the token itself (rank: among the whole vocabulary) and its
+        prompt_top alternatives (ranks 1, 2, ...; the token once, where it is one)."""
+        def entry(token_id: int, logprob: float, rank: int) -> tuple[str, dict]:
+            return str(token_id), {"logprob": finite(logprob), "rank": rank, "decoded_token": self.decode(token_id)}
+        return [None] + [dict([entry(e.token_id, e.logprob, e.rank)] + [
+            entry(t.token_id, t.logprob, rank) for rank, t in enumerate(e.top[:self.prompt_top], 1)
+            if t.token_id != e.token_id]) for e in self.states[0].prompt_logprobs]
+
+    def response_fields(self) -> dict:
+        """Keys of the whole response beside `choices` (chat's prompt_logprobs are there, as vLLM answers)."""
+        return {}
 
     def logprobs(self, entries: list, start: int = 0) -> dict:
         """Legacy logprobs; `text_offset` counts from the completion's start (`start`: the characters of the
@@ -61,7 +78,7 @@ class Completions:
         return {"tokens": tokens,
                 "token_logprobs": [None if isinstance(e, int) else finite(e.logprob) for e in entries],
                 "top_logprobs": [None if isinstance(e, int) else {self.decode(t.token_id): finite(t.logprob)
-                                                                  for t in e.top} for e in entries],
+                                                                  for t in e.top[:self.top]} for e in entries],
                 "text_offset": offsets[:-1]}
 
     def choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
@@ -89,9 +106,10 @@ class Completions:
 
     def _choice(self, index: int, text: str, entries: list | None, finish_reason: str | None,
                 start: int = 0) -> dict:
+        prompt = {} if self.prompt_top is None else {"prompt_logprobs": self.vllm_prompt_logprobs()}
         return {"index": index, "text": text,
                 "logprobs": self.logprobs(entries, start) if entries is not None else None,
-                "finish_reason": finish_reason}
+                "finish_reason": finish_reason, **prompt}
 
     def opening(self, index: int) -> list[dict]:
         return []
@@ -138,6 +156,9 @@ class ChatCompletions(Completions):
     def opening(self, index: int) -> list[dict]:
         return [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                  "finish_reason": None}]
+
+    def response_fields(self) -> dict:
+        return {} if self.prompt_top is None else {"prompt_logprobs": self.vllm_prompt_logprobs()}
 
 
 def envelope(kind: Completions, request_id: str, model: str, choices: list, chunk: bool = False) -> dict:

@@ -18,12 +18,19 @@ from protos.specpool.v1 import generation_pb2
 GATHERED_CHUNK = 512     # at most this many positions' logits per forward of a start gathering them (chunked prefill)
 
 
-def as_entries(tokens: list[int], picks: list) -> list[generation_pb2.TokenLogprob]:
+def as_entries(tokens: list[int], picks: list, ranks: list[int] | None = None) -> list[generation_pb2.TokenLogprob]:
     """Each token's (logprob, [(alternative, logprob)]) from engine.sampling.picked as the message both the output's
-    and the prompt's logprobs travel in."""
-    return [generation_pb2.TokenLogprob(token_id=token, logprob=logprob, top=[
+    and the prompt's logprobs travel in (with the prompt's, each token's rank)."""
+    return [generation_pb2.TokenLogprob(token_id=token, logprob=logprob, rank=rank, top=[
         generation_pb2.TopLogprob(token_id=other, logprob=value) for other, value in top])
-        for token, (logprob, top) in zip(tokens, picks)]
+        for token, (logprob, top), rank in zip(tokens, picks, ranks or [0] * len(tokens))]
+
+
+def vocabulary_ranks(logprobs: torch.Tensor,          # [rows, vocab]
+          tokens: list[int]) -> list[int]:
+    """Per row, the tokens at least as likely as its own (1: its token is the most likely), as vLLM counts rank."""
+    chosen = logprobs.gather(-1, torch.tensor(tokens, device=logprobs.device).view(-1, 1))     # [rows, 1]
+    return (logprobs >= chosen).sum(-1).tolist()
 
 
 @dataclass
@@ -39,4 +46,5 @@ class PromptLogprobs:
         rows = max(0, min(self.prompt_length - 1 - first, logits.shape[0]))
         targets = list(tokens[1:1 + rows])
         logprobs = torch.log_softmax(logits[:rows].float(), -1)                    # [rows, vocab]
-        self.entries += as_entries(targets, picked(logprobs, targets, self.top))
+        self.entries += as_entries(targets, picked(logprobs, targets, self.top),
+                                   vocabulary_ranks(logprobs, targets))

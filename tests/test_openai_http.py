@@ -196,7 +196,8 @@ def test_raw_sse_framing(served):
     ({"n": 0}, "n"), ({"prompt": ""}, "prompt"), ({"speculation": {"k": 99}}, "speculation.k"),
     ({"prompt": [10 ** 6]}, "prompt"), ({"stop_token_ids": [10 ** 6]}, "stop_token_ids"),
     ({"speculation": {"kk": 3}}, "speculation.kk"), ({"echo": 1}, "echo"), ({"user": 5}, "user"),
-    ({"prompt_logprobs": 2}, "prompt_logprobs"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs"), ({"prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"prompt_logprobs": 2, "stream": True}, "prompt_logprobs"), ({"prompt_logprobs": "2"}, "prompt_logprobs"),
 ])
 def test_400_names_the_parameter(served, body, param):
     refused = requests_counted(served, "INVALID_ARGUMENT")
@@ -1039,6 +1040,48 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(served, target):
         assert torch.allclose(torch.tensor([e.logprob for e in messages[0].prompt_logprobs]), chosen, atol=1e-4)
         assert [[t.token_id for t in e.top] for e in messages[0].prompt_logprobs] == alone.topk(2, -1).indices.tolist()
         assert not any(m.prompt_logprobs for m in messages[1:])
+
+
+def test_vllms_prompt_logprobs_are_the_target_alones_in_vllms_format(served, target):
+    """vLLM's `prompt_logprobs: N`: per choice of a completion, at the top of a chat answer, null for the first
+    prompt token, then {token ID: {logprob, rank, decoded_token}} of the prompt token (its rank among the whole
+    vocabulary) and the N most likely there, each equal to the target alone's; beside an echo asking for fewer
+    alternatives, the echo's legacy logprobs keep their own number."""
+    model, tokenizer = target
+    ids = tokenizer(PROMPT).input_ids
+
+    def alones(prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with torch.inference_mode():
+            logprobs = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
+        chosen = logprobs.gather(-1, torch.tensor(prompt[1:]).view(-1, 1))
+        return chosen.squeeze(-1), logprobs.topk(3, -1), (logprobs >= chosen).sum(-1)
+
+    def check(entries: list, prompt: list[int]) -> None:
+        chosen, top, ranks = alones(prompt)
+        assert entries[0] is None and len(entries) == len(prompt)
+        for entry, token, logprob, rank, others, values in zip(entries[1:], prompt[1:], chosen, ranks, top.indices,
+                                                               top.values):
+            assert entry[str(token)]["rank"] == rank and entry[str(token)]["decoded_token"] == tokenizer.decode([token])
+            assert abs(entry[str(token)]["logprob"] - logprob) < 1e-4
+            expected = {str(t): (r, v) for r, (t, v) in enumerate(zip(others.tolist(), values.tolist()), 1)}
+            expected[str(token)] = (int(rank), float(logprob))
+            assert entry.keys() == expected.keys()
+            assert all(entry[key]["rank"] == expected[key][0] and abs(entry[key]["logprob"] - expected[key][1]) < 1e-4
+                       for key in entry)
+    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 2, "temperature": 0, "n": 2, "prompt_logprobs": 3,
+            "echo": True, "logprobs": 1}
+    completion = httpx.post(served.base_url + "/completions", json=body).json()
+    for choice in completion["choices"]:
+        check(choice["prompt_logprobs"], ids)
+        assert all(len(top) == 1 for top in choice["logprobs"]["top_logprobs"][1:])      # the echo's own 1
+    chat = httpx.post(served.base_url + "/chat/completions", json={
+        "model": served.model, "messages": CHAT, "max_tokens": 2, "prompt_logprobs": 3}).json()
+    assert "prompt_logprobs" not in chat["choices"][0]
+    rendered = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    check(chat["prompt_logprobs"], tokenizer(rendered).input_ids)
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    plain = httpx.post(served.base_url + "/completions", json={**body, "prompt_logprobs": None}).json()
+    assert "prompt_logprobs" not in plain["choices"][0]
 
 
 def test_chat_logprobs_format(served):

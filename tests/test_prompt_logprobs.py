@@ -28,21 +28,22 @@ def whole(engine: TargetEngine, request) -> worker_pb2.VerifyResponse:
     return answer
 
 
-def alone(model, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target alone's logprobs of prompt tokens 1.. given those before, and its top-TOP ids there (computed on
-    the model's device, returned on the host)."""
+def alone(model, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The target alone's logprobs of prompt tokens 1.. given those before, its top-TOP ids there, and each prompt
+    token's rank (tokens at least as likely; computed on the model's device, returned on the host)."""
     with torch.no_grad():
         logprobs = torch.log_softmax(model(torch.tensor([prompt], device=model.device)).logits[0, :-1].float(), -1)
-    chosen = logprobs.gather(-1, torch.tensor(prompt[1:], device=model.device).view(-1, 1)).squeeze(-1)
-    return chosen.cpu(), logprobs.topk(TOP, -1).indices.cpu()
+    chosen = logprobs.gather(-1, torch.tensor(prompt[1:], device=model.device).view(-1, 1))
+    return chosen.squeeze(-1).cpu(), logprobs.topk(TOP, -1).indices.cpu(), (logprobs >= chosen).sum(-1).cpu()
 
 
 def assert_alones(answer, model, prompt: list[int]) -> None:
-    chosen, top = alone(model, prompt)
+    chosen, top, rank = alone(model, prompt)
     entries = answer.prompt_logprobs
     assert [e.token_id for e in entries] == prompt[1:]
     assert torch.allclose(torch.tensor([e.logprob for e in entries]), chosen, atol=1e-4)
     assert [[t.token_id for t in e.top] for e in entries] == top.tolist()
+    assert [e.rank for e in entries] == rank.tolist() and max(rank.tolist()) > TOP     # some outside the top
 
 
 @pytest.fixture(scope="module")
