@@ -2,6 +2,7 @@
 usage, logprobs in each endpoint's format, and a `specpool` object carrying the spec-decode stats."""
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -54,15 +55,17 @@ class Completions:
     def bind(self, states: list, prompt_top: int | None = None) -> None:
         self.states, self.prompt_top = states, prompt_top
 
+    @functools.cached_property
     def vllm_prompt_logprobs(self) -> list:
-        """vLLM's prompt_logprobs (the choices share the prompt): null for the first prompt token, then per token
-        {token ID: {logprob, rank, decoded_token}} of the token itself (rank: among the whole vocabulary) and its
-        prompt_top alternatives (ranks 1, 2, ...; the token once, where it is one)."""
+        """vLLM's prompt_logprobs (the choices share the prompt; built once): null for the first prompt token, then
+        per token {token ID: {logprob, rank, decoded_token}} of the token itself (rank: among the whole vocabulary)
+        and its prompt_top alternatives (ranks 1, 2, ...; a token that is one of them, as vLLM, at its place
+        there, which differs from its rank only where logprobs tie)."""
         def entry(token_id: int, logprob: float, rank: int) -> tuple[str, dict]:
             return str(token_id), {"logprob": finite(logprob), "rank": rank, "decoded_token": self.decode(token_id)}
         return [None] + [dict([entry(e.token_id, e.logprob, e.rank)] + [
-            entry(t.token_id, t.logprob, rank) for rank, t in enumerate(e.top[:self.prompt_top], 1)
-            if t.token_id != e.token_id]) for e in self.states[0].prompt_logprobs]
+            entry(t.token_id, t.logprob, rank) for rank, t in enumerate(e.top[:self.prompt_top], 1)])
+            for e in self.states[0].prompt_logprobs or []]
 
     def response_fields(self) -> dict:
         """Keys of the whole response beside `choices` (chat's prompt_logprobs are there, as vLLM answers)."""
@@ -106,7 +109,7 @@ class Completions:
 
     def _choice(self, index: int, text: str, entries: list | None, finish_reason: str | None,
                 start: int = 0) -> dict:
-        prompt = {} if self.prompt_top is None else {"prompt_logprobs": self.vllm_prompt_logprobs()}
+        prompt = {} if self.prompt_top is None else {"prompt_logprobs": self.vllm_prompt_logprobs}
         return {"index": index, "text": text,
                 "logprobs": self.logprobs(entries, start) if entries is not None else None,
                 "finish_reason": finish_reason, **prompt}
@@ -158,7 +161,7 @@ class ChatCompletions(Completions):
                  "finish_reason": None}]
 
     def response_fields(self) -> dict:
-        return {} if self.prompt_top is None else {"prompt_logprobs": self.vllm_prompt_logprobs()}
+        return {} if self.prompt_top is None else {"prompt_logprobs": self.vllm_prompt_logprobs}
 
 
 def envelope(kind: Completions, request_id: str, model: str, choices: list, chunk: bool = False) -> dict:

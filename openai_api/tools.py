@@ -179,7 +179,7 @@ def _pythonic_call(node: ast.AST) -> Call | None:
         return None
     try:
         return node.func.id, json.dumps({keyword.arg: _literal(keyword.value) for keyword in node.keywords})
-    except (ValueError, TypeError, SyntaxError, RecursionError):
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
         return None
 
 
@@ -193,8 +193,8 @@ def pythonic_calls(text: str) -> Found | None:
         return None
     try:
         tree = ast.parse(body.strip(), mode="eval").body
-    except (SyntaxError, ValueError, RecursionError):
-        return None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):     # MemoryError: the parser's stack, as thousands
+        return None                                                    # of nested operators overflow it
     return _found(text[:lead], [_pythonic_call(node) for node in tree.elts]) if isinstance(tree, ast.List) else None
 
 

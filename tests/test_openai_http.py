@@ -1050,23 +1050,26 @@ def test_vllms_prompt_logprobs_are_the_target_alones_in_vllms_format(served, tar
     model, tokenizer = target
     ids = tokenizer(PROMPT).input_ids
 
-    def alones(prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def alones(prompt: list[int]) -> tuple[torch.Tensor, torch.return_types.topk, list, list]:
+        from tests.test_prompt_logprobs import rank_bounds
         with torch.inference_mode():
             logprobs = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
         chosen = logprobs.gather(-1, torch.tensor(prompt[1:]).view(-1, 1))
-        return chosen.squeeze(-1), logprobs.topk(3, -1), (logprobs >= chosen).sum(-1)
+        return (chosen.squeeze(-1), logprobs.topk(3, -1), *rank_bounds(logprobs, chosen))
 
     def check(entries: list, prompt: list[int]) -> None:
-        chosen, top, ranks = alones(prompt)
+        """The token's own entry first (its rank within the bounds), then the top 3 at ranks 1-3 (the token, if one
+        of them, at its place there), each with the target alone's logprob."""
+        chosen, top, low, high = alones(prompt)
         assert entries[0] is None and len(entries) == len(prompt)
-        for entry, token, logprob, rank, others, values in zip(entries[1:], prompt[1:], chosen, ranks, top.indices,
-                                                               top.values):
-            assert entry[str(token)]["rank"] == rank and entry[str(token)]["decoded_token"] == tokenizer.decode([token])
-            assert abs(entry[str(token)]["logprob"] - logprob) < 1e-4
-            expected = {str(t): (r, v) for r, (t, v) in enumerate(zip(others.tolist(), values.tolist()), 1)}
-            expected[str(token)] = (int(rank), float(logprob))
+        for entry, token, logprob, a, b, others, values in zip(entries[1:], prompt[1:], chosen, low, high,
+                                                               top.indices, top.values):
+            assert next(iter(entry)) == str(token) and entry[str(token)]["decoded_token"] == tokenizer.decode([token])
+            expected = {str(token): (range(a, b + 1), float(logprob))}
+            expected.update({str(t): (range(r, r + 1), v) for r, (t, v) in enumerate(zip(others.tolist(),
+                                                                                       values.tolist()), 1)})
             assert entry.keys() == expected.keys()
-            assert all(entry[key]["rank"] == expected[key][0] and abs(entry[key]["logprob"] - expected[key][1]) < 1e-4
+            assert all(entry[key]["rank"] in expected[key][0] and abs(entry[key]["logprob"] - expected[key][1]) < 1e-4
                        for key in entry)
     body = {"model": served.model, "prompt": PROMPT, "max_tokens": 2, "temperature": 0, "n": 2, "prompt_logprobs": 3,
             "echo": True, "logprobs": 1}

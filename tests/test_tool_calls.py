@@ -82,6 +82,8 @@ def test_mistral_parser_finds_the_calls_or_none(text, expected):
     ("[f(1)]", None), ("[f(a=x)]", None), ("[f(a=1 + 2)]", None), ("[f(**kw)]", None),        # not literals
     ("[a.b(x=1)]", None), ("[f(a={1: 2})]", None), ("[f(a=1e999)]", None), ("[f(a=b'x')]", None),
     ("[1, 2]", None), ("[]", None), ("[f(a=1)] and more", None), ("Sure: [f(a=1)]", None), ("[f(a=1", None),
+    ("[" + "-" * 6000 + "]", None), ("[f(a=" + "-" * 6000 + "1)]", None),     # the parser's stack overflows
+    ("[f(a=" + "[" * 400 + "]" * 400 + ")]", None), ("[f(a=" + "9" * 5000 + ")]", None),
 ])
 def test_pythonic_parser_finds_the_calls_or_none(text, expected):
     assert PARSERS["pythonic"].calls(text) == expected
