@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from openai_api.chat import ChatTemplate, find_chat_template, no_template_error
+from openai_api.functions import as_tools
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, SamplingBody,
                                  completion_prompt, generate_request, http_error, with_seed)
 from openai_api.tools import PARSERS
@@ -90,6 +91,7 @@ class Api:
     async def chat(self, body: ChatRequest, request: Request) -> Response:
         router = self.router()
         model = check_model(body, self.model_name(router))
+        body, deprecated = as_tools(body, PARSERS.get(self.http.tool_call_parser))
         plan = body.tool_plan(PARSERS.get(self.http.tool_call_parser))
         prompt = self.chat_template(router).render(body.messages, plan.template_tools())
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
@@ -98,7 +100,8 @@ class Api:
         structured = plan.structured_output()
         if structured is not None:
             generate.structured_output.CopyFrom(structured)
-        return await answer(request, router, body, generate, ChatCompletions(_decoder(router), plan), model)
+        return await answer(request, router, body, generate, ChatCompletions(_decoder(router), plan, deprecated),
+                            model)
 
     async def models(self) -> dict:
         name = self.model_name(self.router())

@@ -17,7 +17,8 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Fiel
 from pydantic_core import PydanticCustomError
 
 from openai_api.structured import JsonSchema, ResponseFormat, StructuredOutputs, structured_output
-from openai_api.tools import PARSERS, NamedToolChoice, Parser, Tool, ToolCall, ToolChoice, ToolPlan
+from openai_api.tools import (PARSERS, CalledFunction, Function, FunctionName, NamedToolChoice, Parser, Tool,
+                              ToolCall, ToolChoice, ToolPlan)
 from protos.specpool.v1 import generation_pb2
 from router.validation import MAX_TOP_LOGPROBS, RequestError
 
@@ -148,7 +149,7 @@ StopTokenId, AllowedTokenId = proto_int("stop_token_ids"), proto_int("sampling.a
 # A sane bound on one body's fan-out (each choice is a router request, holding a slot and both workers'
 # caches); check_n in app.py refuses an n the router could never admit at once, which may be lower
 MAX_N = 16
-Role = Literal["system", "developer", "user", "assistant", "tool"]
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]   # function: the deprecated tool
 
 
 class StreamOptions(Body):
@@ -318,7 +319,8 @@ def _assistants_only(calls: Any, info: ValidationInfo) -> Any:
 
 def _content_or_calls(content: Any, info: ValidationInfo) -> Any:
     """Content may be left out (or null) only by an assistant message with tool calls, as OpenAI has it."""
-    if content is None and "role" in info.data and not info.data.get("tool_calls"):
+    if content is None and "role" in info.data and not info.data.get("tool_calls") and \
+            not info.data.get("function_call"):
         raise PydanticCustomError("missing", "Field required")
     return content
 
@@ -328,6 +330,7 @@ class Message(Body):
     id of the call it answers."""
     role: Role
     tool_calls: Annotated[Optional[list[ToolCall]], AfterValidator(_assistants_only)] = None
+    function_call: Annotated[Optional[CalledFunction], AfterValidator(_assistants_only)] = None    # deprecated
     content: Annotated[Optional[Content], AfterValidator(_content_or_calls)] = Field(None, validate_default=True)
     tool_call_id: Optional[Text] = None
     name: Optional[Text] = None
@@ -356,6 +359,8 @@ class ChatRequest(SamplingBody):
     tools: Optional[list[Tool]] = None                                        # tool calling (openai_api/tools.py)
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: Flag = True
+    functions: Optional[list[Function]] = None           # deprecated tools: openai_api/functions.py ([]: none)
+    function_call: Optional[Union[Literal["none", "auto"], FunctionName]] = None
 
     def params(self) -> dict[str, str]:
         length = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"

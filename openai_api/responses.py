@@ -8,6 +8,7 @@ import math
 import time
 
 from openai_api import tools
+from openai_api.functions import deprecated_message
 from openai_api.tools import ToolPlan, ToolStream
 from protos.specpool.v1 import generation_pb2
 
@@ -123,9 +124,10 @@ class ChatCompletions(Completions):
     calls the output holds (openai_api/tools.py), if the request has tools."""
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
-    def __init__(self, decode, tool_plan: ToolPlan | None = None):
+    def __init__(self, decode, tool_plan: ToolPlan | None = None, deprecated: bool = False):
         super().__init__(decode)
         self.tools = tool_plan
+        self.deprecated = deprecated     # asked with `functions`: calls answered as `function_call`
         self.streams: dict[int, ToolStream] = {}     # choice index -> its stream's tool calls so far
 
     def _token(self, token_id: int, logprob: float) -> dict:
@@ -141,6 +143,13 @@ class ChatCompletions(Completions):
             {"role": "assistant", "content": text}, finish_reason)
         return self._message_choice(index, "message", message, entries, finish_reason)
 
+    def _message_choice(self, index: int, key: str, message: dict, entries: list | None,
+                        finish_reason: str | None) -> dict:
+        if self.deprecated:
+            message, finish_reason = deprecated_message(message, finish_reason)
+        return {"index": index, key: message, "logprobs": self.logprobs(entries) if entries is not None else None,
+                "finish_reason": finish_reason}
+
     def chunk_choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
         if not self.tools:
             return self._message_choice(index, "delta", {"content": text} if text else {}, entries, finish_reason)
@@ -150,11 +159,6 @@ class ChatCompletions(Completions):
             last, finish_reason = stream.finish(finish_reason)
             delta = tools.merged(delta, last)
         return self._message_choice(index, "delta", delta, entries, finish_reason)
-
-    def _message_choice(self, index: int, key: str, message: dict, entries: list | None,
-                        finish_reason: str | None) -> dict:
-        return {"index": index, key: message, "logprobs": self.logprobs(entries) if entries is not None else None,
-                "finish_reason": finish_reason}
 
     def opening(self, index: int) -> list[dict]:
         return [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

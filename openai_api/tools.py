@@ -243,7 +243,8 @@ class ToolPlan:
     choice: str = "none"                   # none | auto | required | named
     named: str = ""                        # the function of a named tool_choice
     parser: Parser | None = None           # auto's
-    single: bool = False                   # parallel_tool_calls false: "required" asks for one call
+    single: bool = False                   # parallel_tool_calls false: "required" asks for one call, and "auto"
+                                           # reads text with several as content
 
     def template_tools(self) -> list[dict] | None:
         """The tools as a chat template takes them (transformers' `tools`), or None without any."""
@@ -280,6 +281,8 @@ class ToolPlan:
             return "", [(call["name"], json.dumps(call["parameters"])) for call in called]
         found = self.parser.calls(text) if self.calls_read else None
         names = {tool.function.name for tool in self.tools}
+        if self.single and found and len(found[1]) > 1:         # parallel_tool_calls false: more is not a call
+            return None
         return found if found and all(name in names for name, _ in found[1]) else None
 
     @property

@@ -405,8 +405,8 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ("/completions", {"best_of": 3, "n": 2}, "best_of"), ("/completions", {"best_of": 1.0}, "best_of"),
     ("/completions", {"suffix": "\n}"}, "suffix"),
     ("/completions", {"tools": [TOOL]}, "tools"),          # chat's (openai_api/tools.py), as OpenAI has them
-    ("/chat/completions", {"functions": [TOOL["function"]]}, "functions"),
-    ("/chat/completions", {"function_call": "auto"}, "function_call"),
+    ("/completions", {"functions": [TOOL["function"]]}, "functions"),     # chat's deprecated form is served
+    ("/completions", {"function_call": "auto"}, "function_call"),
     ("/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
     ("/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ("/chat/completions", {"reasoning_effort": "low"}, "reasoning_effort"),
@@ -704,6 +704,45 @@ def test_auto_reads_the_hermes_calls_the_model_writes(served):
         "Checking.", [("get_time", "{}")], "tool_calls")
     plain = served.client.chat.completions.create(**{**body, "extra_body": {}, "max_tokens": 8})
     assert plain.choices[0].message.tool_calls is None and plain.choices[0].finish_reason == "length"
+
+
+def test_deprecated_functions_answer_what_the_tools_they_stand_for_answer(served):
+    """`functions` with a named `function_call`, greedy: `message.function_call` holds the arguments a named
+    tool_choice gets (tested against the target alone above), whole and streamed; "auto" reads a call as tools'
+    auto does, finish reason `function_call`; an earlier turn's function_call and function message are the tool
+    call and tool message they stand for (the same reply and prompt); a completion's `functions` is a 400."""
+    point = {**POINT_TOOL["function"], "parameters": {"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["n"], "additionalProperties": False}}
+    base = dict(model=served.model, messages=CHAT, max_tokens=24, temperature=0, extra_body={"speculation": {"k": 3}})
+    tools = served.client.chat.completions.create(**base, tools=[{"type": "function", "function": point}],
+                                                  tool_choice={"type": "function", "function": {"name": "make_point"}})
+    body = dict(base, functions=[point], function_call={"name": "make_point"})
+    answer = served.client.chat.completions.create(**body).choices[0]
+    expected = tools.choices[0].message.tool_calls[0].function
+    assert (answer.message.function_call.name, answer.message.function_call.arguments) == (
+        "make_point", expected.arguments)
+    assert answer.message.tool_calls is None and answer.finish_reason == "stop"
+    name, arguments = "", ""
+    for chunk in served.client.chat.completions.create(**body, stream=True):
+        call = chunk.choices[0].delta.function_call
+        name, arguments = name + (call.name or "" if call else ""), arguments + (call.arguments or "" if call else "")
+    assert (name, arguments) == ("make_point", expected.arguments)
+    regex = r'<tool_call>\{"name": "get_time", "arguments": \{\}\}</tool_call>'
+    auto = served.client.chat.completions.create(**{**base, "max_tokens": 64, "extra_body": {"guided_regex": regex}},
+                                                 functions=[TIME_TOOL["function"]]).choices[0]
+    assert (auto.message.function_call.name, auto.finish_reason) == ("get_time", "function_call")
+    called = {"name": "set_unit", "arguments": '{"unit": "celsius"}'}
+    old = [*CHAT, {"role": "assistant", "content": None, "function_call": called},
+           {"role": "function", "name": "set_unit", "content": "ok"}]
+    new = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                                                                          "function": called}]},
+           {"role": "tool", "tool_call_id": "call_1", "name": "set_unit", "content": "ok"}]
+    replies = [served.client.chat.completions.create(**{**base, "messages": messages}) for messages in (old, new)]
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+    assert replies[0].usage.prompt_tokens == replies[1].usage.prompt_tokens
+    refused = httpx.post(served.base_url + "/chat/completions", json={"model": served.model, "messages": CHAT,
+                                                                      "function_call": "auto"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "function_call"
 
 
 def test_a_conversation_with_calls_and_their_results_is_the_target_alones_continuation(served, target):

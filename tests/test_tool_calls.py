@@ -263,3 +263,80 @@ def test_a_conversation_with_tools_renders_as_transformers_renders_it(tmp_path):
     theirs = tokenizer.apply_chat_template(messages, tools=[WEATHER, TIME], add_generation_prompt=True,
                                            tokenize=False)
     assert ours == theirs and "<Oslo> & Bergen" in ours and '"arguments": {"city": "Oslo"}' in ours
+
+
+# ---- the deprecated form: functions, function_call (openai_api/functions.py) ----------------------------------
+FUNCTIONS = [WEATHER["function"], TIME["function"]]
+
+
+def deprecated(parser="hermes", **body) -> tuple[ChatRequest, bool]:
+    from openai_api.functions import as_tools
+    return as_tools(chat(**body), PARSERS.get(parser))
+
+
+def test_functions_stand_for_tools_with_one_call_at_most():
+    """`functions` are tools; `function_call` is tool_choice (default "auto", as OpenAI's), with parallel calls off;
+    an earlier turn's function_call and function message become a tool call and the tool message that answers it."""
+    body, asked = deprecated(functions=FUNCTIONS, function_call={"name": "get_weather"})
+    assert asked and [tool.function.name for tool in body.tools] == ["get_weather", "get_time"]
+    assert body.tool_choice.function.name == "get_weather" and body.parallel_tool_calls is False
+    assert body.tool_plan(None).choice == "named"
+    assert deprecated(functions=FUNCTIONS)[0].tool_plan(PARSERS["hermes"]).choice == "auto"
+    assert deprecated(functions=FUNCTIONS, function_call="none")[0].tool_plan(None).choice == "none"
+    assert deprecated(functions=[])[1] is False
+    turns = [{"role": "user", "content": "Oslo?"},
+             {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": "{}"}},
+             {"role": "function", "name": "get_weather", "content": "sunny"}]
+    body, asked = deprecated(messages=turns)          # the conversation alone, in a request without functions
+    assert not asked and [m.for_template() for m in body.messages[1:]] == [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {}}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1", "name": "get_weather"}]
+
+
+@pytest.mark.parametrize("body, parser, param", [
+    ({"function_call": "auto"}, "hermes", "function_call"),                          # no functions
+    ({"functions": FUNCTIONS, "tools": [WEATHER]}, "hermes", "functions"),
+    ({"functions": FUNCTIONS, "tool_choice": "none"}, "hermes", "functions"),
+    ({"functions": FUNCTIONS}, None, "function_call"),                              # auto, no parser
+    ({"functions": FUNCTIONS, "function_call": {"name": "nope"}}, "hermes", "tool_choice"),
+])
+def test_a_deprecated_request_it_cannot_serve_is_a_400_naming_its_parameter(body, parser, param):
+    with pytest.raises(ApiError) as refused:
+        deprecated(parser, **body)[0].tool_plan(PARSERS.get(parser))
+    assert refused.value.param == param
+
+
+def test_auto_with_parallel_calls_off_reads_several_calls_as_content():
+    """parallel_tool_calls false (and so `functions`) promises one call at most: output with two is the text."""
+    assert plan(parallel_tool_calls=False).calls(HERMES_OUTPUT) is None
+    assert plan(parallel_tool_calls=False).calls(HERMES_OUTPUT.split("\n<tool_call>\n{\"name\": \"get_time\"")[0])
+
+
+@pytest.mark.parametrize("function_call, text", [
+    ({"name": "get_weather"}, '{"city": "Oslo"}'), ("auto", 'Looking.<tool_call>{"name": "get_time", '
+                                                            '"arguments": {}}</tool_call>'),
+    ("auto", "no call"), ("auto", HERMES_OUTPUT)])
+def test_a_deprecated_answer_carries_function_call_whole_and_at_every_split_of_a_stream(function_call, text):
+    """`message.function_call` {name, arguments} (no id) and finish reason `function_call` (a named one: `stop`,
+    as OpenAI's); a stream's deltas, assembled as the deprecated API's clients do, hold the same at every cut."""
+    from openai_api.responses import ChatCompletions
+    body, _ = deprecated(functions=FUNCTIONS, function_call=function_call)
+
+    def kind():
+        return ChatCompletions(str, body.tool_plan(PARSERS["hermes"]), deprecated=True)
+    whole = kind().choice(0, text, None, "stop")
+    called = whole["message"].get("function_call")
+    assert "tool_calls" not in whole["message"] and (called is None) == (text in ("no call", HERMES_OUTPUT))
+    assert whole["finish_reason"] == ("function_call" if called and function_call == "auto" else "stop")
+    expected = (whole["message"]["content"] or "", called and (called["name"], called["arguments"]))
+    for cut in range(len(text) + 1):
+        stream, deltas = kind(), []
+        deltas.append(stream.chunk_choice(0, text[:cut], None, None))
+        deltas.append(stream.chunk_choice(0, text[cut:], None, "stop"))
+        content = "".join(d["delta"].get("content") or "" for d in deltas)
+        calls = [d["delta"]["function_call"] for d in deltas if "function_call" in d["delta"]]
+        name = "".join(c.get("name", "") for c in calls)
+        assembled = (name, "".join(c.get("arguments", "") for c in calls)) if calls else None
+        assert (content if content.strip() else "", assembled) == expected
+        assert deltas[-1]["finish_reason"] == whole["finish_reason"]
