@@ -9,7 +9,9 @@ The tools reach the model through its chat template (`tools`, as transformers pa
   reads calls out of: `hermes` (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`: Qwen 2.5 / 3, Hermes) or
   `llama3_json` (the output a JSON object `{"name": ..., "parameters": ...}`, or several joined by `;`) or
   `mistral` (the output a JSON array of `{"name": ..., "arguments": ...}`, after `[TOOL_CALLS]`) or `pythonic`
-  (the output a Python list of calls, `[get_weather(city="Oslo")]`: Llama 3.2 and 4).
+  (the output a Python list of calls, `[get_weather(city="Oslo")]`: Llama 3.2 and 4) or `qwen3_coder`
+  (`<tool_call><function=get_weather><parameter=city>Oslo</parameter></function></tool_call>`, values typed by the
+  tool's schema).
 - `"none"`: free text, no calls read.
 
     {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
@@ -198,6 +200,72 @@ def pythonic_calls(text: str) -> Found | None:
     return _found(text[:lead], [_pythonic_call(node) for node in tree.elts]) if isinstance(tree, ast.List) else None
 
 
+def qwen3_coder_calls(text: str) -> Found | None:
+    """Qwen3-Coder's XML calls: `<tool_call><function=NAME><parameter=KEY>value</parameter>...</function>
+    </tool_call>` blocks (the last may be unclosed), the text around them content. Each value is the text between
+    its tags, one line end trimmed at each side: text, which ToolPlan types by the tool's schema (typed_arguments)."""
+    pieces = re.split(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, flags=re.DOTALL)    # text, block, text, ...
+    return _found("".join(pieces[0::2]), [_xml_call(block) for block in pieces[1::2]])
+
+
+def _xml_call(block: str) -> Call | None:
+    call = re.fullmatch(r"\s*<function=([^>\n]+)>(.*?)(?:</function>\s*)?", block, flags=re.DOTALL)
+    if call is None:
+        return None
+    values = re.findall(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", call.group(2), re.DOTALL)
+    return call.group(1).strip(), json.dumps({key.strip(): _trimmed(value) for key, value in values})
+
+
+def _trimmed(value: str) -> str:
+    """A value as Qwen3-Coder's template writes it, on lines of its own: one line end off each side."""
+    value = value[1:] if value.startswith("\n") else value
+    return value[:-1] if value.endswith("\n") else value
+
+
+def typed_arguments(arguments: str, schema: dict | None) -> str:
+    """Arguments whose values are all text (Qwen3-Coder's), typed by the tool's parameters schema, as vLLM types
+    them: each value whose property's type is integer, number, boolean, null, object or array and whose text reads
+    as one; anything else, and a property the schema does not list, stays text."""
+    properties = (schema or {}).get("properties") or {}
+    return json.dumps({key: _typed(value, properties.get(key)) for key, value in json.loads(arguments).items()})
+
+
+def _typed(text: str, schema: Any) -> Any:
+    kinds = schema.get("type") if isinstance(schema, dict) else "string"
+    kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
+    for kind in kinds or ["any"]:
+        value = _as_kind(text.strip(), kind)
+        if value is not _NOT:
+            return value
+    return text
+
+
+_NOT = object()      # _as_kind's "the text is not one"
+_FITS = {"integer": lambda value: type(value) is int, "number": lambda value: type(value) in (int, float),
+         "object": lambda value: isinstance(value, dict), "array": lambda value: isinstance(value, list),
+         "any": lambda value: True}          # "any": a property without a type, whatever JSON the text is
+
+
+def _as_kind(text: str, kind: str) -> Any:
+    """The value of JSON Schema type `kind` that `text` reads as (JSON; for an object, an array or no type, a
+    Python literal too; booleans and null in any case), or _NOT."""
+    if kind in ("boolean", "null"):
+        words = {"true": True, "false": False} if kind == "boolean" else {"null": None, "none": None}
+        return words.get(text.lower(), _NOT)
+    if kind not in _FITS:
+        return _NOT
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = _NOT
+    if value is _NOT and kind in ("object", "array", "any"):
+        try:
+            value = _literal(ast.parse(text, mode="eval").body)
+        except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+            return _NOT
+    return value if value is not _NOT and _FITS[kind](value) else _NOT
+
+
 def hermes_held_from(text: str) -> int:
     """Where a stream must stop sending content: the start of `<tool_call>`, or of a tail that may begin one."""
     start = text.find("<tool_call>")
@@ -228,12 +296,14 @@ class Parser:
     calls: Callable[[str], Found | None]       # output text -> (its text outside the calls, the calls), or None
     held_from: Callable[[str], int]            # streamed text -> where content must stop for now
     new_id: Callable[[], str] = new_call_id    # the ids of calls, as the model's template takes them back
+    typed: bool = False                        # its calls' values are text, to type by the tools' schemas
 
 
 PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
            "llama3_json": Parser(llama3_json_calls, whole_output_held_from("{", "<|python_tag|>")),
            "mistral": Parser(mistral_calls, whole_output_held_from("[", "[TOOL_CALLS]"), mistral_call_id),
-           "pythonic": Parser(pythonic_calls, whole_output_held_from("[", "<|python_start|>"))}
+           "pythonic": Parser(pythonic_calls, whole_output_held_from("[", "<|python_start|>")),
+           "qwen3_coder": Parser(qwen3_coder_calls, hermes_held_from, typed=True)}
 
 
 @dataclass(frozen=True)
@@ -280,10 +350,12 @@ class ToolPlan:
                 return None
             return "", [(call["name"], json.dumps(call["parameters"])) for call in called]
         found = self.parser.calls(text) if self.calls_read else None
-        names = {tool.function.name for tool in self.tools}
-        if self.single and found and len(found[1]) > 1:         # parallel_tool_calls false: more is not a call
-            return None
-        return found if found and all(name in names for name, _ in found[1]) else None
+        schemas = {tool.function.name: tool.function.parameters for tool in self.tools}
+        if not found or not all(name in schemas for name, _ in found[1]) or self.single and len(found[1]) > 1:
+            return None                 # parallel_tool_calls false: several are not calls
+        if self.parser.typed:
+            return found[0], [(name, typed_arguments(arguments, schemas[name])) for name, arguments in found[1]]
+        return found
 
     @property
     def calls_read(self) -> bool:

@@ -32,8 +32,8 @@ def test_the_config_names_every_parser_and_refuses_another():
     from settings.schema import ConfigError, config_from_dict
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
     assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
-    with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral, pythonic "
-                                          r"or \"\" \(got 'xml'\)$"):
+    with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral, pythonic, "
+                                          r"qwen3_coder or \"\" \(got 'xml'\)$"):
         config_from_dict({"http": {"tool_call_parser": "xml"}})
 
 
@@ -89,6 +89,39 @@ def test_pythonic_parser_finds_the_calls_or_none(text, expected):
     assert PARSERS["pythonic"].calls(text) == expected
 
 
+QWEN3_CODER_OUTPUT = ("I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+                      "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>")
+
+
+@pytest.mark.parametrize("text, expected", [
+    (QWEN3_CODER_OUTPUT, ("I'll check.\n\n", CALLS)),
+    ("<tool_call>\n<function=edit>\n<parameter=code>\ndef f():\n    return 1\n\n</parameter>\n<parameter=n>\n2",
+     ("", [("edit", json.dumps({"code": "def f():\n    return 1\n", "n": "2"}))])),    # unclosed at EOS; lines kept
+    ("<tool_call><function=f><parameter=a>x<parameter=b>y</function></tool_call>",          # unclosed parameters
+     ("", [("f", '{"a": "x", "b": "y"}')])),
+    ("no calls", None), ('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', None),      # hermes' JSON
+])
+def test_qwen3_coder_parser_finds_the_calls_or_none(text, expected):
+    assert PARSERS["qwen3_coder"].calls(text) == expected
+
+
+def test_qwen3_coder_values_are_typed_by_the_tools_schema():
+    """As vLLM types them: a value reads as its property's type where it is one (a Python literal too for objects
+    and arrays), else stays text; a property the schema does not list is text."""
+    from openai_api.tools import typed_arguments
+    schema = {"properties": {"n": {"type": "integer"}, "x": {"type": "number"}, "on": {"type": "boolean"},
+                             "o": {"type": "object"}, "a": {"type": "array"}, "s": {"type": "string"},
+                             "maybe": {"type": ["integer", "null"]}, "any": {}, "bad": {"type": "integer"}}}
+    text = {"n": "3", "x": "2.5", "on": "True", "o": "{'k': [1, None]}", "a": "[1, 2]", "s": "42", "maybe": "null",
+            "any": "[true]", "bad": "three", "extra": "7"}
+    assert json.loads(typed_arguments(json.dumps(text), schema)) == {
+        "n": 3, "x": 2.5, "on": True, "o": {"k": [1, None]}, "a": [1, 2], "s": "42", "maybe": None, "any": [True],
+        "bad": "three", "extra": "7"}
+    weather = plan(parser="qwen3_coder").calls("<tool_call><function=get_weather><parameter=city>7</parameter>"
+                                               "</function></tool_call>")
+    assert weather == ("", [("get_weather", '{"city": "7"}')])          # the weather tool's city is a string
+
+
 def test_an_auto_message_has_the_content_before_the_calls_and_finishes_with_tool_calls():
     ids = iter(["call_1", "call_2"])
     answer, finish = message(plan(), HERMES_OUTPUT, "stop", lambda: next(ids))
@@ -124,7 +157,7 @@ def test_call_ids_are_what_the_models_template_takes_back():
     ("auto", "llama3_json", ' {"name": "get_time", "parameters": {}}; {"name": "get_time", "parameters": {}}'),
     ("auto", "llama3_json", "Plain {text}"), ("auto", "mistral", '[{"name": "get_time", "arguments": {}}]'),
     ("auto", "mistral", "[not a call] after all"), ("auto", "pythonic", '[get_weather(city="Oslo"), get_time()]'),
-    ("auto", "pythonic", "[not, a, call]"),
+    ("auto", "pythonic", "[not, a, call]"), ("auto", "qwen3_coder", QWEN3_CODER_OUTPUT),
     ("named", "hermes", '{"city": "Oslo"}'), ("required", "hermes", '[{"name": "get_time", "parameters": {}}]')])
 def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, parser, text):
     """Cut into two or three pieces at every place: the content and calls a client assembles from the deltas are
