@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from openai_api.chat import ChatTemplate, find_chat_template, no_template_error
-from openai_api.functions import as_tools
+from openai_api.functions import as_tools, deprecated_plan
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, SamplingBody,
                                  completion_prompt, generate_request, http_error, with_seed)
 from openai_api.tools import PARSERS
@@ -91,8 +91,9 @@ class Api:
     async def chat(self, body: ChatRequest, request: Request) -> Response:
         router = self.router()
         model = check_model(body, self.model_name(router))
-        body, deprecated = as_tools(body, PARSERS.get(self.http.tool_call_parser))
-        plan = body.tool_plan(PARSERS.get(self.http.tool_call_parser))
+        parser = PARSERS.get(self.http.tool_call_parser)
+        body, deprecated = as_tools(body, parser)
+        plan = deprecated_plan(body, parser, deprecated)
         prompt = self.chat_template(router).render(body.messages, plan.template_tools())
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
         logprobs = (body.top_logprobs or 0) if body.logprobs else None

@@ -7,8 +7,10 @@ finish reason `function_call`).
 """
 from __future__ import annotations
 
+import re
+
 from openai_api.protocol import ApiError, ChatRequest, Message
-from openai_api.tools import PARSERS, FunctionName, NamedToolChoice, Parser, Tool, ToolCall
+from openai_api.tools import PARSERS, FunctionName, NamedToolChoice, Parser, Tool, ToolCall, ToolPlan
 
 
 def as_tools(body: ChatRequest, parser: Parser | None) -> tuple[ChatRequest, bool]:
@@ -16,7 +18,7 @@ def as_tools(body: ChatRequest, parser: Parser | None) -> tuple[ChatRequest, boo
     turn's `function_call` and `function` messages become tool calls and tool messages in any request."""
     messages = conversation(body.messages)
     if not body.functions:
-        if body.function_call is not None:
+        if body.function_call not in (None, "none"):
             raise ApiError(400, "function_call: only allowed when `functions` are given", "function_call")
         return body.model_copy(update={"messages": messages}), False
     if body.tools is not None or body.tool_choice is not None:
@@ -35,18 +37,34 @@ def as_tools(body: ChatRequest, parser: Parser | None) -> tuple[ChatRequest, boo
 
 
 def conversation(messages: list[Message]) -> list[Message]:
-    """The messages with an assistant's `function_call` as its one tool call, and a `function` message as the
-    tool message that answers the call before it (ids `call_<message index>`, as templates pair them)."""
+    """The messages with an assistant's `function_call` as a tool call (after any it has), and a `function`
+    message as the tool message that answers the call before it (ids `fn<message index, 7 digits>`: 9 letters and
+    digits, as Mistral's templates take them, unlike a client's `call_` ids)."""
     out, last = [], ""
     for index, message in enumerate(messages):
         if message.function_call is not None:
-            last = f"call_{index}"
-            message = message.model_copy(update={"tool_calls": [ToolCall(id=last, function=message.function_call)],
-                                                 "function_call": None})
+            last = f"fn{index:07d}"
+            calls = [*(message.tool_calls or []), ToolCall(id=last, function=message.function_call)]
+            message = message.model_copy(update={"tool_calls": calls, "function_call": None})
         elif message.role == "function":
             message = message.model_copy(update={"role": "tool", "tool_call_id": last or None})
         out.append(message)
     return out
+
+
+def deprecated_plan(body: ChatRequest, parser: Parser | None, deprecated: bool) -> ToolPlan:
+    """body.tool_plan, its refusals naming what a deprecated request sent (`functions`, `function_call`)."""
+    try:
+        return body.tool_plan(parser)
+    except ApiError as error:
+        if not deprecated or error.param not in SENT_AS:
+            raise
+        param = SENT_AS[error.param]
+        message = re.sub(r"\btool_choice\b", "function_call", re.sub(r"\btools\b", "functions", str(error)))
+        raise ApiError(error.status, message, param) from None
+
+
+SENT_AS = {"tools": "functions", "tool_choice": "function_call"}
 
 
 def deprecated_message(message: dict, finish_reason: str | None) -> tuple[dict, str | None]:

@@ -318,8 +318,9 @@ def _assistants_only(calls: Any, info: ValidationInfo) -> Any:
 
 
 def _content_or_calls(content: Any, info: ValidationInfo) -> Any:
-    """Content may be left out (or null) only by an assistant message with tool calls, as OpenAI has it."""
-    if content is None and "role" in info.data and not info.data.get("tool_calls") and \
+    """Content may be left out (or null) only by an assistant message with tool calls (or a function call), as
+    OpenAI has it, and by a deprecated `function` message."""
+    if content is None and info.data.get("role") not in (None, "function") and not info.data.get("tool_calls") and \
             not info.data.get("function_call"):
         raise PydanticCustomError("missing", "Field required")
     return content

@@ -63,10 +63,25 @@ class NamedToolChoice(BaseModel):
 ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):            # 1e400: Python's JSON reads it as inf, which JSON cannot write
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")   # NaN, Infinity: Python's JSON reads them, JSON has none
+
+
+STRICT_JSON = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
+
+
 def _json(text: str) -> Any:
+    """JSON's value of `text`, or None (not JSON, too deep, or numbers JSON cannot write)."""
     try:
-        return json.loads(text)
-    except ValueError:
+        return STRICT_JSON.decode(text)
+    except (ValueError, RecursionError):
         return None
 
 
@@ -112,11 +127,11 @@ def _found(content: str, calls: list[Call | None]) -> Found | None:
 
 def _json_values(text: str, separator: str = "") -> tuple[list, str]:
     """The JSON values `text` starts with (one, or with a separator several joined by it), and the text after."""
-    decoder, values, at = json.JSONDecoder(), [], 0
+    values, at = [], 0
     while True:
         try:
-            value, end = decoder.raw_decode(text, at)
-        except ValueError:
+            value, end = STRICT_JSON.raw_decode(text, at)
+        except (ValueError, RecursionError):
             return values, text[at:]
         values.append(value)
         after = text[end:].lstrip()
@@ -205,15 +220,18 @@ def qwen3_coder_calls(text: str) -> Found | None:
     </tool_call>` blocks (the last may be unclosed), the text around them content. Each value is the text between
     its tags, one line end trimmed at each side: text, which ToolPlan types by the tool's schema (typed_arguments)."""
     pieces = re.split(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, flags=re.DOTALL)    # text, block, text, ...
-    return _found("".join(pieces[0::2]), [_xml_call(block) for block in pieces[1::2]])
+    return _found("".join(pieces[0::2]), [call for block in pieces[1::2] for call in _xml_calls(block)])
 
 
-def _xml_call(block: str) -> Call | None:
-    call = re.fullmatch(r"\s*<function=([^>\n]+)>(.*?)(?:</function>\s*)?", block, flags=re.DOTALL)
-    if call is None:
-        return None
-    values = re.findall(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", call.group(2), re.DOTALL)
-    return call.group(1).strip(), json.dumps({key.strip(): _trimmed(value) for key, value in values})
+def _xml_calls(block: str) -> list[Call | None]:
+    """The calls of one block: each `<function=NAME>...</function>` in it (the last may be unclosed); [None] where
+    it holds none or text outside them."""
+    calls = re.findall(r"<function=([^<>\n]+)>(.*?)(?:</function>|(?=<function=)|\Z)", block, flags=re.DOTALL)
+    outside = re.sub(r"<function=[^<>\n]+>.*?(?:</function>|(?=<function=)|\Z)", "", block, flags=re.DOTALL)
+    if not calls or outside.strip():
+        return [None]
+    return [(name.strip(), json.dumps({key.strip(): _trimmed(value) for key, value in re.findall(
+        r"<parameter=([^<>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", body, re.DOTALL)})) for name, body in calls]
 
 
 def _trimmed(value: str) -> str:
@@ -226,15 +244,18 @@ def typed_arguments(arguments: str, schema: dict | None) -> str:
     """Arguments whose values are all text (Qwen3-Coder's), typed by the tool's parameters schema, as vLLM types
     them: each value whose property's type is integer, number, boolean, null, object or array and whose text reads
     as one; anything else, and a property the schema does not list, stays text."""
-    properties = (schema or {}).get("properties") or {}
+    properties = (schema or {}).get("properties") if isinstance(schema, dict) else None
+    properties = properties if isinstance(properties, dict) else {}
     return json.dumps({key: _typed(value, properties.get(key)) for key, value in json.loads(arguments).items()})
 
 
 def _typed(text: str, schema: Any) -> Any:
-    kinds = schema.get("type") if isinstance(schema, dict) else "string"
+    """A value's text as the first of its property's types that it reads as; text where none (a property without a
+    type is a string, as vLLM has it)."""
+    kinds = schema.get("type") if isinstance(schema, dict) else None
     kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
-    for kind in kinds or ["any"]:
-        value = _as_kind(text.strip(), kind)
+    for kind in kinds:
+        value = _as_kind(text.strip(), kind) if isinstance(kind, str) else _NOT
         if value is not _NOT:
             return value
     return text
@@ -242,23 +263,19 @@ def _typed(text: str, schema: Any) -> Any:
 
 _NOT = object()      # _as_kind's "the text is not one"
 _FITS = {"integer": lambda value: type(value) is int, "number": lambda value: type(value) in (int, float),
-         "object": lambda value: isinstance(value, dict), "array": lambda value: isinstance(value, list),
-         "any": lambda value: True}          # "any": a property without a type, whatever JSON the text is
+         "object": lambda value: isinstance(value, dict), "array": lambda value: isinstance(value, list)}
 
 
 def _as_kind(text: str, kind: str) -> Any:
-    """The value of JSON Schema type `kind` that `text` reads as (JSON; for an object, an array or no type, a
-    Python literal too; booleans and null in any case), or _NOT."""
+    """The value of JSON Schema type `kind` that `text` reads as (JSON; for an object or an array, a Python
+    literal too; booleans and null in any case), or _NOT."""
     if kind in ("boolean", "null"):
         words = {"true": True, "false": False} if kind == "boolean" else {"null": None, "none": None}
         return words.get(text.lower(), _NOT)
     if kind not in _FITS:
         return _NOT
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = _NOT
-    if value is _NOT and kind in ("object", "array", "any"):
+    value = _json(text) if text != "null" else _NOT
+    if value is None and kind in ("object", "array"):
         try:
             value = _literal(ast.parse(text, mode="eval").body)
         except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
@@ -314,7 +331,7 @@ class ToolPlan:
     named: str = ""                        # the function of a named tool_choice
     parser: Parser | None = None           # auto's
     single: bool = False                   # parallel_tool_calls false: "required" asks for one call, and "auto"
-                                           # reads text with several as content
+                                           # keeps the first of several (as vLLM)
 
     def template_tools(self) -> list[dict] | None:
         """The tools as a chat template takes them (transformers' `tools`), or None without any."""
@@ -351,11 +368,12 @@ class ToolPlan:
             return "", [(call["name"], json.dumps(call["parameters"])) for call in called]
         found = self.parser.calls(text) if self.calls_read else None
         schemas = {tool.function.name: tool.function.parameters for tool in self.tools}
-        if not found or not all(name in schemas for name, _ in found[1]) or self.single and len(found[1]) > 1:
-            return None                 # parallel_tool_calls false: several are not calls
+        if not found or not all(name in schemas for name, _ in found[1]):
+            return None
+        calls = found[1][:1] if self.single else found[1]       # parallel_tool_calls false: the first, as vLLM
         if self.parser.typed:
-            return found[0], [(name, typed_arguments(arguments, schemas[name])) for name, arguments in found[1]]
-        return found
+            calls = [(name, typed_arguments(arguments, schemas[name])) for name, arguments in calls]
+        return found[0], calls
 
     @property
     def calls_read(self) -> bool:

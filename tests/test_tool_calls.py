@@ -46,8 +46,12 @@ def test_the_config_names_every_parser_and_refuses_another():
     ('<tool_call>{"name": "get_time", "arguments": {</tool_call>', None),                   # not JSON
     ('<tool_call>{"arguments": {}}</tool_call>', None),                                      # no name
     ('<tool_call>{"name": "get_time", "arguments": [1]}</tool_call>', None),                 # arguments not an object
+    ('<tool_call>{"name": "get_time", "arguments": {"x": NaN}}</tool_call>', None),          # not JSON's numbers
+    ('<tool_call>{"name": "get_time", "arguments": {"x": 1e400}}</tool_call>', None),
+    ("<tool_call>" + "[" * 100000, None),                                                     # too deep
 ])
 def test_hermes_parser_finds_the_calls_or_none(text, expected):
+    """(The cases below, and JSON that Python reads but JSON has not, or too deep for Python's reader.)"""
     assert PARSERS["hermes"].calls(text) == expected
 
 
@@ -100,6 +104,10 @@ QWEN3_CODER_OUTPUT = ("I'll check.\n<tool_call>\n<function=get_weather>\n<parame
     ("<tool_call><function=f><parameter=a>x<parameter=b>y</function></tool_call>",          # unclosed parameters
      ("", [("f", '{"a": "x", "b": "y"}')])),
     ("no calls", None), ('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', None),      # hermes' JSON
+    ("<tool_call><function=f><parameter=n>1</parameter></function><function=g></function></tool_call>",
+     ("", [("f", '{"n": "1"}'), ("g", "{}")])),                                    # two functions in one block
+    ("<tool_call>text<function=f></function></tool_call>", None),                  # text beside a function
+    ("<tool_call><function=f>" + "<parameter=" * 20000, ("", [("f", "{}")])),    # hostile: no quadratic scan
 ])
 def test_qwen3_coder_parser_finds_the_calls_or_none(text, expected):
     assert PARSERS["qwen3_coder"].calls(text) == expected
@@ -115,8 +123,12 @@ def test_qwen3_coder_values_are_typed_by_the_tools_schema():
     text = {"n": "3", "x": "2.5", "on": "True", "o": "{'k': [1, None]}", "a": "[1, 2]", "s": "42", "maybe": "null",
             "any": "[true]", "bad": "three", "extra": "7"}
     assert json.loads(typed_arguments(json.dumps(text), schema)) == {
-        "n": 3, "x": 2.5, "on": True, "o": {"k": [1, None]}, "a": [1, 2], "s": "42", "maybe": None, "any": [True],
+        "n": 3, "x": 2.5, "on": True, "o": {"k": [1, None]}, "a": [1, 2], "s": "42", "maybe": None, "any": "[true]",
         "bad": "three", "extra": "7"}
+    hostile = {"x": "NaN", "n": "1e400", "a": "[" * 3000 + "]" * 3000, "o": '{"k": Infinity}'}
+    assert json.loads(typed_arguments(json.dumps(hostile), schema)) == hostile       # none of them JSON: text
+    for odd in ({"properties": ["x"]}, {"properties": {"x": {"type": [["number"]]}}}, {"properties": None}, []):
+        assert json.loads(typed_arguments('{"x": "1"}', odd)) == {"x": "1"}
     weather = plan(parser="qwen3_coder").calls("<tool_call><function=get_weather><parameter=city>7</parameter>"
                                                "</function></tool_call>")
     assert weather == ("", [("get_weather", '{"city": "7"}')])          # the weather tool's city is a string
@@ -323,8 +335,13 @@ def test_functions_stand_for_tools_with_one_call_at_most():
     body, asked = deprecated(messages=turns)          # the conversation alone, in a request without functions
     assert not asked and [m.for_template() for m in body.messages[1:]] == [
         {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {}}}]},
-        {"role": "tool", "content": "sunny", "tool_call_id": "call_1", "name": "get_weather"}]
+            {"id": "fn0000001", "type": "function", "function": {"name": "get_weather", "arguments": {}}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "fn0000001", "name": "get_weather"}]
+    both = {"role": "assistant", "content": None, "function_call": {"name": "get_time", "arguments": "{}"},
+            "tool_calls": [{"id": "call_a", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}
+    body, _ = deprecated(messages=[turns[0], both, {"role": "function", "name": "get_time", "content": None}])
+    assert [call.id for call in body.messages[1].tool_calls] == ["call_a", "fn0000001"]     # neither is lost
+    assert body.messages[2].for_template()["content"] == ""
 
 
 @pytest.mark.parametrize("body, parser, param", [
@@ -332,18 +349,24 @@ def test_functions_stand_for_tools_with_one_call_at_most():
     ({"functions": FUNCTIONS, "tools": [WEATHER]}, "hermes", "functions"),
     ({"functions": FUNCTIONS, "tool_choice": "none"}, "hermes", "functions"),
     ({"functions": FUNCTIONS}, None, "function_call"),                              # auto, no parser
-    ({"functions": FUNCTIONS, "function_call": {"name": "nope"}}, "hermes", "tool_choice"),
+    ({"functions": FUNCTIONS, "function_call": {"name": "nope"}}, "hermes", "function_call"),
+    ({"functions": [WEATHER["function"]] * 2}, "hermes", "functions"),
 ])
 def test_a_deprecated_request_it_cannot_serve_is_a_400_naming_its_parameter(body, parser, param):
+    """Named as the client sent it, not as the tools request it stands for."""
+    from openai_api.functions import deprecated_plan
     with pytest.raises(ApiError) as refused:
-        deprecated(parser, **body)[0].tool_plan(PARSERS.get(parser))
-    assert refused.value.param == param
+        deprecated_plan(deprecated(parser, **body)[0], PARSERS.get(parser), True)
+    assert refused.value.param == param and str(refused.value).startswith(param)
+    if body.get("function_call") == {"name": "nope"}:                      # tool_plan's refusal, renamed
+        assert str(refused.value) == "function_call: no function named 'nope' in `functions`"
 
 
-def test_auto_with_parallel_calls_off_reads_several_calls_as_content():
-    """parallel_tool_calls false (and so `functions`) promises one call at most: output with two is the text."""
-    assert plan(parallel_tool_calls=False).calls(HERMES_OUTPUT) is None
-    assert plan(parallel_tool_calls=False).calls(HERMES_OUTPUT.split("\n<tool_call>\n{\"name\": \"get_time\"")[0])
+def test_auto_with_parallel_calls_off_keeps_the_first_call():
+    """parallel_tool_calls false (and so `functions`) promises one call at most: of output with two, the first, as
+    vLLM answers."""
+    assert plan(parallel_tool_calls=False).calls(HERMES_OUTPUT) == ("Let me look.\n\n", CALLS[:1])
+    assert plan().calls(HERMES_OUTPUT) == ("Let me look.\n\n", CALLS)
 
 
 @pytest.mark.parametrize("function_call, text", [
@@ -360,7 +383,7 @@ def test_a_deprecated_answer_carries_function_call_whole_and_at_every_split_of_a
         return ChatCompletions(str, body.tool_plan(PARSERS["hermes"]), deprecated=True)
     whole = kind().choice(0, text, None, "stop")
     called = whole["message"].get("function_call")
-    assert "tool_calls" not in whole["message"] and (called is None) == (text in ("no call", HERMES_OUTPUT))
+    assert "tool_calls" not in whole["message"] and (called is None) == (text == "no call")
     assert whole["finish_reason"] == ("function_call" if called and function_call == "auto" else "stop")
     expected = (whole["message"]["content"] or "", called and (called["name"], called["arguments"]))
     for cut in range(len(text) + 1):
