@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from openai_api.chat import ChatTemplate, find_chat_template, no_template_error
 from openai_api.functions import as_tools, deprecated_plan
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, SamplingBody,
-                                 completion_prompt, generate_request, http_error, with_seed)
+                                 completion_prompts, generate_request, http_error, with_seed)
 from openai_api.tools import PARSERS
 from openai_api.responses import FINISH, ChatCompletions, Completions, envelope, spec_stats, usage
 from router.bearer import allowed
@@ -82,11 +82,11 @@ class Api:
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         router = self.router()
         model = check_model(body, self.model_name(router))
-        prompt = completion_prompt(body)
-        generate = generate_request(body, prompt, body.max_tokens, body.logprobs)
-        echo = (prompt if isinstance(prompt, str) else True) if body.echo else False
-        kind = Completions(_decoder(router), _text_of(router), echo, body.logprobs)
-        return await answer(request, router, body, generate, kind, model)
+        prompts = completion_prompts(body)
+        generates = [generate_request(body, prompt, body.max_tokens, body.logprobs) for prompt in prompts]
+        echo = [prompt if isinstance(prompt, str) else True for prompt in prompts for _ in range(body.n)]
+        kind = Completions(_decoder(router), _text_of(router), echo if body.echo else False, body.logprobs)
+        return await answer(request, router, body, generates, kind, model)
 
     async def chat(self, body: ChatRequest, request: Request) -> Response:
         router = self.router()
@@ -101,7 +101,7 @@ class Api:
         structured = plan.structured_output()
         if structured is not None:
             generate.structured_output.CopyFrom(structured)
-        return await answer(request, router, body, generate, ChatCompletions(_decoder(router), plan, deprecated),
+        return await answer(request, router, body, [generate], ChatCompletions(_decoder(router), plan, deprecated),
                             model)
 
     async def models(self) -> dict:
@@ -212,21 +212,25 @@ def check_model(body: SamplingBody, served: str) -> str:
     return served
 
 
-def check_n(router: Router, n: int) -> None:
-    """n choices are n router requests: more than the router ever admits at once would always be refused (429),
-    so that is an invalid request."""
+def check_n(router: Router, n: int, prompts: int = 1) -> None:
+    """n choices of each prompt are n router requests per prompt: more than the router ever admits at once would
+    always be refused (429), so that is an invalid request."""
     running, queued = router.config.router.max_active_requests, router.config.router.max_queued_requests
-    if n > running + queued:
-        raise RequestError("n", f"{n} choices are {n} requests, more than this server admits at once "
+    if n * prompts > running + queued:
+        asked = f"{prompts} prompts × n {n}" if prompts > 1 else f"{n} choices"
+        raise RequestError("n" if prompts == 1 else "prompt",
+                           f"{asked} are {n * prompts} requests, more than this server admits at once "
                            f"({running + queued}: router.max_active_requests {running} + router.max_queued_requests "
                            f"{queued})")
 
 
-async def admit(router: Router, generate, body: SamplingBody) -> list:
-    """The router's states of the body's n choices (a 400 for an invalid request)."""
+async def admit(router: Router, generates: list, body: SamplingBody) -> list:
+    """The router's states of the body's n choices of each prompt, prompt by prompt (a 400 for an invalid
+    request)."""
     try:
-        check_n(router, body.n)
-        return [await router.admit(with_seed(generate, i), body.stream) for i in range(body.n)]
+        check_n(router, body.n, len(generates))
+        return [await router.admit(with_seed(generate, i), body.stream) for generate in generates
+                for i in range(body.n)]
     except RequestError as exc:
         raise http_error(exc, body.params()) from exc
 
@@ -249,12 +253,12 @@ def request_id_header(request: Request) -> str:
     return value
 
 
-async def answer(request: Request, router: Router, body: SamplingBody, generate, kind: Completions,
+async def answer(request: Request, router: Router, body: SamplingBody, generates: list, kind: Completions,
                  model: str) -> Response:
     client, given = client_request(request), request_id_header(request)
     client.request_id = kind.id_prefix + given if given else ""   # a refusal below is logged under the client's id
-    client.states = states = await admit(router, generate, body)
-    kind.bind(states, body.prompt_logprobs)
+    client.states = states = await admit(router, generates, body)
+    kind.bind(states, body.prompt_logprobs, body.n)
     request_id = given or uuid.uuid4().hex
     client.request_id = kind.id_prefix + request_id              # the "id" its client sees
     headers = {"X-Request-Id": request_id}
@@ -270,10 +274,10 @@ async def answer(request: Request, router: Router, body: SamplingBody, generate,
             texts[index].append(chunk.text)
             entries[index].extend(chunk.logprobs)
     await until_disconnected(request, tracked(router, collect(), client))
-    logprobs = [e if generate.HasField("logprobs") else None for e in entries]
+    logprobs = [e if generates[0].HasField("logprobs") else None for e in entries]
     choices = [kind.choice(i, "".join(texts[i]), logprobs[i], FINISH.get(s.finish_reason)) for i, s in enumerate(states)]
     return JSONResponse({**envelope(kind, request_id, model, choices), **kind.response_fields(),
-                         "usage": usage(states), "specpool": spec_stats(states)}, headers=headers)
+                         "usage": usage(states, body.n), "specpool": spec_stats(states)}, headers=headers)
 
 
 async def choice_chunks(router: Router, states: list) -> AsyncIterator[tuple]:
@@ -395,6 +399,6 @@ async def sse(router: Router, client: ClientRequest, chunks, first: tuple, kind:
     finally:
         router.ended(client, code, detail)
     if include_usage:
-        yield event({**envelope(kind, request_id, model, [], chunk=True), "usage": usage(states),
+        yield event({**envelope(kind, request_id, model, [], chunk=True), "usage": usage(states, kind.per_prompt),
                      "specpool": spec_stats(states)})
     yield event("[DONE]")

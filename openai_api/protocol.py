@@ -419,14 +419,14 @@ def http_error(exc: RequestError, params: dict[str, str]) -> ApiError:
     return ApiError(400, f"{param}{exc.field.removeprefix(field)}: {detail}", param)
 
 
-def completion_prompt(body: CompletionRequest) -> str | list[int]:
+def completion_prompts(body: CompletionRequest) -> list[str | list[int]]:
+    """The request's prompts: one, or a batch (a list of texts, or of token-ID lists, as lm-eval and other
+    harnesses send them), each answered by n choices, prompt by prompt (a choice's index is its prompt's index
+    times n plus its own), as OpenAI and vLLM answer a batch."""
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):     # a batch (of one)
-        if len(prompt) != 1:
-            raise ApiError(400, "prompt: one prompt per request (got a batch of "
-                           f"{len(prompt)}); use n for several completions", "prompt")
-        return prompt[0]
-    return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return list(prompt)
+    return [prompt]
 
 
 def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: int | None,

@@ -2,7 +2,6 @@
 usage, logprobs in each endpoint's format, and a `specpool` object carrying the spec-decode stats."""
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import time
@@ -21,11 +20,13 @@ def finite(logprob: float) -> float:
     return logprob if math.isfinite(logprob) else NO_LOGPROB
 
 
-def usage(states: list) -> dict:
-    """OpenAI's usage: the prompt counted once, the completions of every choice; of the prompt, the most tokens any
-    choice found in the target's prefix cache (`prompt_tokens_details.cached_tokens`)."""
-    prompt, completion = states[0].prompt_len, sum(state.generated for state in states)
-    cached = max(state.stats.cached_prompt_tokens for state in states)
+def usage(states: list, per_prompt: int = 1) -> dict:
+    """OpenAI's usage: each prompt counted once (its `per_prompt` choices are consecutive), the completions of every
+    choice; of each prompt, the most tokens any of its choices found in the target's prefix cache
+    (`prompt_tokens_details.cached_tokens`)."""
+    groups = [states[at:at + per_prompt] for at in range(0, len(states), per_prompt)]
+    prompt, completion = sum(group[0].prompt_len for group in groups), sum(state.generated for state in states)
+    cached = sum(max(state.stats.cached_prompt_tokens for state in group) for group in groups)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
 
@@ -43,30 +44,33 @@ class Completions:
     output, its tokens' logprobs before the output's (the first token's null, as OpenAI answers)."""
     object, chunk_object, id_prefix = "text_completion", "text_completion", "cmpl-"
 
-    def __init__(self, decode, text_of=None, echo: str | bool = False, top: int | None = None):
+    def __init__(self, decode, text_of=None, echo: list | bool = False, top: int | None = None):
         self.decode = decode           # token ID -> its text, special tokens shown (logprobs' `tokens`)
         self.text_of = text_of or (lambda ids: "".join(map(decode, ids)))   # token IDs -> the text they add
-        self.echo = echo               # the prompt's text, echoed before each choice's output (True: token IDs)
+        self.echo = echo               # per choice, its prompt's text echoed before its output (True: token IDs)
         self.top = top                 # alternatives per token in the legacy logprobs (an echo's prompt has more
                                        # when prompt_logprobs asks for more)
         self.prompt_top: int | None = None    # vLLM's prompt_logprobs asked for: alternatives per prompt token
         self.states: list = []         # the choices' RequestStates (bind): an echo's prompt tokens and logprobs
+        self.per_prompt = 1            # choices per prompt (n), consecutive in `states`
+        self.prompt_entries: dict[int, list] = {}    # prompt index -> its vllm_prompt_logprobs, once built
         self.streamed: dict[int, int] = {}    # choice index -> characters of its tokens already streamed
 
-    def bind(self, states: list, prompt_top: int | None = None) -> None:
-        self.states, self.prompt_top = states, prompt_top
+    def bind(self, states: list, prompt_top: int | None = None, per_prompt: int = 1) -> None:
+        self.states, self.prompt_top, self.per_prompt = states, prompt_top, per_prompt
 
-    @functools.cached_property
-    def vllm_prompt_logprobs(self) -> list:
-        """vLLM's prompt_logprobs (the choices share the prompt; built once): null for the first prompt token, then
-        per token {token ID: {logprob, rank, decoded_token}} of the token itself (rank: among the whole vocabulary)
-        and its prompt_top alternatives (ranks 1, 2, ...; a token that is one of them, as vLLM, at its place
-        there, which differs from its rank only where logprobs tie)."""
+    def vllm_prompt_logprobs(self, prompt: int = 0) -> list:
+        """vLLM's prompt_logprobs of prompt `prompt` (built once each): null for its first token, then per token
+        {token ID: {logprob, rank, decoded_token}} of the token itself (rank: among the whole vocabulary) and its
+        prompt_top alternatives (ranks 1, 2, ...; a token that is one of them, as vLLM, at its place there, which
+        differs from its rank only where logprobs tie)."""
         def entry(token_id: int, logprob: float, rank: int) -> tuple[str, dict]:
             return str(token_id), {"logprob": finite(logprob), "rank": rank, "decoded_token": self.decode(token_id)}
-        return [None] + [dict([entry(e.token_id, e.logprob, e.rank)] + [
-            entry(t.token_id, t.logprob, rank) for rank, t in enumerate(e.top[:self.prompt_top], 1)])
-            for e in self.states[0].prompt_logprobs or []]
+        if prompt not in self.prompt_entries:
+            self.prompt_entries[prompt] = [None] + [dict([entry(e.token_id, e.logprob, e.rank)] + [
+                entry(t.token_id, t.logprob, rank) for rank, t in enumerate(e.top[:self.prompt_top], 1)])
+                for e in self.states[prompt * self.per_prompt].prompt_logprobs or []]
+        return self.prompt_entries[prompt]
 
     def response_fields(self) -> dict:
         """Keys of the whole response beside `choices` (chat's prompt_logprobs are there, as vLLM answers)."""
@@ -105,12 +109,13 @@ class Completions:
             return text, entries
         state = self.states[index]
         ids = state.tokens[:state.prompt_len]
-        prompt = self.text_of(ids) if self.echo is True else self.echo
+        prompt = self.text_of(ids) if self.echo[index] is True else self.echo[index]
         return prompt + text, None if entries is None else [ids[0], *(state.prompt_logprobs or [])] + entries
 
     def _choice(self, index: int, text: str, entries: list | None, finish_reason: str | None,
                 start: int = 0) -> dict:
-        prompt = {} if self.prompt_top is None else {"prompt_logprobs": self.vllm_prompt_logprobs}
+        prompt = {} if self.prompt_top is None else {
+            "prompt_logprobs": self.vllm_prompt_logprobs(index // self.per_prompt)}
         return {"index": index, "text": text,
                 "logprobs": self.logprobs(entries, start) if entries is not None else None,
                 "finish_reason": finish_reason, **prompt}
@@ -165,7 +170,7 @@ class ChatCompletions(Completions):
                  "finish_reason": None}]
 
     def response_fields(self) -> dict:
-        return {} if self.prompt_top is None else {"prompt_logprobs": self.vllm_prompt_logprobs}
+        return {} if self.prompt_top is None else {"prompt_logprobs": self.vllm_prompt_logprobs()}
 
 
 def envelope(kind: Completions, request_id: str, model: str, choices: list, chunk: bool = False) -> dict:

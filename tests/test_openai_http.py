@@ -1081,6 +1081,39 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(served, target):
         assert not any(m.prompt_logprobs for m in messages[1:])
 
 
+def test_a_batch_of_prompts_answers_each_with_its_n_choices_prompt_by_prompt(served, target):
+    """`prompt` as a list of texts or of token-ID lists (lm-eval's batches): choice p * n + i is prompt p's choice
+    i, the same as that prompt sent alone (greedy), with its own echo and prompt logprobs; usage counts every
+    prompt; a stream's chunks assemble to the same choices."""
+    _, tokenizer = target
+    texts = [PROMPT, "import os\n"]          # this server admits 2 requests at once: a batch of 2 prompts
+    body = {"model": served.model, "prompt": texts, "max_tokens": 6, "temperature": 0.8, "seed": 4}
+    whole = httpx.post(served.base_url + "/completions", json=body).json()
+    alone = [httpx.post(served.base_url + "/completions", json={**body, "prompt": text}).json() for text in texts]
+    assert [c["index"] for c in whole["choices"]] == [0, 1]
+    assert [c["text"] for c in whole["choices"]] == [a["choices"][0]["text"] for a in alone]       # seeded: alike
+    for key in ("prompt_tokens", "completion_tokens"):
+        assert whole["usage"][key] == sum(a["usage"][key] for a in alone)
+    texts_streamed = {}
+    for chunk in served.client.completions.create(**{**body, "stream": True}):
+        for choice in chunk.choices:
+            texts_streamed[choice.index] = texts_streamed.get(choice.index, "") + choice.text
+    assert [texts_streamed[i] for i in range(2)] == [c["text"] for c in whole["choices"]]
+    two = httpx.post(served.base_url + "/completions", json={**body, "prompt": texts[:1], "n": 2}).json()
+    assert [c["index"] for c in two["choices"]] == [0, 1]        # a batch of one, n = 2: its choices 0 and 1
+    over = httpx.post(served.base_url + "/completions", json={**body, "n": 2})
+    assert over.status_code == 400 and over.json()["error"]["param"] == "prompt"
+    assert over.json()["error"]["message"].startswith("prompt: 2 prompts × n 2 are 4 requests")
+    ids = [tokenizer(text).input_ids for text in texts[:2]]
+    scored = httpx.post(served.base_url + "/completions", json={
+        "model": served.model, "prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True,
+        "prompt_logprobs": 1}).json()
+    for choice, prompt in zip(scored["choices"], ids):
+        assert choice["text"].startswith(tokenizer.decode(prompt))
+        assert len(choice["logprobs"]["tokens"]) == len(prompt) + 1 and len(choice["prompt_logprobs"]) == len(prompt)
+        assert [int(next(iter(entry))) for entry in choice["prompt_logprobs"][1:]] == prompt[1:]
+
+
 def test_vllms_prompt_logprobs_are_the_target_alones_in_vllms_format(served, target):
     """vLLM's `prompt_logprobs: N`: per choice of a completion, at the top of a chat answer, null for the first
     prompt token, then {token ID: {logprob, rank, decoded_token}} of the prompt token (its rank among the whole
