@@ -20,8 +20,9 @@ from starlette.exceptions import HTTPException
 
 from openai_api.chat import ChatTemplate, find_chat_template, no_template_error
 from openai_api.functions import as_tools, deprecated_plan
-from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest, SamplingBody,
-                                 completion_prompts, generate_request, http_error, with_seed)
+from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest,
+                                 DetokenizeRequest, SamplingBody, TokenizeRequest, completion_prompts,
+                                 generate_request, http_error, with_seed)
 from openai_api.tools import PARSERS
 from openai_api.responses import FINISH, ChatCompletions, Completions, envelope, spec_stats, usage
 from router.bearer import allowed
@@ -29,7 +30,8 @@ from router.failures import worker_failure
 from router.request_log import ClientRequest
 from router.server import Overloaded, Router
 from router.stopping import output_chunks
-from router.validation import MAX_REQUEST_ID_CHARS, RequestError
+from router.text import encode
+from router.validation import MAX_REQUEST_ID_CHARS, RequestError, check_token_ids
 from settings.schema import HttpConfig
 
 GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED",
@@ -103,6 +105,29 @@ class Api:
             generate.structured_output.CopyFrom(structured)
         return await answer(request, router, body, [generate], ChatCompletions(_decoder(router), plan, deprecated),
                             model)
+
+    async def tokenize(self, body: TokenizeRequest) -> dict:
+        """vLLM's /tokenize: the prompt's token IDs (a chat's: the ones its chat request is given, `usage`'s
+        prompt_tokens), their count, the model's context length and, if asked, each token's string."""
+        router = self.router()
+        check_model(body, self.model_name(router))
+        if body.messages is None:
+            special = body.add_special_tokens is not False
+            ids = router.tokenizer.encode(body.prompt, add_special_tokens=special).ids
+        else:
+            tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []] or None
+            ids = await encode(router.tokenizer, self.chat_template(router).render(body.messages, tools))
+        strings = {"token_strs": [router.tokenizer.id_to_token(i) for i in ids]} if body.return_token_strs else {}
+        return {"count": len(ids), "max_model_len": router.limits.max_context, "tokens": ids, **strings}
+
+    async def detokenize(self, body: DetokenizeRequest) -> dict:
+        router = self.router()
+        check_model(body, self.model_name(router))
+        try:
+            check_token_ids("tokens", body.tokens, router.limits.vocab_size)
+        except RequestError as exc:
+            raise ApiError(400, str(exc), "tokens") from None
+        return {"prompt": router.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     async def models(self) -> dict:
         name = self.model_name(self.router())
@@ -193,6 +218,8 @@ def create_app(http: HttpConfig, get_router: Callable[[], Router | None],
     app.add_api_route("/v1/models", api.models, methods=["GET"], dependencies=authorized)
     app.add_api_route("/v1/completions", api.completions, methods=["POST"], dependencies=authorized)
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"], dependencies=authorized)
+    app.add_api_route("/tokenize", api.tokenize, methods=["POST"], dependencies=authorized)       # vLLM's
+    app.add_api_route("/detokenize", api.detokenize, methods=["POST"], dependencies=authorized)
     return app
 
 

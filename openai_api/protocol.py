@@ -143,7 +143,7 @@ PromptLogprobs = Annotated[Optional[strict(int, le=MAX_TOP_LOGPROBS)], AfterVali
 TopK, Seed, SpeculationK = proto_int("sampling.top_k", ge=0), proto_int("sampling.seed"), proto_int("speculation.k")
 MinTokens = proto_int("min_new_tokens")
 Stop = one_of("a string or a list of strings", Text, list[Text], list[Text])
-Prompt = one_of("a string, a list of one string, a list of token IDs or a list of one such list", Text, list[Text],
+Prompt = one_of("a string, a list of strings, a list of token IDs or a list of such lists", Text, list[Text],
                 list[proto_int("prompt_token_ids")], list[list[proto_int("prompt_token_ids")]])
 StopTokenId, AllowedTokenId = proto_int("stop_token_ids"), proto_int("sampling.allowed_token_ids")
 # A sane bound on one body's fan-out (each choice is a router request, holding a slot and both workers'
@@ -394,6 +394,37 @@ class ChatRequest(SamplingBody):
             raise ApiError(400, f"{asked[0]}: one structured output per request (`tool_choice` asks for the "
                            "tools' arguments)", asked[0])
         return plan
+
+
+def _prompt_or_messages(messages: Any, info: ValidationInfo) -> Any:
+    if "prompt" in info.data and (messages is None) == (info.data["prompt"] is None):
+        raise PydanticCustomError("one_of", "send `prompt` (text) or `messages` (a chat), one of them")
+    return messages
+
+
+def _prompt_only(value: Any, info: ValidationInfo) -> Any:
+    if value is not None and info.data.get("messages") is not None:
+        raise PydanticCustomError("prompt_only", "only with `prompt`: `messages` are tokenized as a chat request's "
+                                  "prompt is")
+    return value
+
+
+class TokenizeRequest(Body):
+    """vLLM's /tokenize: a `prompt`, or `messages` rendered by the chat template with any `tools`, as a chat
+    request's prompt is (its tokens are the ones that request is given)."""
+    model: Text
+    prompt: Optional[Text] = None
+    messages: Annotated[Optional[Annotated[list[Message], Field(min_length=1)]],
+                        AfterValidator(_prompt_or_messages)] = Field(None, validate_default=True)
+    tools: Optional[list[Tool]] = None
+    add_special_tokens: Annotated[Optional[Flag], AfterValidator(_prompt_only)] = None    # default: true
+    return_token_strs: Flag = False
+
+
+class DetokenizeRequest(Body):
+    """vLLM's /detokenize: token IDs -> their text, special tokens written out."""
+    model: Text
+    tokens: list[proto_int("prompt_token_ids")]
 
 
 DEFAULT_CHAT_MAX_TOKENS = 256

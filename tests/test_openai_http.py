@@ -1114,6 +1114,32 @@ def test_a_batch_of_prompts_answers_each_with_its_n_choices_prompt_by_prompt(ser
         assert [int(next(iter(entry))) for entry in choice["prompt_logprobs"][1:]] == prompt[1:]
 
 
+def test_tokenize_gives_the_tokens_a_request_is_given_and_detokenize_their_text(served, target):
+    """vLLM's /tokenize and /detokenize: a prompt's tokens (with or without special ones), a chat's the ones its
+    chat request is given (its usage's prompt_tokens), the context length, each token's string if asked; the text
+    of token IDs, special tokens written out; bad bodies a 400 naming the parameter."""
+    _, tokenizer = target
+    post = lambda path, body: httpx.post(served.base_url.removesuffix("/v1") + path,     # noqa: E731
+                                         json={"model": served.model, **body})
+    got = post("/tokenize", {"prompt": PROMPT, "return_token_strs": True}).json()
+    assert got["tokens"] == tokenizer(PROMPT).input_ids and got["count"] == len(got["tokens"])
+    assert got["max_model_len"] > 0 and got["token_strs"] == tokenizer.convert_ids_to_tokens(got["tokens"])
+    bare = post("/tokenize", {"prompt": PROMPT, "add_special_tokens": False}).json()["tokens"]
+    assert bare == tokenizer(PROMPT, add_special_tokens=False).input_ids
+    chat = post("/tokenize", {"messages": CHAT, "tools": [UNIT_TOOL]}).json()
+    answer = served.client.chat.completions.create(model=served.model, messages=CHAT, tools=[UNIT_TOOL],
+                                                   tool_choice="none", max_tokens=1)
+    assert chat["count"] == answer.usage.prompt_tokens and "token_strs" not in chat
+    assert post("/detokenize", {"tokens": got["tokens"]}).json()["prompt"] == tokenizer.decode(got["tokens"])
+    for path, body, param in [
+            ("/tokenize", {}, "messages"), ("/tokenize", {"prompt": "x", "messages": CHAT}, "messages"),
+            ("/tokenize", {"messages": CHAT, "add_special_tokens": False}, "add_special_tokens"),
+            ("/detokenize", {"tokens": [10 ** 6]}, "tokens"), ("/detokenize", {"tokens": "x"}, "tokens")]:
+        refused = post(path, body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, (body, refused.text)
+    assert post("/tokenize", {"prompt": "x", "model": "other"}).status_code == 404
+
+
 def test_vllms_prompt_logprobs_are_the_target_alones_in_vllms_format(served, target):
     """vLLM's `prompt_logprobs: N`: per choice of a completion, at the top of a chat answer, null for the first
     prompt token, then {token ID: {logprob, rank, decoded_token}} of the prompt token (its rank among the whole
