@@ -245,7 +245,7 @@ def check_n(router: Router, n: int, prompts: int = 1) -> None:
     running, queued = router.config.router.max_active_requests, router.config.router.max_queued_requests
     if n * prompts > running + queued:
         asked = f"{prompts} prompts × n {n}" if prompts > 1 else f"{n} choices"
-        raise RequestError("n" if prompts == 1 else "prompt",
+        raise RequestError("n" if prompts == 1 or n > running + queued else "prompt",
                            f"{asked} are {n * prompts} requests, more than this server admits at once "
                            f"({running + queued}: router.max_active_requests {running} + router.max_queued_requests "
                            f"{queued})")
@@ -254,12 +254,26 @@ def check_n(router: Router, n: int, prompts: int = 1) -> None:
 async def admit(router: Router, generates: list, body: SamplingBody) -> list:
     """The router's states of the body's n choices of each prompt, prompt by prompt (a 400 for an invalid
     request)."""
+    states = []
     try:
         check_n(router, body.n, len(generates))
-        return [await router.admit(with_seed(generate, i), body.stream) for generate in generates
-                for i in range(body.n)]
+        for index, generate in enumerate(generates):
+            try:
+                states += [await router.admit(with_seed(generate, i), body.stream) for i in range(body.n)]
+            except RequestError as exc:
+                raise in_batch(exc, index) if len(generates) > 1 else exc
     except RequestError as exc:
         raise http_error(exc, body.params()) from exc
+    return states
+
+
+def in_batch(exc: RequestError, prompt: int) -> RequestError:
+    """A refusal of a batch's prompt, saying which: `prompt[p]` (`prompt[p][i]` for its token i), or for another
+    field, the prompt it was refused with."""
+    detail = str(exc).removeprefix(f"{exc.field}: ")
+    if exc.field.startswith("prompt"):
+        return RequestError(f"prompt[{prompt}]" + exc.field[len(exc.field.split("[")[0]):], detail)
+    return RequestError(exc.field, f"{detail} (with prompt {prompt} of the batch)")
 
 
 def client_request(request: Request) -> ClientRequest:
@@ -284,7 +298,8 @@ async def answer(request: Request, router: Router, body: SamplingBody, generates
                  model: str) -> Response:
     client, given = client_request(request), request_id_header(request)
     client.request_id = kind.id_prefix + given if given else ""   # a refusal below is logged under the client's id
-    client.states = states = await admit(router, generates, body)
+    client.states, client.per_prompt = await admit(router, generates, body), body.n
+    states = client.states
     kind.bind(states, body.prompt_logprobs, body.n)
     request_id = given or uuid.uuid4().hex
     client.request_id = kind.id_prefix + request_id              # the "id" its client sees
@@ -302,7 +317,8 @@ async def answer(request: Request, router: Router, body: SamplingBody, generates
             entries[index].extend(chunk.logprobs)
     await until_disconnected(request, tracked(router, collect(), client))
     logprobs = [e if generates[0].HasField("logprobs") else None for e in entries]
-    choices = [kind.choice(i, "".join(texts[i]), logprobs[i], FINISH.get(s.finish_reason)) for i, s in enumerate(states)]
+    choices = [kind.choice(i, "".join(texts[i]), logprobs[i], FINISH.get(s.finish_reason))
+               for i, s in enumerate(states)]
     return JSONResponse({**envelope(kind, request_id, model, choices), **kind.response_fields(),
                          "usage": usage(states, body.n), "specpool": spec_stats(states)}, headers=headers)
 

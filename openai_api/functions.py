@@ -7,8 +7,6 @@ finish reason `function_call`).
 """
 from __future__ import annotations
 
-import re
-
 from openai_api.protocol import ApiError, ChatRequest, Message
 from openai_api.tools import PARSERS, FunctionName, NamedToolChoice, Parser, Tool, ToolCall, ToolPlan
 
@@ -59,9 +57,9 @@ def deprecated_plan(body: ChatRequest, parser: Parser | None, deprecated: bool) 
     except ApiError as error:
         if not deprecated or error.param not in SENT_AS:
             raise
-        param = SENT_AS[error.param]
-        message = re.sub(r"\btool_choice\b", "function_call", re.sub(r"\btools\b", "functions", str(error)))
-        raise ApiError(error.status, message, param) from None
+        param, message = SENT_AS[error.param], str(error).removeprefix(f"{error.param}:")
+        message = message.replace("`tools`", "`functions`").replace("`tool_choice`", "`function_call`")
+        raise ApiError(error.status, f"{param}:{message}", param) from None
 
 
 SENT_AS = {"tools": "functions", "tool_choice": "function_call"}

@@ -27,6 +27,8 @@ class ClientRequest:
     started: float = field(default_factory=time.perf_counter)
     request_id: str = ""
     states: list = field(default_factory=list)
+    per_prompt: int | None = None    # choices per prompt, where a batch's prompts' choices follow each other in
+                                     # `states` (None: one prompt)
 
 
 FINISHED = {generation_pb2.FINISH_REASON_LENGTH: "length", generation_pb2.FINISH_REASON_STOP: "stop",
@@ -39,7 +41,7 @@ def request_line(request: ClientRequest, code: str, detail: str = "", now: float
     seconds = (time.perf_counter() if now is None else now) - request.started
     peer = f" from {request.peer}" if request.peer else ""
     head = f"request {request.request_id or '-'} {request.route}{peer}: {code} in {seconds:.3f} s"
-    parts = [tokens_part(request.states, seconds, code == "OK")] if request.states else []
+    parts = [tokens_part(request.states, seconds, code == "OK", request.per_prompt)] if request.states else []
     if request.states and any(state.stats.target_passes for state in request.states):
         parts.append(rounds_part(request.states))
     return one_line(head + (f", {'; '.join(parts)}" if parts else "") + (f": {detail}" if detail else ""))
@@ -54,13 +56,15 @@ def one_line(text: str) -> str:
     return _BREAKS.sub(lambda match: repr(match.group())[1:-1], text)
 
 
-def tokens_part(states: list, seconds: float, finished: bool) -> str:
-    """Prompt and new tokens (the choices' sum), why each choice ended, and the rate."""
+def tokens_part(states: list, seconds: float, finished: bool, per_prompt: int | None = None) -> str:
+    """Prompt tokens (each prompt's once) and new tokens (the choices' sum), why each choice ended, and the rate."""
+    prompts = states[::per_prompt or len(states)]
     choices = f"{len(states)} choices, " if len(states) > 1 else ""
+    batch = f"{len(prompts)} prompts, " if len(prompts) > 1 else ""
     new = sum(len(state.tokens) - state.prompt_len for state in states)
     reasons = ", ".join(FINISHED.get(state.finish_reason, "unfinished") for state in states)
     rate = f", {new / seconds:.1f} tokens/s" if finished and seconds > 0 else ""
-    return f"{choices}{states[0].prompt_len} prompt + {new} new tokens ({reasons}){rate}"
+    return f"{choices}{batch}{sum(s.prompt_len for s in prompts)} prompt + {new} new tokens ({reasons}){rate}"
 
 
 def rounds_part(states: list) -> str:

@@ -1104,6 +1104,8 @@ def test_a_batch_of_prompts_answers_each_with_its_n_choices_prompt_by_prompt(ser
     over = httpx.post(served.base_url + "/completions", json={**body, "n": 2})
     assert over.status_code == 400 and over.json()["error"]["param"] == "prompt"
     assert over.json()["error"]["message"].startswith("prompt: 2 prompts × n 2 are 4 requests")
+    bad = httpx.post(served.base_url + "/completions", json={**body, "prompt": [[5, 6], [7, 10 ** 6]]}).json()
+    assert bad["error"]["param"] == "prompt" and bad["error"]["message"].startswith("prompt[1][1]: 1000000 is")
     ids = [tokenizer(text).input_ids for text in texts[:2]]
     scored = httpx.post(served.base_url + "/completions", json={
         "model": served.model, "prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True,

@@ -34,6 +34,13 @@ def test_choices_are_summed_and_each_ones_end_is_named():
     assert "target pass" not in line                  # no round was run (the stats say none)
 
 
+def test_a_batch_counts_each_prompt_once():
+    """A batch of 2 prompts, n = 2: each prompt's tokens once, every choice's new tokens."""
+    request = ClientRequest("/v1/completions", started=0.0, request_id="r", per_prompt=2,
+                            states=[state(5, 1), state(5, 2), state(7, 3), state(7, 4)])
+    assert "4 choices, 2 prompts, 12 prompt + 10 new tokens" in request_line(request, "OK", now=1.0)
+
+
 def test_a_request_that_failed_mid_way_says_how_far_it_got_and_what_its_client_was_told():
     request = ClientRequest("Generate", started=0.0, request_id="r",
                             states=[state(5, 12, generation_pb2.FINISH_REASON_UNSPECIFIED, target_passes=1)])
