@@ -130,8 +130,13 @@ class Api:
         return {"prompt": router.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     async def models(self) -> dict:
-        name = self.model_name(self.router())
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "specpool"}]}
+        """The served model, with vLLM's `root` (the target model's folder or hub ID) and `max_model_len` (its
+        context length; null where the model does not say), which clients read to size their prompts."""
+        router = self.router()
+        context = router.limits.max_context or None
+        return {"object": "list", "data": [{"id": self.model_name(router), "object": "model", "created": 0,
+                                            "owned_by": "specpool", "root": router.model_info["model_path"],
+                                            "max_model_len": context}]}
 
     async def health(self) -> dict:
         """200 while a target replica is ready; 503 while none is (a load balancer routes elsewhere; requests
@@ -307,7 +312,8 @@ async def answer(request: Request, router: Router, body: SamplingBody, generates
     chunks = choice_chunks(router, states)
     if body.stream:
         first = await until_disconnected(request, tracked(router, next_chunk(chunks), client, final=False))
-        return StreamingResponse(sse(router, client, chunks, first, kind, request_id, model, body.include_usage),
+        usage_on = "every chunk" if body.continuous_usage else "last" if body.include_usage else ""
+        return StreamingResponse(sse(router, client, chunks, first, kind, request_id, model, usage_on),
                                  media_type="text/event-stream", headers=headers)
     texts, entries = [[] for _ in states], [[] for _ in states]
 
@@ -415,13 +421,15 @@ def event(payload: dict | str) -> str:
 
 
 async def sse(router: Router, client: ClientRequest, chunks, first: tuple, kind: Completions, request_id: str,
-              model: str, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per piece of output of each choice, then usage if asked, then [DONE]. A
-    failure after the first chunk is sent as an error event (the status line has gone)."""
-    usage_field, states = {"usage": None} if include_usage else {}, client.states
+              model: str, usage_on: str = "") -> AsyncIterator[str]:
+    """Server-sent events: a chunk per piece of output of each choice, then usage if asked (`usage_on` "last"; on
+    "every chunk" too, so far: vLLM's continuous_usage_stats), then [DONE]. A failure after the first chunk is sent
+    as an error event (the status line has gone)."""
+    states = client.states
 
     def chunk_event(choice: dict) -> str:
-        return event({**envelope(kind, request_id, model, [choice], chunk=True), **usage_field})
+        usage_field = {"usage": usage(states, kind.per_prompt) if usage_on == "every chunk" else None}
+        return event({**envelope(kind, request_id, model, [choice], chunk=True), **(usage_field if usage_on else {})})
     code, detail = "OK", ""
     try:
         async with contextlib.aclosing(chunks):
@@ -441,7 +449,7 @@ async def sse(router: Router, client: ClientRequest, chunks, first: tuple, kind:
         yield event(error.body())
     finally:
         router.ended(client, code, detail)
-    if include_usage:
+    if usage_on:
         yield event({**envelope(kind, request_id, model, [], chunk=True), "usage": usage(states, kind.per_prompt),
                      "specpool": spec_stats(states)})
     yield event("[DONE]")

@@ -153,10 +153,12 @@ Role = Literal["system", "developer", "user", "assistant", "tool", "function"]  
 
 
 class StreamOptions(Body):
-    """OpenAI's two keys (specpool never obfuscates: include_obfuscation changes nothing); another is a 400."""
+    """OpenAI's two keys (specpool never obfuscates: include_obfuscation changes nothing) and vLLM's
+    continuous_usage_stats (with include_usage: every chunk carries the usage so far); another is a 400."""
     model_config = ConfigDict(extra="forbid")
     include_usage: Flag = False
     include_obfuscation: Flag = True
+    continuous_usage_stats: Flag = False
 
 
 class Speculation(Body):
@@ -280,6 +282,11 @@ class SamplingFields(Body):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Every chunk's usage so far, as vLLM gives it (only with include_usage, as vLLM has it)."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
     def params(self) -> dict[str, str]:
         """The HTTP parameter behind each GenerateRequest field a RequestError may name (structured_output's: the

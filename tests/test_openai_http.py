@@ -57,8 +57,10 @@ def requests_counted(served, code: str) -> float:
     return served.service.router.metrics.requests.labels(code)._value.get()
 
 
-def test_models_and_health(served):
+def test_models_and_health(served, target):
     assert served.model == "target"
+    card = httpx.get(served.base_url + "/models").json()["data"][0]
+    assert card["root"] == str(DEMO / "target") and card["max_model_len"] == target[0].config.max_position_embeddings
     assert httpx.get(served.base_url.removesuffix("/v1") + "/health").status_code == 200
 
 
@@ -353,6 +355,14 @@ def test_stream_options_without_stream_is_refused(served, path):
             "include_usage": True, "include_obfuscation": False}}) as response:
         assert response.status_code == 200
         assert 0 < json.loads(sse_events(response)[-2])["usage"]["completion_tokens"] <= 2
+    with httpx.stream("POST", served.base_url + path, json={**body, "stream": True, "max_tokens": 8, "ignore_eos": True,
+                                                            "stream_options": {
+            "include_usage": True, "continuous_usage_stats": True}}) as response:       # vLLM's: usage on every chunk
+        usages = [json.loads(e)["usage"] for e in sse_events(response)[:-1]]
+    counts = [u["completion_tokens"] for u in usages]
+    assert all(u is not None and u["prompt_tokens"] == usages[0]["prompt_tokens"] for u in usages)
+    assert counts == sorted(counts) and counts[-1] == 8 and usages[-1]["total_tokens"] == usages[-1][
+        "prompt_tokens"] + 8
 
 
 @pytest.mark.parametrize("path, options, param", [
