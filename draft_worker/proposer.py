@@ -194,7 +194,7 @@ class DraftEngine:
                 self.prefixes.remember(session, session.tokens[:session.settled])   # the context, not the drafts
                 session.chunked = False
             if requests[i].position == 0:
-                results[i].prefix_cache.CopyFrom(lookup_stats(requests[i].new_token_ids, found[i]))
+                results[i].prefix_cache.CopyFrom(lookup_stats(requests[i], found[i]))
 
     def _propose_rows(self, rows: list, results: list, gone) -> None:
         """Each row's K steps: step j is one forward over the rows with K > j (a row whose caller went away stops

@@ -48,7 +48,7 @@ def prefilled(store: SessionStore, request, session: Session, found: int) -> Pre
     mid-prefill (Session.chunked), held again if its own batch evicted it, and settled up to what it holds."""
     session.chunked, session.settled = True, session.length
     store.hold(request.session_id, session)
-    start = lookup_stats(request.new_token_ids, found) if request.position == 0 else None
+    start = lookup_stats(request, found) if request.position == 0 else None
     return Prefilled(rest_of(request, session.length), start)
 
 

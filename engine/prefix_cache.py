@@ -146,6 +146,8 @@ def block_bytes(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return sum(piece[0].nbytes + piece[1].nbytes for piece in layers if piece is not None)
 
 
-def lookup_stats(context, found: int) -> PrefixCacheStats:
-    """A session start's answer about its prefix-cache lookup: the context's tokens, and the first ones found."""
-    return PrefixCacheStats(looked_up=len(context), found=found)
+def lookup_stats(request, found: int) -> PrefixCacheStats:
+    """A session start's answer about its prefix-cache lookup: the context's tokens (`request.new_token_ids`), and
+    the first ones found; none looked up by a target start that gathers prompt logprobs, which reads no cache."""
+    skipped = "prompt_logprobs" in request.DESCRIPTOR.fields_by_name and request.HasField("prompt_logprobs")
+    return PrefixCacheStats(looked_up=0 if skipped else len(request.new_token_ids), found=found)

@@ -138,7 +138,7 @@ class TargetEngine:
             results[i].batch_size, results[i].batch_tokens = len(rows), batch_tokens
             session.settled = start + results[i].num_accepted
             if requests[i].position == 0:
-                results[i].prefix_cache.CopyFrom(lookup_stats(requests[i].new_token_ids, found[i]))
+                results[i].prefix_cache.CopyFrom(lookup_stats(requests[i], found[i]))
             if requests[i].HasField("lookup"):
                 results[i].draft_token_ids.extend(row_drafts)
 

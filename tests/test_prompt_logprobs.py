@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.prefill_chunks import Prefilled
+from engine import prefill_chunks
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from target_worker.server import TargetServicer
 from target_worker.verifier import TargetEngine
@@ -22,10 +22,10 @@ CODE = ("import os\nimport sys\n\n\nclass Config:\n    def __init__(self, path, 
 
 
 def whole(engine: TargetEngine, request) -> worker_pb2.VerifyResponse:
-    answer = engine.verify(request)
-    while isinstance(answer, Prefilled):
-        answer = engine.verify(answer.rest)
-    return answer
+    """The call's answer, its chunks one after another as the servicer submits them (the start's lookup on it)."""
+    async def submit(call):
+        return engine.verify(call)
+    return asyncio.run(prefill_chunks.whole(submit, request))
 
 
 def rank_bounds(logprobs: torch.Tensor,     # [n, vocab]
@@ -99,6 +99,7 @@ def test_prompt_logprobs_are_the_target_alones_and_leave_the_verdicts_as_they_we
     assert verdicts(asking, asked, prompt, greedy[:2]) == verdicts(plain, expected, prompt, greedy[:2])
     assert temperature or expected.num_accepted == 3
     assert not expected.prompt_logprobs and asked.prefix_cache.found == 0
+    assert asked.prefix_cache.looked_up == 0 and expected.prefix_cache.looked_up == len(prompt)   # not a miss
 
 
 def test_a_batched_start_answers_its_own_prompts_logprobs(demo):
