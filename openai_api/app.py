@@ -96,7 +96,7 @@ class Api:
         parser = PARSERS.get(self.http.tool_call_parser)
         body, deprecated = as_tools(body, parser)
         plan = deprecated_plan(body, parser, deprecated)
-        prompt = self.chat_template(router).render(body.messages, plan.template_tools())
+        prompt = self.chat_template(router).render(body.messages, plan.template_tools(), body)
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         generate = generate_request(body, prompt, max_tokens, logprobs)
@@ -116,7 +116,7 @@ class Api:
             ids = router.tokenizer.encode(body.prompt, add_special_tokens=special).ids
         else:
             tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []] or None
-            ids = await encode(router.tokenizer, self.chat_template(router).render(body.messages, tools))
+            ids = await encode(router.tokenizer, self.chat_template(router).render(body.messages, tools, body))
         strings = {"token_strs": [router.tokenizer.id_to_token(i) for i in ids]} if body.return_token_strs else {}
         return {"count": len(ids), "max_model_len": router.limits.max_context, "tokens": ids, **strings}
 

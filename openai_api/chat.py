@@ -8,7 +8,7 @@ from pathlib import Path
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from openai_api.protocol import ApiError, Message
+from openai_api.protocol import ApiError, Message, TemplateOptions
 
 
 def find_chat_template(configured: str, model_path: str) -> str | None:
@@ -43,13 +43,39 @@ class ChatTemplate:
         self._template = environment.from_string(source)
         self._eos = eos_token
 
-    def render(self, messages: list[Message], tools: list[dict] | None = None) -> str:
-        """The prompt; `tools` as transformers passes them (OpenAI's tool objects), None without any."""
+    def render(self, messages: list[Message], tools: list[dict] | None = None,
+               options: TemplateOptions | None = None) -> str:
+        """The prompt; `tools` as transformers passes them (OpenAI's tool objects), None without any; `options`:
+        vLLM's add_generation_prompt, continue_final_message and chat_template_kwargs (default: the prompt that
+        asks for a new assistant turn)."""
+        options = options or TemplateOptions()
+        variables = options.chat_template_kwargs or {}
+        reserved = sorted(set(variables) & {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+        if reserved:
+            raise ApiError(400, f"chat_template_kwargs: {reserved[0]!r} is set by specpool (its own parameter, if "
+                           "any, sets it)", "chat_template_kwargs")
+        turns = [m.for_template() for m in messages]
+        if options.continue_final_message:
+            turns[-1]["content"] += CONTINUE
         try:
-            return self._template.render(messages=[m.for_template() for m in messages], tools=tools,
-                                         add_generation_prompt=True, bos_token="", eos_token=self._eos)
+            prompt = self._template.render(**variables, messages=turns, tools=tools, bos_token="",
+                                           eos_token=self._eos, add_generation_prompt=options.add_generation_prompt)
         except TemplateError as exc:
             raise ApiError(400, f"messages: the chat template refused them: {exc}", "messages") from exc
+        return continued(prompt) if options.continue_final_message else prompt
+
+
+CONTINUE = "CONTINUE_FINAL_MESSAGE_TAG "    # marks where the final message's text ends (transformers' own mark)
+
+
+def continued(prompt: str) -> str:
+    """The prompt cut where the final message's text ends, so the model continues it (transformers' way): at the
+    mark, or where the template trimmed the mark's space, without the whitespace before it."""
+    at = prompt.rfind(CONTINUE.strip())
+    if at < 0:
+        raise ApiError(400, "continue_final_message: the chat template leaves out the final message's text",
+                       "continue_final_message")
+    return prompt[:at] if prompt[at:at + len(CONTINUE)] == CONTINUE else prompt[:at].rstrip()
 
 
 def no_template_error(model: str) -> ApiError:

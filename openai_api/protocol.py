@@ -359,7 +359,23 @@ class Message(Body):
         return message
 
 
-class ChatRequest(SamplingBody):
+def _not_with_a_generation_prompt(value: Any, info: ValidationInfo) -> Any:
+    if value and info.data.get("add_generation_prompt"):
+        raise PydanticCustomError("continue", "not with add_generation_prompt true (its default): set it false to "
+                                  "continue the final message, as vLLM asks")
+    return value
+
+
+class TemplateOptions(Body):
+    """vLLM's chat-template parameters: a new assistant turn asked for (add_generation_prompt), or the final
+    message continued (continue_final_message: its text is the start of the answer), and the template's own
+    variables (chat_template_kwargs: Qwen3's enable_thinking, for one)."""
+    add_generation_prompt: Flag = True
+    continue_final_message: Annotated[Flag, AfterValidator(_not_with_a_generation_prompt)] = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+
+class ChatRequest(SamplingBody, TemplateOptions):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: MaxTokens = None
     logprobs: Flag = False
@@ -416,7 +432,7 @@ def _prompt_only(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
-class TokenizeRequest(Body):
+class TokenizeRequest(TemplateOptions):
     """vLLM's /tokenize: a `prompt`, or `messages` rendered by the chat template with any `tools`, as a chat
     request's prompt is (its tokens are the ones that request is given)."""
     model: Text

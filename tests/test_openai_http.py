@@ -755,6 +755,24 @@ def test_deprecated_functions_answer_what_the_tools_they_stand_for_answer(served
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "function_call"
 
 
+def test_a_continued_final_message_is_the_target_alones_continuation(served, target):
+    """vLLM's continue_final_message (with add_generation_prompt false): the answer continues the final assistant
+    message's text, as the target alone continues transformers' rendering with the same option."""
+    model, tokenizer = target
+    messages = [*CHAT, {"role": "assistant", "content": "def point("}]
+    prompt = tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+    assert prompt.endswith("def point(")
+    answer = served.client.chat.completions.create(
+        model=served.model, messages=messages, max_tokens=16, temperature=0,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    assert answer.choices[0].message.content == tokenizer.decode(greedy_alone(target, prompt, 16),
+                                                                 skip_special_tokens=True)
+    assert answer.usage.prompt_tokens == len(tokenizer(prompt).input_ids)
+    refused = httpx.post(served.base_url + "/chat/completions", json={
+        "model": served.model, "messages": messages, "continue_final_message": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "continue_final_message"
+
+
 def test_a_conversation_with_calls_and_their_results_is_the_target_alones_continuation(served, target):
     """An assistant's earlier calls (content null) and a tool's result, tool_choice "none": the reply is the target
     alone's greedy continuation of transformers' rendering of the same conversation and tools, as text."""

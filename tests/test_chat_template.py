@@ -1,0 +1,64 @@
+"""vLLM's chat-template parameters (openai_api/chat.py, ChatRequest): add_generation_prompt, continue_final_message
+and chat_template_kwargs render the prompt transformers' apply_chat_template renders with the same ones; a
+combination vLLM refuses, or a variable specpool sets itself, is a 400 naming the parameter. The whole stack is in
+tests/test_openai_http.py (a continued answer).
+
+    python -m pytest -q tests/test_chat_template.py
+"""
+import pytest
+from pydantic import ValidationError
+
+from openai_api.chat import ChatTemplate
+from openai_api.protocol import ApiError, ChatRequest
+
+THINKING = """{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{%- if enable_thinking is defined and enable_thinking is false %}
+<think>
+
+</think>
+{%- endif %}
+{% endif %}"""
+TURNS = [{"role": "user", "content": "Write JSON."}, {"role": "assistant", "content": "Sure: {\"a\": "}]
+
+
+def chat(**body) -> ChatRequest:
+    return ChatRequest.model_validate({"model": "m", "messages": TURNS, **body})
+
+
+def transformers_renders(messages: list, **options) -> str:
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"x": 0}, unk_token="x")))
+    tokenizer.chat_template = THINKING
+    return tokenizer.apply_chat_template(messages, tokenize=False, **options)
+
+
+@pytest.mark.parametrize("body, options", [
+    ({"messages": TURNS[:1]}, {"add_generation_prompt": True}),
+    ({"messages": TURNS[:1], "chat_template_kwargs": {"enable_thinking": False}},
+     {"add_generation_prompt": True, "enable_thinking": False}),
+    ({"add_generation_prompt": False}, {"add_generation_prompt": False}),
+    ({"add_generation_prompt": False, "continue_final_message": True}, {"continue_final_message": True}),
+])
+def test_the_prompt_is_what_transformers_renders_with_the_same_options(body, options):
+    request = chat(**body)
+    ours = ChatTemplate(THINKING).render(request.messages, None, request)
+    assert ours == transformers_renders([m.for_template() for m in request.messages], **options)
+    if body.get("continue_final_message"):
+        assert ours.endswith('Sure: {"a": ')          # the answer continues the final message's text
+
+
+def test_continuing_without_turning_the_generation_prompt_off_is_refused_as_vllm_does():
+    with pytest.raises(ValidationError) as refused:
+        chat(continue_final_message=True)
+    assert refused.value.errors()[0]["loc"] == ("continue_final_message",)
+
+
+def test_a_variable_specpool_sets_itself_is_refused_naming_chat_template_kwargs():
+    request = chat(chat_template_kwargs={"messages": []})
+    with pytest.raises(ApiError) as refused:
+        ChatTemplate(THINKING).render(request.messages, None, request)
+    assert refused.value.param == "chat_template_kwargs"
