@@ -195,6 +195,10 @@ REFUSED: dict[str, Any] = {
     "use_beam_search": False,
     "length_penalty": 1,
     "logits_processors": None,
+    "truncate_prompt_tokens": None, "skip_special_tokens": True, "spaces_between_special_tokens": True,
+    "detokenize": True, "return_tokens_as_token_ids": False, "guided_whitespace_pattern": None,
+    "chat_template": None, "documents": None,      # a request's own template, RAG documents for the template
+    "echo": False,                                  # chat's (a completion's is served)
 }
 
 

@@ -425,6 +425,15 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ("/chat/completions", {"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
     ("/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/chat/completions", {"logits_processors": ["x"]}, "logits_processors"),
+    ("/completions", {"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
+    ("/chat/completions", {"skip_special_tokens": False}, "skip_special_tokens"),
+    ("/completions", {"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
+    ("/completions", {"detokenize": False}, "detokenize"),
+    ("/chat/completions", {"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
+    ("/chat/completions", {"guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
+    ("/chat/completions", {"chat_template": "{{ messages }}"}, "chat_template"),
+    ("/chat/completions", {"documents": [{"title": "a", "text": "b"}]}, "documents"),
+    ("/chat/completions", {"echo": True}, "echo"),
 ])
 def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(served, path, body, param):
     """An OpenAI parameter that would change the output and that specpool does not implement (best_of, suffix, tools
@@ -832,6 +841,8 @@ def served_choices(served, path: str, extra: dict) -> tuple[list, dict]:
     ("/chat/completions", {"modalities": ["text"]}), ("/chat/completions", {"verbosity": "medium"}),
     ("/chat/completions", {"audio": None, "reasoning_effort": None, "web_search_options": None, "moderation": None}),
     ("/completions", {"ignore_eos": False, "min_tokens": 0, "repetition_penalty": 1.0, "min_p": 0}),
+    ("/chat/completions", {"skip_special_tokens": True, "spaces_between_special_tokens": True, "detokenize": True,
+                           "return_tokens_as_token_ids": False, "echo": False, "truncate_prompt_tokens": None}),
 ])
 def test_their_neutral_values_are_accepted(served, path, neutral):
     """Each of them at the value that changes nothing (0, {}, best_of equal to n, "text", no tools, ...; null
