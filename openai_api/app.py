@@ -112,13 +112,12 @@ class Api:
         router = self.router()
         check_model(body, self.model_name(router))
         if body.messages is None:
-            special = body.add_special_tokens is not False
-            ids = router.tokenizer.encode(body.prompt, add_special_tokens=special).ids
+            ids = await encode(router.tokenizer, body.prompt, body.add_special_tokens is not False)
         else:
             tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []] or None
             ids = await encode(router.tokenizer, self.chat_template(router).render(body.messages, tools, body))
         strings = {"token_strs": [router.tokenizer.id_to_token(i) for i in ids]} if body.return_token_strs else {}
-        return {"count": len(ids), "max_model_len": router.limits.max_context, "tokens": ids, **strings}
+        return {"count": len(ids), "max_model_len": router.limits.max_context or None, "tokens": ids, **strings}
 
     async def detokenize(self, body: DetokenizeRequest) -> dict:
         router = self.router()
@@ -427,8 +426,8 @@ async def sse(router: Router, client: ClientRequest, chunks, first: tuple, kind:
     as an error event (the status line has gone)."""
     states = client.states
 
-    def chunk_event(choice: dict) -> str:
-        usage_field = {"usage": usage(states, kind.per_prompt) if usage_on == "every chunk" else None}
+    def chunk_event(choice: dict) -> str:          # vLLM's continuous usage: the chunk's choice's so far
+        usage_field = {"usage": usage([states[choice["index"]]]) if usage_on == "every chunk" else None}
         return event({**envelope(kind, request_id, model, [choice], chunk=True), **(usage_field if usage_on else {})})
     code, detail = "OK", ""
     try:

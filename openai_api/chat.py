@@ -42,6 +42,10 @@ class ChatTemplate:
         environment.filters["tojson"] = _tojson
         self._template = environment.from_string(source)
         self._eos = eos_token
+        # what a client's chat_template_kwargs may not set: what specpool passes, what the request refuses
+        # (documents), and the template's own functions (raise_exception, namespace, range, ...)
+        self._reserved = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "documents",
+                          *environment.globals}
 
     def render(self, messages: list[Message], tools: list[dict] | None = None,
                options: TemplateOptions | None = None) -> str:
@@ -50,18 +54,22 @@ class ChatTemplate:
         asks for a new assistant turn)."""
         options = options or TemplateOptions()
         variables = options.chat_template_kwargs or {}
-        reserved = sorted(set(variables) & {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+        reserved = sorted(set(variables) & self._reserved)
         if reserved:
-            raise ApiError(400, f"chat_template_kwargs: {reserved[0]!r} is set by specpool (its own parameter, if "
-                           "any, sets it)", "chat_template_kwargs")
+            raise ApiError(400, f"chat_template_kwargs: {reserved[0]!r} is set by specpool or the template",
+                           "chat_template_kwargs")
         turns = [m.for_template() for m in messages]
         if options.continue_final_message:
+            if messages[-1].content is None:
+                raise ApiError(400, "continue_final_message: the final message has no text to continue",
+                               "continue_final_message")
             turns[-1]["content"] += CONTINUE
         try:
             prompt = self._template.render(**variables, messages=turns, tools=tools, bos_token="",
                                            eos_token=self._eos, add_generation_prompt=options.add_generation_prompt)
-        except TemplateError as exc:
-            raise ApiError(400, f"messages: the chat template refused them: {exc}", "messages") from exc
+        except (TemplateError, TypeError, ValueError, ArithmeticError, LookupError) as exc:
+            param = "chat_template_kwargs" if variables else "messages"       # a variable of the client's broke it
+            raise ApiError(400, f"{param}: the chat template refused them: {exc}", param) from exc
         return continued(prompt) if options.continue_final_message else prompt
 
 

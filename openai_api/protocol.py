@@ -379,7 +379,7 @@ class TemplateOptions(Body):
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
-class ChatRequest(SamplingBody, TemplateOptions):
+class ChatRequest(SamplingBody, TemplateOptions):     # TemplateOptions' fields first: its validators read them
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: MaxTokens = None
     logprobs: Flag = False
@@ -430,9 +430,10 @@ def _prompt_or_messages(messages: Any, info: ValidationInfo) -> Any:
 
 
 def _prompt_only(value: Any, info: ValidationInfo) -> Any:
-    if value is not None and info.data.get("messages") is not None:
-        raise PydanticCustomError("prompt_only", "only with `prompt`: `messages` are tokenized as a chat request's "
-                                  "prompt is")
+    """With `messages`, only false (vLLM's default there): they are tokenized as a chat request's prompt is."""
+    if value and info.data.get("messages") is not None:
+        raise PydanticCustomError("prompt_only", "only false with `messages`: they are tokenized as a chat "
+                                  "request's prompt is")
     return value
 
 

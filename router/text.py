@@ -27,13 +27,14 @@ def max_token_chars(tokenizer: Tokenizer) -> int:
 INLINE_CHARS = 512     # a prompt this short is encoded on the event loop
 
 
-async def encode(tokenizer: Tokenizer, text: str) -> list[int]:
-    """The text's token IDs. A prompt of at most INLINE_CHARS characters is encoded on the event loop, since the
-    thread hop costs more than encoding it: 0.29 ms per request against ~0.1 ms for 512 characters (~0.2 µs per
-    character, the demo pair's tokenizer on this machine); a longer one on a thread."""
+async def encode(tokenizer: Tokenizer, text: str, special: bool = True) -> list[int]:
+    """The text's token IDs (`special`: with the tokenizer's special tokens, a BOS). A prompt of at most
+    INLINE_CHARS characters is encoded on the event loop, since the thread hop costs more than encoding it: 0.29 ms
+    per request against ~0.1 ms for 512 characters (~0.2 µs per character, the demo pair's tokenizer on this
+    machine); a longer one on a thread."""
     if len(text) <= INLINE_CHARS:
-        return tokenizer.encode(text).ids
-    return (await asyncio.to_thread(tokenizer.encode, text)).ids
+        return tokenizer.encode(text, add_special_tokens=special).ids
+    return (await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=special)).ids
 
 
 def word_sequences(tokenizer: Tokenizer, words) -> list[tuple[int, ...]]:

@@ -57,8 +57,28 @@ def test_continuing_without_turning_the_generation_prompt_off_is_refused_as_vllm
     assert refused.value.errors()[0]["loc"] == ("continue_final_message",)
 
 
-def test_a_variable_specpool_sets_itself_is_refused_naming_chat_template_kwargs():
-    request = chat(chat_template_kwargs={"messages": []})
+@pytest.mark.parametrize("variables", [{"messages": []}, {"documents": []}, {"raise_exception": 1},
+                                       {"namespace": "x"}])
+def test_a_variable_specpool_or_the_template_sets_is_refused_naming_chat_template_kwargs(variables):
+    request = chat(chat_template_kwargs=variables)
     with pytest.raises(ApiError) as refused:
         ChatTemplate(THINKING).render(request.messages, None, request)
     assert refused.value.param == "chat_template_kwargs"
+
+
+def test_a_variable_that_breaks_the_template_is_a_400_naming_chat_template_kwargs():
+    """A value of the wrong type for the template's own use of it (a Llama 3.1 template adds date_string to text)
+    is the client's error, not the server's."""
+    request = chat(chat_template_kwargs={"date_string": 5})
+    with pytest.raises(ApiError) as refused:
+        ChatTemplate('{{ "Today: " + date_string }}').render(request.messages, None, request)
+    assert refused.value.param == "chat_template_kwargs" and refused.value.status == 400
+
+
+def test_continuing_a_final_message_without_text_is_refused():
+    calls = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    request = chat(messages=[TURNS[0], calls], add_generation_prompt=False, continue_final_message=True)
+    with pytest.raises(ApiError) as refused:
+        ChatTemplate(THINKING).render(request.messages, None, request)
+    assert refused.value.param == "continue_final_message"

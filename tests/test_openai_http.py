@@ -1167,14 +1167,14 @@ def test_tokenize_gives_the_tokens_a_request_is_given_and_detokenize_their_text(
     assert got["max_model_len"] > 0 and got["token_strs"] == tokenizer.convert_ids_to_tokens(got["tokens"])
     bare = post("/tokenize", {"prompt": PROMPT, "add_special_tokens": False}).json()["tokens"]
     assert bare == tokenizer(PROMPT, add_special_tokens=False).input_ids
-    chat = post("/tokenize", {"messages": CHAT, "tools": [UNIT_TOOL]}).json()
+    chat = post("/tokenize", {"messages": CHAT, "tools": [UNIT_TOOL], "add_special_tokens": False}).json()
     answer = served.client.chat.completions.create(model=served.model, messages=CHAT, tools=[UNIT_TOOL],
                                                    tool_choice="none", max_tokens=1)
     assert chat["count"] == answer.usage.prompt_tokens and "token_strs" not in chat
     assert post("/detokenize", {"tokens": got["tokens"]}).json()["prompt"] == tokenizer.decode(got["tokens"])
     for path, body, param in [
             ("/tokenize", {}, "messages"), ("/tokenize", {"prompt": "x", "messages": CHAT}, "messages"),
-            ("/tokenize", {"messages": CHAT, "add_special_tokens": False}, "add_special_tokens"),
+            ("/tokenize", {"messages": CHAT, "add_special_tokens": True}, "add_special_tokens"),
             ("/detokenize", {"tokens": [10 ** 6]}, "tokens"), ("/detokenize", {"tokens": "x"}, "tokens")]:
         refused = post(path, body)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, (body, refused.text)
