@@ -223,11 +223,13 @@ def qwen3_coder_calls(text: str) -> Found | None:
     return _found("".join(pieces[0::2]), [call for block in pieces[1::2] for call in _xml_calls(block)])
 
 
+_XML_FUNCTION = re.compile(r"<function=([^<>\n]+)>(.*?)(?:</function>|(?=<function=)|\Z)", flags=re.DOTALL)
+
+
 def _xml_calls(block: str) -> list[Call | None]:
     """The calls of one block: each `<function=NAME>...</function>` in it (the last may be unclosed); [None] where
     it holds none or text outside them."""
-    calls = re.findall(r"<function=([^<>\n]+)>(.*?)(?:</function>|(?=<function=)|\Z)", block, flags=re.DOTALL)
-    outside = re.sub(r"<function=[^<>\n]+>.*?(?:</function>|(?=<function=)|\Z)", "", block, flags=re.DOTALL)
+    calls, outside = _XML_FUNCTION.findall(block), _XML_FUNCTION.sub("", block)
     if not calls or outside.strip():
         return [None]
     return [(name.strip(), json.dumps({key.strip(): _trimmed(value) for key, value in re.findall(
@@ -244,7 +246,7 @@ def typed_arguments(arguments: str, schema: dict | None) -> str:
     """Arguments whose values are all text (Qwen3-Coder's), typed by the tool's parameters schema, as vLLM types
     them: each value whose property's type is integer, number, boolean, null, object or array and whose text reads
     as one; anything else, and a property the schema does not list, stays text."""
-    properties = (schema or {}).get("properties") if isinstance(schema, dict) else None
+    properties = schema.get("properties") if isinstance(schema, dict) else None
     properties = properties if isinstance(properties, dict) else {}
     return json.dumps({key: _typed(value, properties.get(key)) for key, value in json.loads(arguments).items()})
 
