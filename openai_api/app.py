@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import uuid
 from pathlib import Path
@@ -23,8 +22,9 @@ from openai_api.functions import as_tools, deprecated_plan
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest,
                                  DetokenizeRequest, SamplingBody, TokenizeRequest, completion_prompts,
                                  generate_request, http_error, with_seed)
+from openai_api.responses_api import ResponseObjects, ResponsesRequest, chat_request, responses_error
 from openai_api.tools import PARSERS
-from openai_api.responses import FINISH, ChatCompletions, Completions, envelope, spec_stats, usage
+from openai_api.choices import FINISH, ChatCompletions, Completions
 from router.bearer import allowed
 from router.failures import worker_failure
 from router.request_log import ClientRequest
@@ -36,7 +36,8 @@ from settings.schema import HttpConfig
 
 GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED",
               503: "UNAVAILABLE"}      # an API error's code in specpool_requests_total (ApiError.grpc_code: its own)
-GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")      # the requests specpool_requests_total counts
+# the requests specpool_requests_total counts
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 BODY_ERRORS = {"json_invalid": "invalid JSON ({error} at character {at})", "missing": "empty: send a JSON object"}
 FIELD_ERRORS = {"extra_forbidden": "unknown key"}       # pydantic's messages that would not say what is wrong
 
@@ -93,9 +94,28 @@ class Api:
     async def chat(self, body: ChatRequest, request: Request) -> Response:
         router = self.router()
         model = check_model(body, self.model_name(router))
-        parser = PARSERS.get(self.http.tool_call_parser)
-        body, deprecated = as_tools(body, parser)
-        plan = deprecated_plan(body, parser, deprecated)
+        body, deprecated = as_tools(body, PARSERS.get(self.http.tool_call_parser))
+        generate, plan = self.chat_generate(router, body, deprecated)
+        return await answer(request, router, body, [generate], ChatCompletions(_decoder(router), plan, deprecated),
+                            model)
+
+    async def responses(self, body: ResponsesRequest, request: Request) -> Response:
+        """OpenAI's Responses API, as the chat completion it stands for (openai_api/responses_api.py); errors
+        name the parameters the request sent."""
+        try:
+            router = self.router()
+            model = check_model(body, self.model_name(router))
+            chat = chat_request(body)
+            generate, plan = self.chat_generate(router, chat)
+            return await answer(request, router, chat, [generate], ResponseObjects(_decoder(router), plan, body),
+                                model)
+        except ApiError as error:
+            raise responses_error(error) from None
+
+    def chat_generate(self, router: Router, body: ChatRequest, deprecated: bool = False) -> tuple:
+        """The GenerateRequest of a chat request (its messages rendered by the chat template, its tools and
+        structured output), and its tool plan."""
+        plan = deprecated_plan(body, PARSERS.get(self.http.tool_call_parser), deprecated)
         prompt = self.chat_template(router).render(body.messages, plan.template_tools(), body)
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -103,8 +123,7 @@ class Api:
         structured = plan.structured_output()
         if structured is not None:
             generate.structured_output.CopyFrom(structured)
-        return await answer(request, router, body, [generate], ChatCompletions(_decoder(router), plan, deprecated),
-                            model)
+        return generate, plan
 
     async def tokenize(self, body: TokenizeRequest) -> dict:
         """vLLM's /tokenize: the prompt's token IDs (a chat's: the ones its chat request is given, `usage`'s
@@ -222,6 +241,7 @@ def create_app(http: HttpConfig, get_router: Callable[[], Router | None],
     app.add_api_route("/v1/models", api.models, methods=["GET"], dependencies=authorized)
     app.add_api_route("/v1/completions", api.completions, methods=["POST"], dependencies=authorized)
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"], dependencies=authorized)
+    app.add_api_route("/v1/responses", api.responses, methods=["POST"], dependencies=authorized)
     app.add_api_route("/tokenize", api.tokenize, methods=["POST"], dependencies=authorized)       # vLLM's
     app.add_api_route("/detokenize", api.detokenize, methods=["POST"], dependencies=authorized)
     return app
@@ -312,7 +332,7 @@ async def answer(request: Request, router: Router, body: SamplingBody, generates
     if body.stream:
         first = await until_disconnected(request, tracked(router, next_chunk(chunks), client, final=False))
         usage_on = "every chunk" if body.continuous_usage else "last" if body.include_usage else ""
-        return StreamingResponse(sse(router, client, chunks, first, kind, request_id, model, usage_on),
+        return StreamingResponse(sse(router, client, chunks, first, kind.events(request_id, model, usage_on)),
                                  media_type="text/event-stream", headers=headers)
     texts, entries = [[] for _ in states], [[] for _ in states]
 
@@ -324,8 +344,7 @@ async def answer(request: Request, router: Router, body: SamplingBody, generates
     logprobs = [e if generates[0].HasField("logprobs") else None for e in entries]
     choices = [kind.choice(i, "".join(texts[i]), logprobs[i], FINISH.get(s.finish_reason))
                for i, s in enumerate(states)]
-    return JSONResponse({**envelope(kind, request_id, model, choices), **kind.response_fields(),
-                         "usage": usage(states, body.n), "specpool": spec_stats(states)}, headers=headers)
+    return JSONResponse(kind.whole(request_id, model, choices), headers=headers)
 
 
 async def choice_chunks(router: Router, states: list) -> AsyncIterator[tuple]:
@@ -415,40 +434,25 @@ async def until_disconnected(request: Request, awaitable, poll_s: float = 0.2):
         task.cancel()
 
 
-def event(payload: dict | str) -> str:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
-
-
-async def sse(router: Router, client: ClientRequest, chunks, first: tuple, kind: Completions, request_id: str,
-              model: str, usage_on: str = "") -> AsyncIterator[str]:
-    """Server-sent events: a chunk per piece of output of each choice, then usage if asked (`usage_on` "last"; on
-    "every chunk" too, so far: vLLM's continuous_usage_stats), then [DONE]. A failure after the first chunk is sent
-    as an error event (the status line has gone)."""
-    states = client.states
-
-    def chunk_event(choice: dict) -> str:          # vLLM's continuous usage: the chunk's choice's so far
-        usage_field = {"usage": usage([states[choice["index"]]]) if usage_on == "every chunk" else None}
-        return event({**envelope(kind, request_id, model, [choice], chunk=True), **(usage_field if usage_on else {})})
-    code, detail = "OK", ""
+async def sse(router: Router, client: ClientRequest, chunks, first: tuple, events) -> AsyncIterator[str]:
+    """The stream's server-sent events, as `events` writes them (choices.ChoiceEvents, responses_api.ResponseEvents),
+    its request ended once the output is over or has failed."""
+    code, detail, failed = "OK", "", []
     try:
         async with contextlib.aclosing(chunks):
-            for index in range(len(states)):
-                for opening in kind.opening(index):
-                    yield chunk_event(opening)
+            for text in events.start():
+                yield text
             index, chunk = first
             while chunk is not None:
-                logprobs = chunk.logprobs if states[index].top_logprobs is not None else None
-                yield chunk_event(kind.chunk_choice(index, chunk.text, logprobs, FINISH.get(chunk.finish_reason)))
+                for text in events.chunk(index, chunk):
+                    yield text
                 index, chunk = await next_chunk(chunks)
     except BaseException as exc:
         code, error = failure(exc)
         if error is None:
             raise
-        detail = str(error)
-        yield event(error.body())
+        detail, failed = str(error), events.failed(error)
     finally:
         router.ended(client, code, detail)
-    if usage_on:
-        yield event({**envelope(kind, request_id, model, [], chunk=True), "usage": usage(states, kind.per_prompt),
-                     "specpool": spec_stats(states)})
-    yield event("[DONE]")
+    for text in failed or events.end():
+        yield text

@@ -218,13 +218,17 @@ def is_neutral(value: Any, neutral: Any, validated: dict) -> bool:
     return same_json(value, neutral)
 
 
-def _neutral_only(value: Any, info: ValidationInfo) -> Any:
-    """A REFUSED parameter is accepted at its neutral value only."""
-    neutral = REFUSED[info.field_name]
-    if not is_neutral(value, neutral, info.data):
-        raise PydanticCustomError("unsupported", "not supported by specpool (only {neutral})",
-                                  {"neutral": str(neutral) if isinstance(neutral, SameAs) else json.dumps(neutral)})
-    return value
+def neutral_only(table: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, tuple]:
+    """Fields (for create_model) of `table`'s parameters (REFUSED's form), each accepted at its neutral value only,
+    absent by default (None, or `defaults`' value); after the model's own fields, so that a SameAs finds the
+    parameter it names validated."""
+    def check(value: Any, info: ValidationInfo) -> Any:
+        neutral = table[info.field_name]
+        if not is_neutral(value, neutral, info.data):
+            raise PydanticCustomError("unsupported", "not supported by specpool (only {neutral})",
+                                      {"neutral": str(neutral) if isinstance(neutral, SameAs) else json.dumps(neutral)})
+        return value
+    return {name: (Annotated[Any, AfterValidator(check)], (defaults or {}).get(name)) for name in table}
 
 
 def only_when_true(flag: str) -> AfterValidator:
@@ -302,9 +306,7 @@ class SamplingFields(Body):
         return {**PARAMS, "structured_output": asked[0]} if asked else PARAMS
 
 
-# The refused parameters after SamplingFields' own, so that a SameAs finds the parameter it names validated
-SamplingBody = create_model("SamplingBody", __base__=SamplingFields, __module__=__name__,
-                            **{name: (Annotated[Any, AfterValidator(_neutral_only)], None) for name in REFUSED})
+SamplingBody = create_model("SamplingBody", __base__=SamplingFields, __module__=__name__, **neutral_only(REFUSED))
 
 
 class CompletionRequest(SamplingBody):

@@ -25,9 +25,9 @@ import math
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from protos.specpool.v1 import generation_pb2
 
@@ -60,7 +60,17 @@ class NamedToolChoice(BaseModel):
     function: FunctionName
 
 
-ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+def string_or_named(strings: Any, named: type, expected: str) -> Any:
+    """A tool choice: one of `strings`, or a `named` function object, chosen by the JSON value's kind (tags with a
+    space, so that an error names `tool_choice` or its own key, not a union member), else `must be <expected>`."""
+    def kind(value: Any) -> str | None:
+        return "a string" if isinstance(value, str) else "an object" if isinstance(value, dict) else None
+    return Annotated[Union[Annotated[strings, Tag("a string")], Annotated[named, Tag("an object")]],
+                     Discriminator(kind, custom_error_type="invalid_type", custom_error_message=f"must be {expected}")]
+
+
+ToolChoice = string_or_named(Literal["none", "auto", "required"], NamedToolChoice,
+                             '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
 
 
 def _finite(text: str) -> float:

@@ -27,22 +27,30 @@ DEMO = Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair
 PROMPT = "def __init__(self"
 
 
-@pytest.fixture(scope="module")
-def served(start_service):
+def served_over_http(start_service, **overrides):
+    """The demo pair served with HTTP on (the hermes tool-call parser) at K = 3, and an OpenAI client of it."""
     pair = (str(DEMO / "draft"), str(DEMO / "target"))
     http = {"port": 0, "tool_call_parser": "hermes"}
-    running = start_service(service_config(pair, http=http, speculation={"k": 3},
-                                           router={"max_active_requests": 2, "max_queued_requests": 0}))
+    running = start_service(service_config(pair, http=http, speculation={"k": 3}, **overrides))
     running.base_url = f"http://127.0.0.1:{running.service.http_port}/v1"
     running.client = openai.OpenAI(base_url=running.base_url, api_key="unused", max_retries=0)
     running.model = running.client.models.list().data[0].id
     return running
 
 
-@pytest.fixture(scope="module")
-def target():
+def demo_target() -> tuple:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     return (AutoModelForCausalLM.from_pretrained(DEMO / "target").eval(), AutoTokenizer.from_pretrained(DEMO / "target"))
+
+
+@pytest.fixture(scope="module")
+def served(start_service):
+    return served_over_http(start_service, router={"max_active_requests": 2, "max_queued_requests": 0})
+
+
+@pytest.fixture(scope="module")
+def target():
+    return demo_target()
 
 
 def greedy_alone(target, prompt: str, max_new_tokens: int) -> list[int]:

@@ -376,7 +376,7 @@ def test_auto_with_parallel_calls_off_keeps_the_first_call():
 def test_a_deprecated_answer_carries_function_call_whole_and_at_every_split_of_a_stream(function_call, text):
     """`message.function_call` {name, arguments} (no id) and finish reason `function_call` (a named one: `stop`,
     as OpenAI's); a stream's deltas, assembled as the deprecated API's clients do, hold the same at every cut."""
-    from openai_api.responses import ChatCompletions
+    from openai_api.choices import ChatCompletions
     body, _ = deprecated(functions=FUNCTIONS, function_call=function_call)
 
     def kind():

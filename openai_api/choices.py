@@ -1,8 +1,9 @@
-"""Response bodies of the OpenAI API: completions and chat completions, whole or as stream chunks, with
+"""The answers of completions and chat completions: choices whole or as stream chunks (server-sent events), with
 usage, logprobs in each endpoint's format, and a `specpool` object carrying the spec-decode stats."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import time
 
@@ -123,6 +124,14 @@ class Completions:
     def opening(self, index: int) -> list[dict]:
         return []
 
+    def whole(self, request_id: str, model: str, choices: list) -> dict:
+        """The answer read whole."""
+        return {**envelope(self, request_id, model, choices), **self.response_fields(),
+                "usage": usage(self.states, self.per_prompt), "specpool": spec_stats(self.states)}
+
+    def events(self, request_id: str, model: str, usage_on: str = "") -> "ChoiceEvents":
+        return ChoiceEvents(self, request_id, model, usage_on)
+
 
 class ChatCompletions(Completions):
     """/v1/chat/completions: choices carry a `message` (a `delta` when streaming); logprobs per token; the tool
@@ -176,3 +185,37 @@ class ChatCompletions(Completions):
 def envelope(kind: Completions, request_id: str, model: str, choices: list, chunk: bool = False) -> dict:
     return {"id": kind.id_prefix + request_id, "object": kind.chunk_object if chunk else kind.object,
             "created": int(time.time()), "model": model, "choices": choices}
+
+
+def event(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+class ChoiceEvents:
+    """A stream's server-sent events: a chunk per piece of output of each choice, then usage if asked (`usage_on`
+    "last"; on "every chunk" too, so far: vLLM's continuous_usage_stats), then [DONE]; an error after the first
+    chunk as an error event (the status line has gone)."""
+
+    def __init__(self, kind: Completions, request_id: str, model: str, usage_on: str = ""):
+        self.kind, self.request_id, self.model, self.usage_on = kind, request_id, model, usage_on
+
+    def _chunk(self, choice: dict) -> str:          # vLLM's continuous usage: the chunk's choice's so far
+        usage_field = {"usage": usage([self.kind.states[choice["index"]]]) if self.usage_on == "every chunk" else None}
+        return event({**envelope(self.kind, self.request_id, self.model, [choice], chunk=True),
+                      **(usage_field if self.usage_on else {})})
+
+    def start(self) -> list[str]:
+        return [self._chunk(opening) for index in range(len(self.kind.states)) for opening in self.kind.opening(index)]
+
+    def chunk(self, index: int, chunk) -> list[str]:
+        logprobs = chunk.logprobs if self.kind.states[index].top_logprobs is not None else None
+        return [self._chunk(self.kind.chunk_choice(index, chunk.text, logprobs, FINISH.get(chunk.finish_reason)))]
+
+    def failed(self, error) -> list[str]:
+        return [event(error.body()), *self.end()]
+
+    def end(self) -> list[str]:
+        states = self.kind.states
+        last = [event({**envelope(self.kind, self.request_id, self.model, [], chunk=True),
+                       "usage": usage(states, self.kind.per_prompt), "specpool": spec_stats(states)})]
+        return (last if self.usage_on else []) + [event("[DONE]")]

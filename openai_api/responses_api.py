@@ -1,0 +1,442 @@
+"""OpenAI's Responses API (POST /v1/responses), served as the chat completion it stands for: its request becomes a
+ChatRequest (`instructions` the system message, `input` items the messages, flat function tools chat tools,
+`text.format` a response_format), which runs through the same chat template, tool calling, structured output and
+router as /v1/chat/completions; the answer comes back as a Response object (its output items: the message, then
+any function calls), or streamed as the Responses API's typed events. specpool stores no responses (`store` is
+answered false), so `previous_response_id` is refused: send the whole conversation in `input`.
+
+    curl localhost:8000/v1/responses -H 'Content-Type: application/json' \\
+         -d '{"model": "target", "input": "def fib(n):", "max_output_tokens": 32}'
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag, create_model, model_validator
+from pydantic_core import PydanticCustomError
+
+from openai_api.choices import FINISH, ChatCompletions, spec_stats, usage
+from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, Body, ChatRequest, Flag, MaxTokens, Message,
+                                 SamplingBody, TemplateOptions, Text, TopLogprobs, neutral_only, one_of)
+from openai_api.structured import JsonSchema, ResponseFormat, SchemaSpec
+from openai_api.tools import CalledFunction, Function, FunctionName, NamedToolChoice, Tool, ToolCall, string_or_named
+
+
+class InputText(Body):
+    """A content part of an input item: text (`output_text` in an earlier answer sent back)."""
+    type: Literal["input_text", "output_text"]
+    text: Text
+
+
+Parts = one_of("a string or a list of content parts", Text, list[InputText], list[InputText])
+
+
+def text_of(parts: str | list[InputText]) -> str:
+    return parts if isinstance(parts, str) else "".join(part.text for part in parts)
+
+
+class InputMessage(Body):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Parts
+
+
+class FunctionCallItem(Body):
+    """An earlier answer's function call, sent back with its output."""
+    type: Literal["function_call"]
+    call_id: Text
+    name: Text
+    arguments: Text
+
+
+class FunctionCallOutput(Body):
+    type: Literal["function_call_output"]
+    call_id: Text
+    output: Parts
+
+
+# An input item's kind (its `type`, "message" when left out) -> its tag, which an error's location carries (a space:
+# protocol.one_of's rule, so that the path named is `input[2].call_id`)
+ITEMS = {"message": "a message", "function_call": "a function call", "function_call_output": "a call's output"}
+
+
+def _item(value: Any) -> str | None:
+    kind = value.get("type", "message") if isinstance(value, dict) else None
+    return ITEMS.get(kind) if isinstance(kind, str) else None
+
+
+Item = Annotated[Union[Annotated[InputMessage, Tag(ITEMS["message"])],
+                       Annotated[FunctionCallItem, Tag(ITEMS["function_call"])],
+                       Annotated[FunctionCallOutput, Tag(ITEMS["function_call_output"])]],
+                 Discriminator(_item, custom_error_type="item", custom_error_message=(
+                     "must be a message, function_call or function_call_output item (specpool serves text and "
+                     "function tools, and keeps no stored items)"))]
+Items = Annotated[list[Item], Field(min_length=1)]
+Input = one_of("a string or a list of input items", Text, Items, Items)
+
+
+class FunctionTool(Function):
+    """A function tool, flat as the Responses API has it ({"type": "function", "name": ..., "parameters": ...})."""
+    type: Literal["function"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _functions_only(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("type") != "function":
+            raise PydanticCustomError("tool_type", "only function tools are served (got type {type})",
+                                      {"type": json.dumps(data.get("type"))})
+        return data
+
+    def as_chat(self) -> Tool:
+        return Tool(type="function", function=Function(**self.model_dump(exclude={"type"})))
+
+
+class FunctionChoice(Body):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    name: Text
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "function" in data:
+            raise PydanticCustomError("flat", 'the Responses API names the function flat: {"type": "function", '
+                                      '"name": ...}')
+        return data
+
+
+ToolChoice = string_or_named(Literal["none", "auto", "required"], FunctionChoice,
+                             '"none", "auto", "required" or {"type": "function", "name": ...}')
+
+
+class TextFormat(Body):
+    """text.format: free text, any JSON object, or JSON under a schema (response_format's three)."""
+    type: Literal["text", "json_object", "json_schema"]
+    name: Optional[Text] = None
+    description: Optional[Text] = None
+    schema_: Optional[JsonSchema] = Field(None, alias="schema")
+    strict: Optional[Flag] = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> "TextFormat":
+        if self.type == "json_schema" and (self.name is None or self.schema_ is None):
+            raise ValueError('`name` and `schema` are required when `type` is "json_schema"')
+        return self
+
+    def response_format(self) -> ResponseFormat:
+        spec = SchemaSpec(name=self.name, description=self.description, schema=self.schema_, strict=self.strict) \
+            if self.type == "json_schema" else None
+        return ResponseFormat(type=self.type, json_schema=spec)
+
+
+def _medium(value: Any) -> Any:
+    if value != "medium":
+        raise PydanticCustomError("unsupported", 'not supported by specpool (only "medium")')
+    return value
+
+
+class TextConfig(Body):
+    format: Optional[TextFormat] = None
+    verbosity: Annotated[Any, AfterValidator(_medium)] = "medium"
+
+
+def _stored_responses_refused(value: Any) -> Any:
+    if value is not None:
+        raise PydanticCustomError("no_store", "specpool stores no responses: send the whole conversation in `input`")
+    return value
+
+
+def _elsewhere(hint: str) -> AfterValidator:
+    """A parameter of chat completions that the Responses API does not take (`hint`: what to do instead)."""
+    def check(value: Any) -> Any:
+        if value is not None:
+            raise PydanticCustomError("elsewhere", "not a Responses API parameter: {hint}", {"hint": hint})
+        return value
+    return AfterValidator(check)
+
+
+LOGPROBS = "message.output_text.logprobs"     # the one `include` that changes an answer here
+Includable = Literal["message.output_text.logprobs", "reasoning.encrypted_content", "file_search_call.results",
+                     "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
+                     "computer_call_output.output.image_url", "code_interpreter_call.outputs"]
+
+
+class ResponsesFields(SamplingBody, TemplateOptions):
+    """The Responses API's parameters specpool serves (and the sampling extensions chat takes, vLLM's too)."""
+    input: Input
+    instructions: Optional[Text] = None
+    max_output_tokens: MaxTokens = None
+    include: Optional[list[Includable]] = None
+    top_logprobs: TopLogprobs = None
+    tools: Optional[list[FunctionTool]] = None
+    tool_choice: Optional[ToolChoice] = None
+    parallel_tool_calls: Flag = True
+    text: Optional[TextConfig] = None
+    store: Flag = True                               # answered false: specpool stores no responses
+    metadata: Optional[dict[str, Text]] = None
+    previous_response_id: Annotated[Optional[Text], AfterValidator(_stored_responses_refused)] = None
+    max_tokens: Annotated[Any, _elsewhere("send `max_output_tokens`")] = None
+    max_completion_tokens: Annotated[Any, _elsewhere("send `max_output_tokens`")] = None
+    messages: Annotated[Any, _elsewhere("send `input`")] = None
+    logprobs: Annotated[Any, _elsewhere('send `include: ["message.output_text.logprobs"]`')] = None
+    response_format: Annotated[Any, _elsewhere("send `text.format`")] = None
+    prompt_logprobs: Annotated[Any, _elsewhere("chat completions and completions serve it")] = None
+
+
+# The Responses API's parameters that would change the output and that specpool lacks -> the neutral value: a
+# background response (it would be stored), truncation of the conversation, a reasoning model's effort, a stored
+# prompt template or conversation; and chat's n, a Response having one output
+RESPONSES_REFUSED = {"background": False, "truncation": "disabled", "reasoning": None, "prompt": None,
+                     "conversation": None, "n": 1}
+ResponsesRequest = create_model("ResponsesRequest", __base__=ResponsesFields, __module__=__name__,
+                                **neutral_only(RESPONSES_REFUSED, {"n": 1}))
+# The chat request's fields a Responses request sends as they are (not those it sends otherwise, nor n)
+SHARED = (set(SamplingBody.model_fields) | set(TemplateOptions.model_fields)) - set(ResponsesFields.__annotations__) \
+    - set(RESPONSES_REFUSED)
+
+
+def chat_request(body: ResponsesFields) -> ChatRequest:
+    """The chat completion a Responses request stands for (its fields already validated as the chat's are)."""
+    logprobs = LOGPROBS in (body.include or ()) or bool(body.top_logprobs)
+    choice = body.tool_choice
+    if isinstance(choice, FunctionChoice):
+        choice = NamedToolChoice(type="function", function=FunctionName(name=choice.name))
+    return ChatRequest.model_construct(
+        **{name: getattr(body, name) for name in SHARED}, messages=messages(body),
+        max_completion_tokens=body.max_output_tokens, logprobs=logprobs,
+        top_logprobs=body.top_logprobs if logprobs else None, tool_choice=choice,
+        tools=None if body.tools is None else [tool.as_chat() for tool in body.tools],
+        parallel_tool_calls=body.parallel_tool_calls,
+        response_format=body.text.format.response_format() if body.text and body.text.format else None)
+
+
+def messages(body: ResponsesFields) -> list[Message]:
+    """`instructions` as the system message, then the input items: a function call joins the assistant message
+    before it (or makes one), a call's output is the tool message answering it."""
+    out = [Message(role="system", content=body.instructions)] if body.instructions is not None else []
+    items = [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) else body.input
+    for item in items:
+        if isinstance(item, FunctionCallItem):
+            call = ToolCall(id=item.call_id, function=CalledFunction(name=item.name, arguments=item.arguments))
+            if out and out[-1].role == "assistant":
+                out[-1] = out[-1].model_copy(update={"tool_calls": [*(out[-1].tool_calls or []), call]})
+            else:
+                out.append(Message(role="assistant", tool_calls=[call]))
+        elif isinstance(item, FunctionCallOutput):
+            out.append(Message(role="tool", tool_call_id=item.call_id, content=text_of(item.output)))
+        else:
+            out.append(Message(role=item.role, content=text_of(item.content)))
+    return out
+
+
+# chat's parameters -> the Responses API's, in the errors the chat pipeline raises
+RENAMED = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
+           "response_format": "text.format"}
+
+
+def responses_error(error: ApiError) -> ApiError:
+    """A chat pipeline's error as the Responses request sent it: `input` for `messages`, ... in its param and its
+    message (not in a dotted name such as `router.max_tokens`, nor inside another word)."""
+    param = RENAMED.get(error.param or "", error.param)
+    message = re.sub(rf"(?<![\w.])({'|'.join(RENAMED)})\b", lambda found: RENAMED[found[1]], str(error))
+    return ApiError(error.status, message, param, error.kind, error.code, error.grpc_code)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def output_text(text: str, logprobs: list) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+
+
+def message_item(item_id: str, status: str, content: list) -> dict:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def call_item(item_id: str, status: str, call: dict) -> dict:
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call["id"],
+            "name": call["function"]["name"], "arguments": call["function"].get("arguments", "")}
+
+
+def responses_usage(states: list) -> dict:
+    chat = usage(states)
+    return {"input_tokens": chat["prompt_tokens"],
+            "input_tokens_details": {**chat["prompt_tokens_details"], "cache_write_tokens": 0},
+            "output_tokens": chat["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": chat["total_tokens"]}
+
+
+def echoed(body: ResponsesFields) -> dict:
+    """The request's parameters as a Response carries them."""
+    text_format = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text and body.text.format \
+        else {"type": "text"}
+    choice = body.tool_choice or ("auto" if body.tools else "none")
+    return {"instructions": body.instructions, "max_output_tokens": body.max_output_tokens or DEFAULT_CHAT_MAX_TOKENS,
+            "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": None, "reasoning": None,
+            "store": False, "temperature": body.temperature, "text": {"format": text_format, "verbosity": "medium"},
+            "tool_choice": choice if isinstance(choice, str) else choice.model_dump(),
+            "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
+            "top_logprobs": body.top_logprobs or 0, "top_p": 1.0 if body.top_p is None else body.top_p,
+            "truncation": "disabled", "user": body.user, "metadata": body.metadata or {}}
+
+
+def status_of(finish: str | None) -> str:
+    """An answer's status, and its items': `incomplete` when cut at max_output_tokens."""
+    return "incomplete" if finish == "length" else "completed"
+
+
+class ResponseObjects(ChatCompletions):
+    """/v1/responses: the chat answer (its message, tool calls and logprobs) as a Response object."""
+    id_prefix = "resp_"
+
+    def __init__(self, decode, tool_plan, body: ResponsesFields):
+        super().__init__(decode, tool_plan)
+        self.body, self.created = body, int(time.time())
+
+    def response(self, request_id: str, model: str, output: list, status: str = "in_progress",
+                 error: dict | None = None) -> dict:
+        """The Response: in_progress (no usage yet), completed, incomplete (cut at max_output_tokens) or failed."""
+        done = status != "in_progress"
+        return {"id": self.id_prefix + request_id, "object": "response", "created_at": self.created,
+                "status": status, "background": False, "error": error,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "model": model, "output": output, **echoed(self.body),
+                "usage": responses_usage(self.states) if done else None,
+                **({"specpool": spec_stats(self.states)} if done else {})}
+
+    def whole(self, request_id: str, model: str, choices: list) -> dict:
+        """The message item (unless the answer is only calls; its logprobs all the output's tokens'), then a
+        function_call item per call."""
+        message, status = choices[0]["message"], status_of(choices[0]["finish_reason"])
+        logprobs = (choices[0]["logprobs"] or {}).get("content", [])
+        calls = message.get("tool_calls") or []
+        items = [] if calls and message["content"] is None else [message_item(
+            new_id("msg"), status, [output_text(message["content"] or "", logprobs)])]
+        items += [call_item(new_id("fc"), status, call) for call in calls]
+        return self.response(request_id, model, items, status)
+
+    def events(self, request_id: str, model: str, usage_on: str = "") -> "ResponseEvents":
+        return ResponseEvents(self, request_id, model)
+
+
+class ResponseEvents:
+    """The Responses stream: response.created and response.in_progress; per output item its added event, its
+    deltas (a message's output_text, a function call's arguments) and its done events; then response.completed
+    (response.incomplete when cut at max_output_tokens). Each event is `event: <type>` and its JSON, numbered by
+    sequence_number; no [DONE], as OpenAI ends it. An error after the first event is an `error` event and
+    response.failed. Put together, the events are the answer read whole (ResponseObjects.whole): text that is only
+    whitespace waits, as a message before calls would not be one; a message's deltas carry every logprob its
+    done event does."""
+
+    def __init__(self, kind: ResponseObjects, request_id: str, model: str):
+        self.kind, self.request_id, self.model = kind, request_id, model
+        self.sequence = 0
+        self.items: list[dict] = []         # the output items so far; the last one open (`self.open`) until closed
+        self.open = False
+        self.text, self.logprobs = "", []   # the message's text and logprobs so far
+        self.pending: list = []             # logprobs not yet sent (tokens without text, or held by the tool parser)
+        self.space = ""                     # whitespace not yet sent, before any message
+        self.finish: str | None = None
+
+    def _event(self, kind: str, **fields: Any) -> str:
+        payload = {"type": kind, **fields, "sequence_number": self.sequence}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(payload)}\n\n"
+
+    def start(self) -> list[str]:
+        response = self.kind.response(self.request_id, self.model, [])
+        return [self._event("response.created", response=response), self._event("response.in_progress",
+                                                                                response=response)]
+
+    def chunk(self, index: int, chunk) -> list[str]:
+        wanted = self.kind.states[index].top_logprobs is not None
+        choice = self.kind.chunk_choice(index, chunk.text, chunk.logprobs if wanted else None,
+                                        FINISH.get(chunk.finish_reason))
+        self.finish = choice["finish_reason"] or self.finish
+        self.pending += (choice["logprobs"] or {}).get("content", [])
+        delta = choice["delta"]
+        events = self._text(delta["content"]) if delta.get("content") else []
+        for call in delta.get("tool_calls", []):
+            events += self._call(call)
+        return events
+
+    def _at(self) -> dict:
+        return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
+
+    def _opened(self, item: dict) -> list[str]:
+        events = self._close()
+        self.items.append(item)
+        self.open = True
+        return events + [self._event("response.output_item.added", output_index=len(self.items) - 1, item=item)]
+
+    def _text(self, piece: str, hold: bool = True) -> list[str]:
+        """A piece of the message's text: its delta, the message opened first if need be (unless `hold`ing text
+        that is only whitespace)."""
+        events = []
+        if not (self.open and self.items[-1]["type"] == "message"):
+            self.space += piece
+            if hold and not self.space.strip():
+                return []
+            piece, self.space = self.space, ""
+            events = self._opened(message_item(new_id("msg"), "in_progress", []))
+            events.append(self._event("response.content_part.added", **self._at(), content_index=0,
+                                      part=output_text("", [])))
+        return events + (self._delta(piece) if piece or self.pending else [])
+
+    def _delta(self, piece: str) -> list[str]:
+        self.text += piece
+        self.logprobs += self.pending
+        event = self._event("response.output_text.delta", **self._at(), content_index=0, delta=piece,
+                            logprobs=self.pending)
+        self.pending = []
+        return [event]
+
+    def _call(self, call: dict) -> list[str]:
+        events = self._opened(call_item(new_id("fc"), "in_progress", {**call, "function": {
+            **call["function"], "arguments": ""}})) if "id" in call else []
+        piece = call["function"].get("arguments", "")
+        if piece:
+            self.items[-1]["arguments"] += piece
+            events.append(self._event("response.function_call_arguments.delta", **self._at(), delta=piece))
+        return events
+
+    def _close(self) -> list[str]:
+        """The done events of the open item, if any (a message's logprobs not yet sent in a last delta first)."""
+        if not self.open:
+            return []
+        item, at = self.items[-1], self._at()
+        item["status"] = status_of(self.finish)
+        if item["type"] == "function_call":
+            self.open = False
+            return [self._event("response.function_call_arguments.done", **at, name=item["name"],
+                                arguments=item["arguments"]),
+                    self._event("response.output_item.done", output_index=at["output_index"], item=item)]
+        events = self._delta("") if self.pending else []
+        self.open, part = False, output_text(self.text, self.logprobs)
+        item["content"] = [part]
+        return events + [self._event("response.output_text.done", **at, content_index=0, text=part["text"],
+                                     logprobs=part["logprobs"]),
+                         self._event("response.content_part.done", **at, content_index=0, part=part),
+                         self._event("response.output_item.done", output_index=at["output_index"], item=item)]
+
+    def end(self) -> list[str]:
+        calls = any(item["type"] == "function_call" for item in self.items)
+        # text that was only whitespace is the message unless calls came; an empty answer an empty message
+        events = self._text("", hold=False) if not calls and (self.space or not self.items) else []
+        events += self._close()
+        status = status_of(self.finish)
+        response = self.kind.response(self.request_id, self.model, self.items, status)
+        return events + [self._event(f"response.{status}", response=response)]
+
+    def failed(self, error: ApiError) -> list[str]:
+        """The error event, then response.failed (its items as far as they got)."""
+        code = "rate_limit_exceeded" if error.status == 429 else "server_error"
+        response = self.kind.response(self.request_id, self.model, self.items, "failed",
+                                      {"code": code, "message": str(error)})
+        return [self._event("error", code=error.code or code, message=str(error), param=error.param),
+                self._event("response.failed", response=response)]

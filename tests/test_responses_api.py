@@ -1,0 +1,330 @@
+"""OpenAI's Responses API (/v1/responses) against a served demo pair, with the real `openai` SDK and raw HTTP: a
+response is the chat completion it stands for (the target alone's greedy text, the same tool calls, structured
+output and logprobs), streamed as the Responses events in their order, and its errors name the Responses
+parameters a client sent."""
+import json
+import re
+import types
+
+import httpx
+import pytest
+
+from tests.test_openai_http import (CHAT, TIME_TOOL, UNIT_TOOL, demo_target, greedy_alone, requests_counted,
+                                    served_over_http, stream_assembled)
+
+
+@pytest.fixture(scope="module")
+def served(start_service):
+    return served_over_http(start_service)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return demo_target()
+
+
+def flat(tool: dict) -> dict:
+    """A chat tool as the Responses API sends it."""
+    return {"type": "function", **tool["function"]}
+
+
+def chat_of(served, **body):
+    return served.client.chat.completions.create(model=served.model, **body)
+
+
+def events_of(served, body: dict) -> list:
+    """The SDK's events of a streamed response."""
+    return list(served.client.responses.create(model=served.model, stream=True, **body))
+
+
+def test_a_response_is_the_target_alones_greedy_continuation_of_its_instructions_and_input(served, target):
+    model, tokenizer = target
+    messages = [{"role": "system", "content": "You write Python."}, *CHAT]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ok = requests_counted(served, "OK")
+    response = served.client.responses.create(model=served.model, instructions="You write Python.", input="a point",
+                                              max_output_tokens=16, temperature=0, store=True,
+                                              metadata={"team": "a"}, extra_body={"speculation": {"k": 3}})
+    assert requests_counted(served, "OK") == ok + 1          # counted as the other routes are
+    tokens = greedy_alone(target, prompt, 16)
+    assert response.output_text == tokenizer.decode(tokens, skip_special_tokens=True)
+    assert response.output_text == chat_of(served, messages=messages, max_tokens=16,
+                                           temperature=0).choices[0].message.content
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (len(tokenizer(prompt).input_ids), 16)
+    assert response.usage.total_tokens == response.usage.input_tokens + 16
+    assert (response.status, response.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+    item, = response.output
+    assert (item.type, item.role, item.status, item.content[0].type) == ("message", "assistant", "incomplete",
+                                                                         "output_text")
+    assert response.id.startswith("resp_") and item.id.startswith("msg_") and response.object == "response"
+    assert (response.instructions, response.max_output_tokens, response.store, response.metadata) == (
+        "You write Python.", 16, False, {"team": "a"})        # nothing is stored: `store` answered false
+    assert response.model_extra["specpool"]["target_passes"] >= 1
+
+
+def test_input_items_are_the_chat_messages_they_stand_for(served):
+    """A list of message items (content parts, a developer message) answers what the same chat answers."""
+    items = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+             {"role": "user", "content": [{"type": "input_text", "text": "a "}, {"type": "input_text",
+                                                                                  "text": "point"}]}]
+    response = served.client.responses.create(model=served.model, input=items, max_output_tokens=12, temperature=0)
+    chat = chat_of(served, messages=[{"role": "developer", "content": "Be brief."}, *CHAT], max_tokens=12,
+                   temperature=0)
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_a_streamed_response_is_the_whole_one_in_the_responses_events_order(served):
+    body = dict(input="a point", max_output_tokens=16, temperature=0)
+    whole = served.client.responses.create(model=served.model, **body)
+    events = events_of(served, body)
+    kinds = [event.type for event in events]
+    deltas = kinds.count("response.output_text.delta")
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", *["response.output_text.delta"] * deltas,
+                     "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                     "response.incomplete"] and deltas >= 1
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert text == events[-4].text == events[-1].response.output_text == whole.output_text
+    item_id = events[2].item.id
+    assert all(event.item_id == item_id for event in events[3:-3]) and events[-2].item.id == item_id
+    assert events[-1].response.usage.output_tokens == whole.usage.output_tokens == 16
+    assert events[-1].response.status == "incomplete" and events[-2].item.status == "incomplete"
+
+
+def test_the_raw_stream_names_each_event_and_ends_without_done(served):
+    body = {"model": served.model, "input": "x", "max_output_tokens": 4, "temperature": 0, "stream": True}
+    with httpx.stream("POST", served.base_url + "/responses", json=body) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        frames = response.read().decode().split("\n\n")
+    assert frames[-1] == "" and "[DONE]" not in "".join(frames)
+    for frame in frames[:-1]:
+        kind, data = frame.split("\n")
+        assert kind == "event: " + json.loads(data.removeprefix("data: "))["type"]
+
+
+POINT_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+                "required": ["n"], "additionalProperties": False}
+POINT = {"type": "function", "function": {"name": "make_point", "parameters": POINT_SCHEMA}}
+
+
+def test_a_named_function_is_called_with_the_arguments_chat_gets(served):
+    """tool_choice naming a function (chat's tested against the target alone under the schema): one function_call
+    item, whole and streamed, its arguments chat's."""
+    chat = chat_of(served, messages=CHAT, tools=[POINT], max_tokens=24, temperature=0,
+                   tool_choice={"type": "function", "function": {"name": "make_point"}})
+    expected = chat.choices[0].message.tool_calls[0].function.arguments
+    body = dict(input="a point", tools=[flat(POINT)], tool_choice={"type": "function", "name": "make_point"},
+                max_output_tokens=24, temperature=0)
+    response = served.client.responses.create(model=served.model, **body)
+    call, = response.output
+    assert (call.type, call.name, call.arguments, call.status) == ("function_call", "make_point", expected,
+                                                                   "completed")
+    assert call.call_id.startswith("call_") and call.id.startswith("fc_") and response.status == "completed"
+    events = events_of(served, body)
+    assert [e.type for e in events if "arguments" not in e.type] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.output_item.done",
+        "response.completed"]
+    pieces = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert pieces == done.arguments == events[-1].response.output[0].arguments == expected
+    assert done.name == "make_point"
+    with served.client.responses.stream(model=served.model, **body) as stream:     # the SDK's stream helper
+        assert stream.get_final_response().output[0].arguments == expected
+
+
+def test_auto_calls_follow_the_text_before_them_whole_and_streamed(served):
+    """tool_choice "auto" with the hermes parser, the call forced by a regex (as in chat's test): a message item
+    with the text before the call, then the function_call item."""
+    regex = r'Checking\.<tool_call>\{"name": "get_time", "arguments": \{\}\}</tool_call>'
+    body = dict(input="a point", tools=[flat(UNIT_TOOL), flat(TIME_TOOL)], max_output_tokens=64, temperature=0,
+                extra_body={"guided_regex": regex})
+    response = served.client.responses.create(model=served.model, **body)
+    message, call = response.output
+    assert (message.type, response.output_text, call.type, call.name, call.arguments) == (
+        "message", "Checking.", "function_call", "get_time", "{}")
+    final = events_of(served, body)[-1].response
+    assert [(item.type, getattr(item, "name", None)) for item in final.output] == [
+        ("message", None), ("function_call", "get_time")] and final.output_text == "Checking."
+
+
+def test_a_call_and_its_output_are_the_chat_conversation_they_stand_for(served):
+    called = {"name": "set_unit", "arguments": '{"unit": "celsius"}'}
+    items = [*CHAT, {"type": "function_call", "call_id": "call_1", **called},
+             {"type": "function_call_output", "call_id": "call_1", "output": "ok"}]
+    response = served.client.responses.create(model=served.model, input=items, tools=[flat(UNIT_TOOL)],
+                                              tool_choice="none", max_output_tokens=16, temperature=0)
+    chat = chat_of(served, messages=[*CHAT, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": called}]}, {"role": "tool", "tool_call_id": "call_1",
+                                                                     "content": "ok"}],
+        tools=[UNIT_TOOL], tool_choice="none", max_tokens=16, temperature=0)
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_text_format_json_schema_is_chats_response_format(served):
+    fmt = {"type": "json_schema", "name": "point", "schema": POINT_SCHEMA, "strict": True}
+    response = served.client.responses.create(model=served.model, input="a point", max_output_tokens=32,
+                                              temperature=0, text={"format": fmt})
+    chat = chat_of(served, messages=CHAT, max_tokens=32, temperature=0, response_format={
+        "type": "json_schema", "json_schema": {"name": "point", "schema": POINT_SCHEMA, "strict": True}})
+    assert response.output_text == chat.choices[0].message.content and response.output_text.startswith('{"n": ')
+    assert response.text.format.type == "json_schema"
+
+
+def test_included_logprobs_are_chats_whole_and_streamed(served):
+    body = dict(input="a point", max_output_tokens=8, temperature=0, top_logprobs=2,
+                include=["message.output_text.logprobs"])
+    response = served.client.responses.create(model=served.model, **body)
+    chat = chat_of(served, messages=CHAT, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+    expected = [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs])
+                for e in chat.choices[0].logprobs.content]
+    got = response.output[0].content[0].logprobs
+    assert [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in got] == expected
+    events = events_of(served, body)
+    streamed = [e for event in events if event.type == "response.output_text.delta" for e in event.logprobs]
+    assert [(e.token, e.logprob) for e in streamed] == [entry[:2] for entry in expected]
+    plain = served.client.responses.create(model=served.model, input="a point", max_output_tokens=8, temperature=0)
+    assert plain.output[0].content[0].logprobs == [] and plain.output_text == response.output_text
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),        # nothing is stored
+    ({"n": 2}, "n"), ({"max_tokens": 5}, "max_tokens"), ({"background": True}, "background"),
+    ({"truncation": "auto"}, "truncation"), ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "web_search"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
+    ({"input": []}, "input"), ({"input": 3}, "input"), ({"input": [{"type": "reasoning", "id": "r"}]}, "input"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].type"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
+    ({"max_output_tokens": 0}, "max_output_tokens"), ({"max_output_tokens": 10 ** 6}, "max_output_tokens"),
+    ({"text": {"verbosity": "high"}}, "text.verbosity"), ({"text": {"format": {"type": "json_schema"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}}, "text.format"),
+    ({"include": ["everything"]}, "include"), ({"top_logprobs": 21}, "top_logprobs"),
+    ({"input": [{"type": [], "role": "user", "content": "x"}]}, "input"),
+    ({"max_completion_tokens": 5}, "max_completion_tokens"), ({"logprobs": True}, "logprobs"),     # chat's names
+    ({"messages": [{"role": "user", "content": "x"}]}, "messages"),
+    ({"tools": [flat(UNIT_TOOL)], "tool_choice": {"type": "function", "function": {"name": "set_unit"}}},
+     "tool_choice"), ({"tool_choice": 3}, "tool_choice"),
+    ({"text": {"format": {"type": "json_object"}}, "guided_regex": "a+"}, "guided_regex"),   # names text.format
+])
+def test_a_request_that_cannot_be_served_is_refused_naming_the_responses_parameter(served, body, param):
+    base = {"model": served.model, "input": "x", "max_output_tokens": 4}
+    refused = requests_counted(served, "INVALID_ARGUMENT")
+    response = httpx.post(served.base_url + "/responses", json={**base, **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"].startswith(param), error
+    chats = {"messages", "max_completion_tokens", "response_format"} - {param}     # chat's names, not sent
+    assert not chats & set(re.findall(r"\w+", error["message"])), error
+    assert requests_counted(served, "INVALID_ARGUMENT") == refused + 1
+    assert httpx.post(served.base_url + "/responses", json=base).status_code == 200
+
+
+def test_neutral_values_of_refused_parameters_are_accepted(served):
+    body = {"model": served.model, "input": "x", "max_output_tokens": 4, "n": 1, "best_of": 1, "store": True,
+            "background": False, "truncation": "disabled", "text": {"verbosity": "medium"}, "service_tier": "auto"}
+    response = httpx.post(served.base_url + "/responses", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["store"] is False        # nothing is stored
+
+
+def test_a_length_error_names_max_output_tokens(served):
+    response = httpx.post(served.base_url + "/responses", json={"model": served.model, "input": "x",
+                                                                 "max_output_tokens": 4, "min_tokens": 9})
+    error = response.json()["error"]
+    assert (response.status_code, error["param"]) == (400, "min_tokens") and "max_output_tokens=4" in error["message"]
+
+
+def test_a_seeded_sampled_response_is_the_seeded_chat_completion(served):
+    """Sampling parameters (and vLLM's, in the body) reach the router as chat's do."""
+    body = dict(temperature=0.9, top_p=0.95, extra_body={"seed": 11, "top_k": 20})
+    response = served.client.responses.create(model=served.model, input="a point", max_output_tokens=12, **body)
+    chat = chat_of(served, messages=CHAT, max_tokens=12, **body)
+    assert response.output_text == chat.choices[0].message.content
+    assert (response.temperature, response.top_p) == (0.9, 0.95)
+    assert stream_assembled(chat_of(served, messages=CHAT, max_tokens=12, stream=True, **body))[0] == \
+        events_of(served, dict(input="a point", max_output_tokens=12, **body))[-1].response.output_text
+
+
+# The events alone, on scripted outputs (no server): what the stream puts together is the answer read whole
+
+def scripted(plan, pieces: list, finish: int, logprobs: bool = True) -> tuple[dict, list[dict]]:
+    """(the Response read whole, the stream's event payloads) of an output arriving as `pieces` (each a chunk's
+    text; a token of it each, its token ID its index), ended with `finish` (a FinishReason)."""
+    from openai_api.responses_api import ResponseObjects, ResponsesRequest
+    from protos.specpool.v1 import generation_pb2
+    from router.stopping import Chunk
+    body = ResponsesRequest.model_validate({"model": "m", "input": "x"})
+    state = types.SimpleNamespace(top_logprobs=1 if logprobs else None, prompt_len=3, generated=len(pieces),
+                                  stats=generation_pb2.GenerationStats())
+    entry = [generation_pb2.TokenLogprob(token_id=i, logprob=-i / 10, top=[generation_pb2.TopLogprob(
+        token_id=i, logprob=-i / 10)]) for i in range(len(pieces))]
+    chunks = [Chunk([i], piece, [entry[i]] if logprobs else [], finish if i == len(pieces) - 1 else 0)
+              for i, piece in enumerate(pieces)]
+    whole_kind, stream_kind = (ResponseObjects(str, plan, body) for _ in range(2))
+    for kind in (whole_kind, stream_kind):
+        kind.bind([state])
+    choice = whole_kind.choice(0, "".join(pieces), entry if logprobs else None, FINISH[finish])
+    events = stream_kind.events("r", "m")
+    frames = events.start() + [text for index, chunk in enumerate(chunks) for text in events.chunk(0, chunk)]
+    return whole_kind.whole("r", "m", [choice]), [json.loads(f.split("\ndata: ")[1]) for f in frames + events.end()]
+
+
+FINISH = {1: "length", 2: "stop"}        # FINISH_REASON_LENGTH, FINISH_REASON_STOP
+HERMES_CALL = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+
+
+def without_ids(items: list) -> list:
+    """The items, their ids (made up per answer) left out."""
+    return [{key: value for key, value in item.items() if key not in ("id", "call_id")} for item in items]
+
+
+@pytest.mark.parametrize("choice, pieces, finish", [
+    ("none", ["def", " f", "(", ""], 2),                       # a last token without text (EOS): its logprob too
+    ("none", [], 2),                                            # nothing: an empty message
+    ("none", ["\n", " "], 1),                                   # only whitespace and no call: the message
+    ("auto", ["\n", *HERMES_CALL], 2),                          # whitespace, then a call: the call alone
+    ("auto", ["Checking", ".", *HERMES_CALL], 2),               # text, then a call
+    ("named", ['{"n"', ": 4"], 1),                              # a named call cut at max_output_tokens
+])
+def test_the_stream_put_together_is_the_response_read_whole(choice, pieces, finish):
+    from pydantic import TypeAdapter
+    from openai.types.responses import Response, ResponseStreamEvent
+    from openai_api.tools import PARSERS, Tool, ToolPlan
+    tools = tuple(Tool.model_validate(tool) for tool in (TIME_TOOL, POINT))
+    plan = ToolPlan(tools, choice, "make_point" if choice == "named" else "", PARSERS["hermes"])
+    whole, payloads = scripted(plan, pieces, finish)
+    final = payloads[-1]["response"]
+    assert without_ids(final["output"]) == without_ids(whole["output"]) and final["status"] == whole["status"]
+    assert [p["sequence_number"] for p in payloads] == list(range(len(payloads)))
+    for item in final["output"]:
+        if item["type"] == "message":
+            deltas = [p for p in payloads if p["type"] == "response.output_text.delta" and p["item_id"] == item["id"]]
+            assert "".join(p["delta"] for p in deltas) == item["content"][0]["text"]
+            assert [e for p in deltas for e in p["logprobs"]] == item["content"][0]["logprobs"]
+    if pieces and choice != "named" and not (choice == "auto" and "Checking" not in pieces):
+        assert len(whole["output"][0]["content"][0]["logprobs"]) == len(pieces)   # every token's, the call's too
+    for payload in payloads:                   # as the SDK's own types have them (strictly: no field missing)
+        TypeAdapter(ResponseStreamEvent).validate_python(payload, strict=False)
+    Response.model_validate(whole)
+
+
+def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
+    from openai_api.protocol import ApiError
+    from openai_api.responses_api import ResponseObjects, ResponsesRequest
+    from openai_api.tools import ToolPlan
+    from protos.specpool.v1 import generation_pb2
+    kind = ResponseObjects(str, ToolPlan(), ResponsesRequest.model_validate({"model": "m", "input": "x"}))
+    kind.bind([types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=0,
+                                     stats=generation_pb2.GenerationStats())])
+    events = kind.events("r", "m")
+    error, failed = (json.loads(f.split("\ndata: ")[1]) for f in events.failed(
+        ApiError(503, "target 0 failed", kind="service_unavailable")))
+    assert (error["type"], error["code"], error["message"]) == ("error", "server_error", "target 0 failed")
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"] == {"code": "server_error", "message": "target 0 failed"}
+
