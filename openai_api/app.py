@@ -22,7 +22,9 @@ from openai_api.functions import as_tools, deprecated_plan
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest,
                                  DetokenizeRequest, SamplingBody, TokenizeRequest, completion_prompts,
                                  generate_request, http_error, with_seed)
-from openai_api.responses_api import ResponseObjects, ResponsesRequest, chat_request, responses_error
+from openai_api.response_store import ResponseStore
+from openai_api.responses_api import (ResponseObjects, ResponsesRequest, as_input, chat_request, input_items,
+                                      responses_error)
 from openai_api.tools import PARSERS
 from openai_api.choices import FINISH, ChatCompletions, Completions
 from router.bearer import allowed
@@ -56,6 +58,7 @@ class Api:
                  loading: Callable[[], str] = lambda: LOADING):
         self.http, self._get_router, self._loading = http, get_router, loading
         self._templates: dict = {}
+        self.stored = ResponseStore(http.store_responses)       # the Responses API's, for previous_response_id
 
     def router(self) -> Router:
         current = self._get_router()
@@ -105,12 +108,45 @@ class Api:
         try:
             router = self.router()
             model = check_model(body, self.model_name(router))
-            chat = chat_request(body)
+            items = self.conversation(body)
+            chat = chat_request(body, items)
             generate, plan = self.chat_generate(router, chat)
-            return await answer(request, router, chat, [generate], ResponseObjects(_decoder(router), plan, body),
-                                model)
+            kind = ResponseObjects(_decoder(router), plan, body, self.storing(body, items))
+            return await answer(request, router, chat, [generate], kind, model)
         except ApiError as error:
             raise responses_error(error) from None
+
+    def storing(self, body: ResponsesRequest, items: list) -> Callable[[dict], None] | None:
+        """What keeps a response once answered, if it is to be stored: with its conversation's items, its output."""
+        if not body.store or self.stored.capacity <= 0:
+            return None
+        return lambda response: self.stored.put(response, items + as_input(response["output"]))
+
+    def conversation(self, body: ResponsesRequest) -> list:
+        """The input items of a response: the conversation of the stored response it continues, if any, then its
+        own input (not the instructions it was given: a response's own replace them, as OpenAI has it)."""
+        if body.previous_response_id is None:
+            return input_items(body)
+        if self.stored.capacity <= 0:
+            raise ApiError(400, "previous_response_id: this server stores no responses (http.store_responses is 0): "
+                           "send the whole conversation in `input`", "previous_response_id")
+        return self.stored_response(body.previous_response_id, "previous_response_id").items + input_items(body)
+
+    def stored_response(self, response_id: str, param: str = "response_id"):
+        stored = self.stored.get(response_id)
+        if stored is None:
+            raise ApiError(404, f"{param}: no stored response {response_id!r} (this router keeps the last "
+                           f"{self.stored.capacity}, until it restarts)", param, code="response_not_found")
+        return stored
+
+    async def get_response(self, response_id: str) -> dict:
+        """A stored response, as it was answered."""
+        return self.stored_response(response_id).response
+
+    async def delete_response(self, response_id: str) -> dict:
+        self.stored_response(response_id)
+        self.stored.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
 
     def chat_generate(self, router: Router, body: ChatRequest, deprecated: bool = False) -> tuple:
         """The GenerateRequest of a chat request (its messages rendered by the chat template, its tools and
@@ -242,6 +278,8 @@ def create_app(http: HttpConfig, get_router: Callable[[], Router | None],
     app.add_api_route("/v1/completions", api.completions, methods=["POST"], dependencies=authorized)
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"], dependencies=authorized)
     app.add_api_route("/v1/responses", api.responses, methods=["POST"], dependencies=authorized)
+    app.add_api_route("/v1/responses/{response_id}", api.get_response, methods=["GET"], dependencies=authorized)
+    app.add_api_route("/v1/responses/{response_id}", api.delete_response, methods=["DELETE"], dependencies=authorized)
     app.add_api_route("/tokenize", api.tokenize, methods=["POST"], dependencies=authorized)       # vLLM's
     app.add_api_route("/detokenize", api.detokenize, methods=["POST"], dependencies=authorized)
     return app

@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from openai_api.structured import JsonSchema, ResponseFormat, StructuredOutputs, structured_output
 from openai_api.tools import (PARSERS, CalledFunction, Function, FunctionName, NamedToolChoice, Parser, Tool,
-                              ToolCall, ToolChoice, ToolPlan)
+                              ToolCall, ToolChoice, ToolPlan, string_or_named)
 from protos.specpool.v1 import generation_pb2
 from router.validation import MAX_TOP_LOGPROBS, RequestError
 
@@ -381,6 +381,9 @@ class TemplateOptions(Body):
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
+DeprecatedChoice = string_or_named(Literal["none", "auto"], FunctionName, '"none", "auto" or {"name": ...}')
+
+
 class ChatRequest(SamplingBody, TemplateOptions):     # TemplateOptions' fields first: its validators read them
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: MaxTokens = None
@@ -390,7 +393,7 @@ class ChatRequest(SamplingBody, TemplateOptions):     # TemplateOptions' fields 
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: Flag = True
     functions: Optional[list[Function]] = None           # deprecated tools: openai_api/functions.py ([]: none)
-    function_call: Optional[Union[Literal["none", "auto"], FunctionName]] = None
+    function_call: Optional[DeprecatedChoice] = None
 
     def params(self) -> dict[str, str]:
         length = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"

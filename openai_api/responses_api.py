@@ -2,8 +2,8 @@
 ChatRequest (`instructions` the system message, `input` items the messages, flat function tools chat tools,
 `text.format` a response_format), which runs through the same chat template, tool calling, structured output and
 router as /v1/chat/completions; the answer comes back as a Response object (its output items: the message, then
-any function calls), or streamed as the Responses API's typed events. specpool stores no responses (`store` is
-answered false), so `previous_response_id` is refused: send the whole conversation in `input`.
+any function calls), or streamed as the Responses API's typed events. Stored responses (openai_api/response_store.py)
+are continued by `previous_response_id`: their conversation's items, then the new input.
 
     curl localhost:8000/v1/responses -H 'Content-Type: application/json' \\
          -d '{"model": "target", "input": "def fib(n):", "max_output_tokens": 32}'
@@ -14,7 +14,7 @@ import json
 import re
 import time
 import uuid
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag, create_model, model_validator
 from pydantic_core import PydanticCustomError
@@ -65,8 +65,9 @@ ITEMS = {"message": "a message", "function_call": "a function call", "function_c
 
 
 def _item(value: Any) -> str | None:
-    kind = value.get("type", "message") if isinstance(value, dict) else None
-    return ITEMS.get(kind) if isinstance(kind, str) else None
+    """The tag of an item: a JSON object's by its `type` (left out or null: a message), a built item's by its own."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return ITEMS.get(kind or "message") if isinstance(kind, (str, type(None))) else None
 
 
 Item = Annotated[Union[Annotated[InputMessage, Tag(ITEMS["message"])],
@@ -144,12 +145,6 @@ class TextConfig(Body):
     verbosity: Annotated[Any, AfterValidator(_medium)] = "medium"
 
 
-def _stored_responses_refused(value: Any) -> Any:
-    if value is not None:
-        raise PydanticCustomError("no_store", "specpool stores no responses: send the whole conversation in `input`")
-    return value
-
-
 def _elsewhere(hint: str) -> AfterValidator:
     """A parameter of chat completions that the Responses API does not take (`hint`: what to do instead)."""
     def check(value: Any) -> Any:
@@ -176,9 +171,9 @@ class ResponsesFields(SamplingBody, TemplateOptions):
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: Flag = True
     text: Optional[TextConfig] = None
-    store: Flag = True                               # answered false: specpool stores no responses
+    store: Flag = True                               # kept for previous_response_id, if http.store_responses
     metadata: Optional[dict[str, Text]] = None
-    previous_response_id: Annotated[Optional[Text], AfterValidator(_stored_responses_refused)] = None
+    previous_response_id: Optional[Text] = None
     max_tokens: Annotated[Any, _elsewhere("send `max_output_tokens`")] = None
     max_completion_tokens: Annotated[Any, _elsewhere("send `max_output_tokens`")] = None
     messages: Annotated[Any, _elsewhere("send `input`")] = None
@@ -188,7 +183,7 @@ class ResponsesFields(SamplingBody, TemplateOptions):
 
 
 # The Responses API's parameters that would change the output and that specpool lacks -> the neutral value: a
-# background response (it would be stored), truncation of the conversation, a reasoning model's effort, a stored
+# background response (polled for), truncation of the conversation, a reasoning model's effort, a stored
 # prompt template or conversation; and chat's n, a Response having one output
 RESPONSES_REFUSED = {"background": False, "truncation": "disabled", "reasoning": None, "prompt": None,
                      "conversation": None, "n": 1}
@@ -199,14 +194,15 @@ SHARED = (set(SamplingBody.model_fields) | set(TemplateOptions.model_fields)) - 
     - set(RESPONSES_REFUSED)
 
 
-def chat_request(body: ResponsesFields) -> ChatRequest:
-    """The chat completion a Responses request stands for (its fields already validated as the chat's are)."""
+def chat_request(body: ResponsesFields, items: list) -> ChatRequest:
+    """The chat completion a Responses request stands for, its conversation `items` (input_items, after those of
+    the response it continues), its fields already validated as the chat's are."""
     logprobs = LOGPROBS in (body.include or ()) or bool(body.top_logprobs)
     choice = body.tool_choice
     if isinstance(choice, FunctionChoice):
         choice = NamedToolChoice(type="function", function=FunctionName(name=choice.name))
     return ChatRequest.model_construct(
-        **{name: getattr(body, name) for name in SHARED}, messages=messages(body),
+        **{name: getattr(body, name) for name in SHARED}, messages=messages(body.instructions, items),
         max_completion_tokens=body.max_output_tokens, logprobs=logprobs,
         top_logprobs=body.top_logprobs if logprobs else None, tool_choice=choice,
         tools=None if body.tools is None else [tool.as_chat() for tool in body.tools],
@@ -214,11 +210,22 @@ def chat_request(body: ResponsesFields) -> ChatRequest:
         response_format=body.text.format.response_format() if body.text and body.text.format else None)
 
 
-def messages(body: ResponsesFields) -> list[Message]:
-    """`instructions` as the system message, then the input items: a function call joins the assistant message
-    before it (or makes one), a call's output is the tool message answering it."""
-    out = [Message(role="system", content=body.instructions)] if body.instructions is not None else []
-    items = [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) else body.input
+def input_items(body: ResponsesFields) -> list:
+    """The request's input as items (a string: the user's message)."""
+    return [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) else list(body.input)
+
+
+def as_input(output: list[dict]) -> list:
+    """A response's output items as the input items that send them back (the assistant's message, its calls)."""
+    return [InputMessage(role="assistant", content=item["content"][0]["text"]) if item["type"] == "message" else
+            FunctionCallItem(type="function_call", call_id=item["call_id"], name=item["name"],
+                             arguments=item["arguments"]) for item in output]
+
+
+def messages(instructions: str | None, items: list) -> list[Message]:
+    """`instructions` as the system message, then the items: a function call joins the assistant message before it
+    (or makes one), a call's output is the tool message answering it."""
+    out = [Message(role="system", content=instructions)] if instructions is not None else []
     for item in items:
         if isinstance(item, FunctionCallItem):
             call = ToolCall(id=item.call_id, function=CalledFunction(name=item.name, arguments=item.arguments))
@@ -271,14 +278,15 @@ def responses_usage(states: list) -> dict:
             "total_tokens": chat["total_tokens"]}
 
 
-def echoed(body: ResponsesFields) -> dict:
-    """The request's parameters as a Response carries them."""
+def echoed(body: ResponsesFields, stored: bool) -> dict:
+    """The request's parameters as a Response carries them (`store`: whether it is stored)."""
     text_format = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text and body.text.format \
         else {"type": "text"}
     choice = body.tool_choice or ("auto" if body.tools else "none")
     return {"instructions": body.instructions, "max_output_tokens": body.max_output_tokens or DEFAULT_CHAT_MAX_TOKENS,
-            "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": None, "reasoning": None,
-            "store": False, "temperature": body.temperature, "text": {"format": text_format, "verbosity": "medium"},
+            "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": body.previous_response_id,
+            "reasoning": None, "store": stored, "temperature": body.temperature,
+            "text": {"format": text_format, "verbosity": "medium"},
             "tool_choice": choice if isinstance(choice, str) else choice.model_dump(),
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
             "top_logprobs": body.top_logprobs or 0, "top_p": 1.0 if body.top_p is None else body.top_p,
@@ -294,9 +302,15 @@ class ResponseObjects(ChatCompletions):
     """/v1/responses: the chat answer (its message, tool calls and logprobs) as a Response object."""
     id_prefix = "resp_"
 
-    def __init__(self, decode, tool_plan, body: ResponsesFields):
+    def __init__(self, decode, tool_plan, body: ResponsesFields, store: Callable[[dict], None] | None = None):
         super().__init__(decode, tool_plan)
         self.body, self.created = body, int(time.time())
+        self.store = store          # given: keeps the Response once it is answered (completed or incomplete)
+
+    def done(self, response: dict) -> dict:
+        if self.store is not None:
+            self.store(response)
+        return response
 
     def response(self, request_id: str, model: str, output: list, status: str = "in_progress",
                  error: dict | None = None) -> dict:
@@ -305,7 +319,7 @@ class ResponseObjects(ChatCompletions):
         return {"id": self.id_prefix + request_id, "object": "response", "created_at": self.created,
                 "status": status, "background": False, "error": error,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-                "model": model, "output": output, **echoed(self.body),
+                "model": model, "output": output, **echoed(self.body, self.store is not None),
                 "usage": responses_usage(self.states) if done else None,
                 **({"specpool": spec_stats(self.states)} if done else {})}
 
@@ -318,7 +332,7 @@ class ResponseObjects(ChatCompletions):
         items = [] if calls and message["content"] is None else [message_item(
             new_id("msg"), status, [output_text(message["content"] or "", logprobs)])]
         items += [call_item(new_id("fc"), status, call) for call in calls]
-        return self.response(request_id, model, items, status)
+        return self.done(self.response(request_id, model, items, status))
 
     def events(self, request_id: str, model: str, usage_on: str = "") -> "ResponseEvents":
         return ResponseEvents(self, request_id, model)
@@ -382,7 +396,7 @@ class ResponseEvents:
             self.space += piece
             if hold and not self.space.strip():
                 return []
-            piece, self.space = self.space, ""
+            piece, self.space, self.text, self.logprobs = self.space, "", "", []
             events = self._opened(message_item(new_id("msg"), "in_progress", []))
             events.append(self._event("response.content_part.added", **self._at(), content_index=0,
                                       part=output_text("", [])))
@@ -430,12 +444,16 @@ class ResponseEvents:
         events = self._text("", hold=False) if not calls and (self.space or not self.items) else []
         events += self._close()
         status = status_of(self.finish)
-        response = self.kind.response(self.request_id, self.model, self.items, status)
+        response = self.kind.done(self.kind.response(self.request_id, self.model, self.items, status))
         return events + [self._event(f"response.{status}", response=response)]
 
     def failed(self, error: ApiError) -> list[str]:
-        """The error event, then response.failed (its items as far as they got)."""
+        """The error event, then response.failed (its items as far as they got, the open one incomplete)."""
         code = "rate_limit_exceeded" if error.status == 429 else "server_error"
+        if self.open:
+            self.items[-1]["status"] = "incomplete"
+            if self.items[-1]["type"] == "message":
+                self.items[-1]["content"] = [output_text(self.text, self.logprobs)]
         response = self.kind.response(self.request_id, self.model, self.items, "failed",
                                       {"code": code, "message": str(error)})
         return [self._event("error", code=error.code or code, message=str(error), param=error.param),

@@ -64,7 +64,7 @@ def string_or_named(strings: Any, named: type, expected: str) -> Any:
     """A tool choice: one of `strings`, or a `named` function object, chosen by the JSON value's kind (tags with a
     space, so that an error names `tool_choice` or its own key, not a union member), else `must be <expected>`."""
     def kind(value: Any) -> str | None:
-        return "a string" if isinstance(value, str) else "an object" if isinstance(value, dict) else None
+        return "a string" if isinstance(value, str) else "an object" if isinstance(value, (dict, BaseModel)) else None
     return Annotated[Union[Annotated[strings, Tag("a string")], Annotated[named, Tag("an object")]],
                      Discriminator(kind, custom_error_type="invalid_type", custom_error_message=f"must be {expected}")]
 

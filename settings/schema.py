@@ -359,11 +359,15 @@ class HttpConfig:
     tool_call_parser: str = ""       # how tool_choice "auto" reads calls in the output: hermes | llama3_json |
                                      # mistral | pythonic | qwen3_coder
                                      # ("": "auto" is refused; "required" and named functions need none)
+    store_responses: int = 1000      # the Responses API's stored responses kept in memory, the last used
+                                     # (previous_response_id, GET /v1/responses/{id}); 0: none stored
 
     def validate(self, section: str = "http") -> None:
         if not -1 <= self.port <= 65535:
             raise ConfigError(f"{section}.port: must be a port number or -1 (got {self.port!r})")
         check_keys(self.api_keys, f"{section}.api_keys")
+        if not 0 <= self.store_responses <= 1_000_000:
+            raise ConfigError(f"{section}.store_responses: must be in [0, 1000000] (got {self.store_responses!r})")
         if self.chat_template and not Path(self.chat_template).is_file():
             raise ConfigError(f"{section}.chat_template: no such file (got {self.chat_template!r})")
         if self.tool_call_parser not in ("", *TOOL_CALL_PARSERS):

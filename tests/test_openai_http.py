@@ -27,10 +27,11 @@ DEMO = Path(__file__).resolve().parent.parent / "deploy" / "models" / "demo-pair
 PROMPT = "def __init__(self"
 
 
-def served_over_http(start_service, **overrides):
-    """The demo pair served with HTTP on (the hermes tool-call parser) at K = 3, and an OpenAI client of it."""
+def served_over_http(start_service, http: dict | None = None, **overrides):
+    """The demo pair served with HTTP on (the hermes tool-call parser, and `http`) at K = 3, and an OpenAI client of
+    it."""
     pair = (str(DEMO / "draft"), str(DEMO / "target"))
-    http = {"port": 0, "tool_call_parser": "hermes"}
+    http = {"port": 0, "tool_call_parser": "hermes", **(http or {})}
     running = start_service(service_config(pair, http=http, speculation={"k": 3}, **overrides))
     running.base_url = f"http://127.0.0.1:{running.service.http_port}/v1"
     running.client = openai.OpenAI(base_url=running.base_url, api_key="unused", max_retries=0)
@@ -45,7 +46,8 @@ def demo_target() -> tuple:
 
 @pytest.fixture(scope="module")
 def served(start_service):
-    return served_over_http(start_service, router={"max_active_requests": 2, "max_queued_requests": 0})
+    return served_over_http(start_service, http={"store_responses": 0},       # no Responses API store
+                            router={"max_active_requests": 2, "max_queued_requests": 0})
 
 
 @pytest.fixture(scope="module")
@@ -912,6 +914,17 @@ def test_n_over_what_the_server_admits_is_400_naming_n(served):
     error = response.json()["error"]
     assert error["param"] == "n" and "2" in error["message"] and "max_active_requests" in error["message"]
     assert requests_counted(served, "RESOURCE_EXHAUSTED") == refused
+
+
+def test_a_server_that_stores_no_responses_says_so(served):
+    """http.store_responses 0: a response is answered `store: false`, and one that continues another is a 400."""
+    answer = served.client.responses.create(model=served.model, input="x", max_output_tokens=4)
+    assert answer.store is False and httpx.get(f"{served.base_url}/responses/{answer.id}").status_code == 404
+    refused = httpx.post(served.base_url + "/responses", json={"model": served.model, "input": "x",
+                                                               "previous_response_id": answer.id})
+    error = refused.json()["error"]
+    assert (refused.status_code, error["param"]) == (400, "previous_response_id")
+    assert "http.store_responses is 0" in error["message"]
 
 
 def test_acceptance_rate_is_null_when_nothing_was_drafted(served):

@@ -58,7 +58,7 @@ def test_a_response_is_the_target_alones_greedy_continuation_of_its_instructions
                                                                          "output_text")
     assert response.id.startswith("resp_") and item.id.startswith("msg_") and response.object == "response"
     assert (response.instructions, response.max_output_tokens, response.store, response.metadata) == (
-        "You write Python.", 16, False, {"team": "a"})        # nothing is stored: `store` answered false
+        "You write Python.", 16, True, {"team": "a"})
     assert response.model_extra["specpool"]["target_passes"] >= 1
 
 
@@ -191,7 +191,6 @@ def test_included_logprobs_are_chats_whole_and_streamed(served):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),        # nothing is stored
     ({"n": 2}, "n"), ({"max_tokens": 5}, "max_tokens"), ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"), ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
@@ -229,7 +228,76 @@ def test_neutral_values_of_refused_parameters_are_accepted(served):
             "background": False, "truncation": "disabled", "text": {"verbosity": "medium"}, "service_tier": "auto"}
     response = httpx.post(served.base_url + "/responses", json=body)
     assert response.status_code == 200, response.text
-    assert response.json()["store"] is False        # nothing is stored
+
+
+def test_previous_response_id_continues_the_stored_conversation_without_its_instructions(served):
+    """A response continues a stored one as chat continues the conversation: the first's input, its answer as the
+    assistant's message, then the new input; the first's instructions are not carried over (OpenAI's rule), the
+    second's own are. Streamed responses are stored too."""
+    first = served.client.responses.create(model=served.model, instructions="You write Python.", input="a point",
+                                           max_output_tokens=8, temperature=0)
+    second = served.client.responses.create(model=served.model, previous_response_id=first.id, input="and a line",
+                                            instructions="Be brief.", max_output_tokens=8, temperature=0)
+    turns = [{"role": "system", "content": "Be brief."}, *CHAT, {"role": "assistant", "content": first.output_text},
+             {"role": "user", "content": "and a line"}]
+    chat = chat_of(served, messages=turns, max_tokens=8, temperature=0)
+    assert second.output_text == chat.choices[0].message.content and second.previous_response_id == first.id
+    assert second.usage.input_tokens == chat.usage.prompt_tokens
+    third = events_of(served, dict(previous_response_id=second.id, input="more", max_output_tokens=8,
+                                   temperature=0))[-1].response
+    chat = chat_of(served, messages=[*turns[1:], {"role": "assistant", "content": second.output_text},
+                                     {"role": "user", "content": "more"}], max_tokens=8, temperature=0)
+    assert third.output_text == chat.choices[0].message.content
+    assert served.client.responses.retrieve(third.id).output_text == third.output_text
+
+
+def test_a_called_function_and_its_output_continue_a_stored_response(served):
+    """The stored answer's function call goes back as the assistant's call; the client sends only its output."""
+    first = served.client.responses.create(model=served.model, input="a point", tools=[flat(POINT)],
+                                           tool_choice={"type": "function", "name": "make_point"},
+                                           max_output_tokens=24, temperature=0)
+    call = first.output[0]
+    second = served.client.responses.create(
+        model=served.model, previous_response_id=first.id, tools=[flat(POINT)], tool_choice="none",
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "done"}], max_output_tokens=8,
+        temperature=0)
+    chat = chat_of(served, messages=[*CHAT, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.call_id, "type": "function", "function": {"name": "make_point", "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "done"}], tools=[POINT], tool_choice="none",
+        max_tokens=8, temperature=0)
+    assert second.output_text == chat.choices[0].message.content
+
+
+def test_a_stored_response_is_retrieved_and_deleted_and_one_not_stored_is_not_found(served):
+    kept = served.client.responses.create(model=served.model, input="x", max_output_tokens=4, temperature=0)
+    got = httpx.get(f"{served.base_url}/responses/{kept.id}")
+    assert got.status_code == 200 and got.json() == kept.model_dump(mode="json", exclude_unset=True), got.text
+    deleted = httpx.delete(f"{served.base_url}/responses/{kept.id}")
+    assert deleted.json() == {"id": kept.id, "object": "response", "deleted": True}
+    unstored = served.client.responses.create(model=served.model, input="x", max_output_tokens=4, store=False)
+    assert unstored.store is False
+    for response_id in (kept.id, unstored.id):
+        for method in ("GET", "DELETE"):
+            missing = httpx.request(method, f"{served.base_url}/responses/{response_id}")
+            assert missing.status_code == 404 and missing.json()["error"]["param"] == "response_id"
+        refused = httpx.post(served.base_url + "/responses", json={
+            "model": served.model, "input": "x", "previous_response_id": response_id})
+        error = refused.json()["error"]
+        assert (refused.status_code, error["param"], error["code"]) == (404, "previous_response_id",
+                                                                         "response_not_found")
+
+
+def test_the_store_keeps_the_last_used_responses():
+    from openai_api.response_store import ResponseStore
+    store = ResponseStore(2)
+    for name in "abc":
+        store.put({"id": name}, [name])
+        if name == "b":
+            assert store.get("a").items == ["a"]       # used: "b" is now the least recently used
+    assert (store.get("b"), store.get("a").items, store.get("c").items, len(store)) == (None, ["a"], ["c"], 2)
+    assert store.delete("a") and not store.delete("a") and len(store) == 1
+    ResponseStore(0).put({"id": "x"}, [])
+    assert len(ResponseStore(0)) == 0
 
 
 def test_a_length_error_names_max_output_tokens(served):
@@ -322,9 +390,13 @@ def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
     kind.bind([types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=0,
                                      stats=generation_pb2.GenerationStats())])
     events = kind.events("r", "m")
+    from router.stopping import Chunk
+    events.start(), events.chunk(0, Chunk([5], "def f", []))
     error, failed = (json.loads(f.split("\ndata: ")[1]) for f in events.failed(
         ApiError(503, "target 0 failed", kind="service_unavailable")))
     assert (error["type"], error["code"], error["message"]) == ("error", "server_error", "target 0 failed")
     assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
     assert failed["response"]["error"] == {"code": "server_error", "message": "target 0 failed"}
+    message, = failed["response"]["output"]                  # the text already sent, the message left incomplete
+    assert (message["status"], message["content"][0]["text"]) == ("incomplete", "def f")
 
