@@ -100,6 +100,15 @@ class Constraint:
         self.consumed += rest[:taken]
         return taken == len(rest)
 
+    def allowed_prefix(self, output: list[int], drafts: list[int]) -> int:
+        """How many of `drafts` the grammar allows after the committed `output` (the matcher left at `output`)."""
+        if not self.follow(output) or not drafts:
+            return 0
+        taken = self.matcher.try_consume_tokens(drafts)
+        if taken:
+            self.matcher.rollback(taken)
+        return taken
+
     def allowed(self, vocab: int, device) -> torch.Tensor:  # [vocab] bool
         """The tokens the grammar allows next (none past the tokenizer's vocabulary)."""
         allowed = torch.zeros(vocab, dtype=torch.bool)

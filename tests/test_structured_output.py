@@ -107,6 +107,44 @@ def test_the_draft_masks_its_rows_as_the_target_does(demo):
 PROMPT, SAMPLES, REGEX = [0, 1, 2, 3], 2000, "[a-c][b-f]"
 
 
+def test_lookup_drafts_end_at_the_first_token_the_grammar_forbids(demo):
+    """A decode run drafting by prompt lookup under a JSON schema: the lookup copies the prompt, which goes on past
+    its JSON (`\nq = {...`) where the schema allows only the end, so the target keeps each lookup's drafts up to the
+    first token the grammar forbids there. Every draft it verifies is one the grammar allows after the output before
+    it, and it commits what it commits drafting nothing."""
+    import asyncio
+    from engine.constraints import Constraint, grammar_tokenizer
+    from target_worker.server import TargetServicer
+    from tests.test_decode_run import decode, tokens_of
+    _, target, _, tokenizer = demo
+    grammar = grammar_of(json_schema=json.dumps(POINT))
+    prompt = tokenizer('p = {"name": "ab", "n": 12}\nq = {"name": "ab", "n": 12}\nr = {"name": "ab", "n": 12}\n'
+                       'x = ').input_ids
+
+    def request(session_id: int, lookup: bool) -> worker_pb2.VerifyRequest:
+        call = worker_pb2.VerifyRequest(session_id=session_id, position=0, new_token_ids=prompt, decode_steps=32,
+                                        sampling=generation_pb2.SamplingParams(top_p=1.0), prompt_length=len(prompt),
+                                        grammar=grammar)
+        if lookup:
+            call.lookup.min_n, call.lookup.max_n, call.lookup.max_tokens = 1, 3, 8
+        return call
+
+    async def scenario():
+        servicer = TargetServicer(target, 1)
+        return await decode(servicer, request(90, False)), await decode(servicer, request(91, True))
+    plain, looked_up = asyncio.run(scenario())
+    assert tokens_of(looked_up) == tokens_of(plain)
+    replay = Constraint(grammar_tokenizer(target.model_path, target.model.config.vocab_size,
+                                          tuple(grammar.eos_token_ids)), grammar.llguidance)
+    output, drafted = [], 0
+    for answer in looked_up:
+        drafts = list(answer.draft_token_ids)
+        assert replay.allowed_prefix(output, drafts) == len(drafts), (tokenizer.decode(output), drafts)
+        output += tokens_of([answer])
+        drafted += len(drafts)
+    assert drafted > 0
+
+
 def constrained_joint(model, prompt: list[int], first: str, second: str) -> dict:
     """P(t0, t1) of the target alone at temperature 1 with t0's letter in `first` and t1's in `second` (the tiny
     pair's token i is letter i)."""
