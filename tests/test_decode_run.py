@@ -210,21 +210,27 @@ def tokens_of(answers) -> list[int]:
     return [t for a in answers for t in list(a.draft_token_ids[:a.num_accepted]) + [a.next_token_id]]
 
 
+def plain_and_looked_up(engine, call: worker_pb2.VerifyRequest, max_tokens: int) -> tuple[list, list]:
+    """The answers of decode run `call` (a session start) drafting nothing, and of the same run in another session
+    looking up its own drafts (1- to 3-grams, up to `max_tokens` drafts)."""
+    looked_up = worker_pb2.VerifyRequest()
+    looked_up.CopyFrom(call)
+    looked_up.session_id = call.session_id + 1
+    looked_up.lookup.min_n, looked_up.lookup.max_n, looked_up.lookup.max_tokens = 1, 3, max_tokens
+
+    async def scenario():
+        servicer = TargetServicer(engine, 1)
+        return await decode(servicer, call), await decode(servicer, looked_up)
+    return asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "seeded-sampled"])
 def test_a_run_that_looks_up_its_own_drafts_commits_what_plain_decoding_would(engine, temperature):
     """Prompt-lookup drafts are verified as a deterministic draft's (q one-hot, coupled to plain decoding), so a
     run that looks up its drafts commits plain decoding's tokens, exactly its token budget of them."""
-    def request(session_id: int, lookup: bool) -> worker_pb2.VerifyRequest:
-        call = start(session_id, temperature, steps=40)
-        call.new_token_ids[:] = PROMPT * 3                     # a context that repeats: lookup always matches
-        if lookup:
-            call.lookup.min_n, call.lookup.max_n, call.lookup.max_tokens = 1, 3, 6
-        return call
-
-    async def scenario():
-        servicer = TargetServicer(engine, 1)
-        return await decode(servicer, request(40, False)), await decode(servicer, request(41, True))
-    plain, looked_up = asyncio.run(scenario())
+    call = start(40, temperature, steps=40)
+    call.new_token_ids[:] = PROMPT * 3                         # a context that repeats: lookup always matches
+    plain, looked_up = plain_and_looked_up(engine, call, 6)
     assert tokens_of(looked_up) == tokens_of(plain) and len(tokens_of(plain)) == 40
     assert sum(len(a.draft_token_ids) for a in looked_up) > 0
     assert all(len(a.draft_token_ids) <= 6 for a in looked_up) and not looked_up[-1].more

@@ -112,27 +112,16 @@ def test_lookup_drafts_end_at_the_first_token_the_grammar_forbids(demo):
     its JSON (`\nq = {...`) where the schema allows only the end, so the target keeps each lookup's drafts up to the
     first token the grammar forbids there. Every draft it verifies is one the grammar allows after the output before
     it, and it commits what it commits drafting nothing."""
-    import asyncio
     from engine.constraints import Constraint, grammar_tokenizer
-    from target_worker.server import TargetServicer
-    from tests.test_decode_run import decode, tokens_of
+    from tests.test_decode_run import plain_and_looked_up, tokens_of
     _, target, _, tokenizer = demo
     grammar = grammar_of(json_schema=json.dumps(POINT))
     prompt = tokenizer('p = {"name": "ab", "n": 12}\nq = {"name": "ab", "n": 12}\nr = {"name": "ab", "n": 12}\n'
                        'x = ').input_ids
 
-    def request(session_id: int, lookup: bool) -> worker_pb2.VerifyRequest:
-        call = worker_pb2.VerifyRequest(session_id=session_id, position=0, new_token_ids=prompt, decode_steps=32,
-                                        sampling=generation_pb2.SamplingParams(top_p=1.0), prompt_length=len(prompt),
-                                        grammar=grammar)
-        if lookup:
-            call.lookup.min_n, call.lookup.max_n, call.lookup.max_tokens = 1, 3, 8
-        return call
-
-    async def scenario():
-        servicer = TargetServicer(target, 1)
-        return await decode(servicer, request(90, False)), await decode(servicer, request(91, True))
-    plain, looked_up = asyncio.run(scenario())
+    call = worker_pb2.VerifyRequest(session_id=90, position=0, new_token_ids=prompt, decode_steps=32, grammar=grammar,
+                                    sampling=generation_pb2.SamplingParams(top_p=1.0), prompt_length=len(prompt))
+    plain, looked_up = plain_and_looked_up(target, call, 8)
     assert tokens_of(looked_up) == tokens_of(plain)
     replay = Constraint(grammar_tokenizer(target.model_path, target.model.config.vocab_size,
                                           tuple(grammar.eos_token_ids)), grammar.llguidance)
