@@ -4,6 +4,7 @@ output and logprobs), streamed as the Responses events in their order, and its e
 parameters a client sent."""
 import json
 import re
+import time
 import types
 
 import httpx
@@ -285,6 +286,24 @@ def test_a_stored_response_is_retrieved_and_deleted_and_one_not_stored_is_not_fo
         error = refused.json()["error"]
         assert (refused.status_code, error["param"], error["code"]) == (404, "previous_response_id",
                                                                          "response_not_found")
+
+
+def test_a_stream_its_client_leaves_frees_its_sessions_and_is_not_stored(served):
+    from tests.test_e2e_sessions import active_sessions, wait_for_no_sessions
+    body = {"model": served.model, "input": "x", "max_output_tokens": 900, "temperature": 0, "stream": True,
+            "ignore_eos": True, "speculation": {"k": 1}}
+    cancelled = requests_counted(served, "CANCELLED")
+    with httpx.Client(timeout=60) as client, client.stream("POST", served.base_url + "/responses", json=body) as left:
+        lines = left.iter_lines()
+        assert next(lines) == "event: response.created"
+        response_id = json.loads(next(lines).removeprefix("data: "))["response"]["id"]
+        assert active_sessions(served) == [1, 1]
+    assert wait_for_no_sessions(served, timeout=20) == [0, 0]
+    deadline = time.monotonic() + 10
+    while requests_counted(served, "CANCELLED") == cancelled and time.monotonic() < deadline:
+        time.sleep(0.05)                    # counted as the stream's handler ends
+    assert requests_counted(served, "CANCELLED") == cancelled + 1
+    assert httpx.get(f"{served.base_url}/responses/{response_id}").status_code == 404
 
 
 def test_the_store_keeps_the_last_used_responses():
