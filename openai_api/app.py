@@ -23,8 +23,8 @@ from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest,
                                  DetokenizeRequest, SamplingBody, TokenizeRequest, completion_prompts,
                                  generate_request, http_error, with_seed)
 from openai_api.response_store import ResponseStore
-from openai_api.responses_api import (ResponseObjects, ResponsesRequest, as_input, chat_request, input_items,
-                                      responses_error)
+from openai_api.responses_api import (ResponseObjects, ResponsesRequest, as_input, chat_request, continued,
+                                      input_items, responses_error, text_size)
 from openai_api.tools import PARSERS
 from openai_api.choices import FINISH, ChatCompletions, Completions
 from router.bearer import allowed
@@ -58,7 +58,7 @@ class Api:
                  loading: Callable[[], str] = lambda: LOADING):
         self.http, self._get_router, self._loading = http, get_router, loading
         self._templates: dict = {}
-        self.stored = ResponseStore(http.store_responses)       # the Responses API's, for previous_response_id
+        self.stored = ResponseStore(http.store_responses, http.store_responses_mb * 2 ** 20)   # the Responses API's
 
     def router(self) -> Router:
         current = self._get_router()
@@ -120,33 +120,42 @@ class Api:
         """What keeps a response once answered, if it is to be stored: with its conversation's items, its output."""
         if not body.store or self.stored.capacity <= 0:
             return None
-        return lambda response: self.stored.put(response, items + as_input(response["output"]))
+        def keep(response: dict) -> None:
+            conversation = items + as_input(response["output"])
+            self.stored.put(response, conversation, text_size(conversation))
+        return keep
 
     def conversation(self, body: ResponsesRequest) -> list:
         """The input items of a response: the conversation of the stored response it continues, if any, then its
-        own input (not the instructions it was given: a response's own replace them, as OpenAI has it)."""
+        own input (not the instructions it was given: a response's own replace them, as OpenAI has it). A 400 for
+        an id not stored (OpenAI's), and for a call sent again that the stored conversation has."""
         if body.previous_response_id is None:
             return input_items(body)
-        if self.stored.capacity <= 0:
-            raise ApiError(400, "previous_response_id: this server stores no responses (http.store_responses is 0): "
-                           "send the whole conversation in `input`", "previous_response_id")
-        return self.stored_response(body.previous_response_id, "previous_response_id").items + input_items(body)
+        stored = self.stored.get(body.previous_response_id)
+        if stored is None:
+            raise ApiError(400, f"previous_response_id: {self.not_stored(body.previous_response_id)}",
+                           "previous_response_id", code="previous_response_not_found")
+        return continued(stored.items, input_items(body))
 
-    def stored_response(self, response_id: str, param: str = "response_id"):
+    def not_stored(self, response_id: str) -> str:
+        if self.stored.capacity <= 0:
+            return "this server stores no responses (http.store_responses is 0): send the whole conversation in " \
+                   "`input`"
+        return f"no stored response {response_id!r} (a router keeps its last {self.stored.capacity}, until it restarts)"
+
+    async def stored_response(self, response_id: str, request: Request, stream: bool = False) -> dict:
+        """GET: a stored response, as it was answered (no logprobs kept); DELETE: forget it."""
         stored = self.stored.get(response_id)
         if stored is None:
-            raise ApiError(404, f"{param}: no stored response {response_id!r} (this router keeps the last "
-                           f"{self.stored.capacity}, until it restarts)", param, code="response_not_found")
-        return stored
-
-    async def get_response(self, response_id: str) -> dict:
-        """A stored response, as it was answered."""
-        return self.stored_response(response_id).response
-
-    async def delete_response(self, response_id: str) -> dict:
-        self.stored_response(response_id)
-        self.stored.delete(response_id)
-        return {"id": response_id, "object": "response", "deleted": True}
+            raise ApiError(404, f"response_id: {self.not_stored(response_id)}", "response_id",
+                           code="response_not_found")
+        if stream:
+            raise ApiError(400, "stream: a stored response is retrieved whole (streamed retrieval is not served)",
+                           "stream")
+        if request.method == "DELETE":
+            self.stored.delete(response_id)
+            return {"id": response_id, "object": "response", "deleted": True}
+        return stored.response
 
     def chat_generate(self, router: Router, body: ChatRequest, deprecated: bool = False) -> tuple:
         """The GenerateRequest of a chat request (its messages rendered by the chat template, its tools and
@@ -278,8 +287,8 @@ def create_app(http: HttpConfig, get_router: Callable[[], Router | None],
     app.add_api_route("/v1/completions", api.completions, methods=["POST"], dependencies=authorized)
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"], dependencies=authorized)
     app.add_api_route("/v1/responses", api.responses, methods=["POST"], dependencies=authorized)
-    app.add_api_route("/v1/responses/{response_id}", api.get_response, methods=["GET"], dependencies=authorized)
-    app.add_api_route("/v1/responses/{response_id}", api.delete_response, methods=["DELETE"], dependencies=authorized)
+    app.add_api_route("/v1/responses/{response_id}", api.stored_response, methods=["GET", "DELETE"],
+                      dependencies=authorized)
     app.add_api_route("/tokenize", api.tokenize, methods=["POST"], dependencies=authorized)       # vLLM's
     app.add_api_route("/detokenize", api.detokenize, methods=["POST"], dependencies=authorized)
     return app
@@ -359,12 +368,12 @@ def request_id_header(request: Request) -> str:
 async def answer(request: Request, router: Router, body: SamplingBody, generates: list, kind: Completions,
                  model: str) -> Response:
     client, given = client_request(request), request_id_header(request)
-    client.request_id = kind.id_prefix + given if given else ""   # a refusal below is logged under the client's id
+    client.request_id = kind.logged_id(given, given) if given else ""   # a refusal below is logged under it
     client.states, client.per_prompt = await admit(router, generates, body), body.n
     states = client.states
     kind.bind(states, body.prompt_logprobs, body.n)
     request_id = given or uuid.uuid4().hex
-    client.request_id = kind.id_prefix + request_id              # the "id" its client sees
+    client.request_id = kind.logged_id(request_id, given)       # the "id" its client sees
     headers = {"X-Request-Id": request_id}
     chunks = choice_chunks(router, states)
     if body.stream:

@@ -124,6 +124,11 @@ class Completions:
     def opening(self, index: int) -> list[dict]:
         return []
 
+    def logged_id(self, request_id: str, given: str) -> str:
+        """The id the request log names the request by: the answer's `id` (the client's X-Request-Id, `given`, in
+        it when sent)."""
+        return self.id_prefix + request_id
+
     def whole(self, request_id: str, model: str, choices: list) -> dict:
         """The answer read whole."""
         return {**envelope(self, request_id, model, choices), **self.response_fields(),

@@ -1,6 +1,8 @@
-"""The Responses API's stored responses (`http.store_responses`): the last ones asked to be stored (`store`, true
-by default), in this router's memory, least recently used first out. What `previous_response_id` continues and
-`GET /v1/responses/{id}` returns. A restarted router, or another one behind a load balancer, has none of them."""
+"""The Responses API's stored responses (`http.store_responses`, `http.store_responses_mb`): the last ones asked to
+be stored (`store`, true by default), in this router's memory, least recently used first out, at most so many and
+so much text. What `previous_response_id` continues and `GET /v1/responses/{id}` returns. A restarted router, or
+another one behind a load balancer, has none of them. A stored response keeps no logprobs (their alternatives
+would cost ~8 KB a token)."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -9,22 +11,33 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Stored:
-    response: dict          # the Response, as answered
+    response: dict          # the Response, as answered, without its logprobs
     items: list             # its conversation as input items: its input (and its previous response's), its output
+    size: int               # characters of text they hold, what the bound counts
+
+
+def without_logprobs(response: dict) -> dict:
+    output = [{**item, "content": [{**part, "logprobs": []} for part in item["content"]]} if "content" in item
+              else item for item in response["output"]]
+    return {**response, "output": output}
 
 
 class ResponseStore:
-    def __init__(self, capacity: int):
-        self.capacity = capacity
+    def __init__(self, capacity: int, max_chars: int = 2 ** 28):
+        self.capacity, self.max_chars = capacity, max_chars
         self._stored: OrderedDict[str, Stored] = OrderedDict()
+        self.chars = 0
 
-    def put(self, response: dict, items: list) -> None:
-        if self.capacity <= 0:
+    def put(self, response: dict, items: list, size: int) -> None:
+        """Keep `response` (not one larger than the whole store), forgetting the least recently used past the
+        bounds."""
+        if self.capacity <= 0 or size > self.max_chars:
             return
-        self._stored[response["id"]] = Stored(response, items)
-        self._stored.move_to_end(response["id"])
-        while len(self._stored) > self.capacity:
-            self._stored.popitem(last=False)
+        self.delete(response["id"])
+        self._stored[response["id"]] = Stored(without_logprobs(response), items, size)
+        self.chars += size
+        while len(self._stored) > self.capacity or self.chars > self.max_chars:
+            self.chars -= self._stored.popitem(last=False)[1].size
 
     def get(self, response_id: str) -> Stored | None:
         stored = self._stored.get(response_id)
@@ -33,7 +46,9 @@ class ResponseStore:
         return stored
 
     def delete(self, response_id: str) -> bool:
-        return self._stored.pop(response_id, None) is not None
+        stored = self._stored.pop(response_id, None)
+        self.chars -= stored.size if stored is not None else 0
+        return stored is not None
 
     def __len__(self) -> int:
         return len(self._stored)

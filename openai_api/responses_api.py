@@ -222,6 +222,24 @@ def as_input(output: list[dict]) -> list:
                              arguments=item["arguments"]) for item in output]
 
 
+def continued(stored: list, new: list) -> list:
+    """A stored conversation's items, then the new input; a 400 for a function call sent again that the stored
+    conversation has (OpenAI's: a duplicate item), which the prompt would otherwise hold twice."""
+    called = {item.call_id for item in stored if isinstance(item, FunctionCallItem)}
+    for index, item in enumerate(new):
+        if isinstance(item, FunctionCallItem) and item.call_id in called:
+            raise ApiError(400, f"input[{index}]: the call {item.call_id!r} is in the conversation of "
+                           "previous_response_id already: send its output only", "input")
+    return stored + new
+
+
+def text_size(items: list) -> int:
+    """Characters of text the items hold."""
+    return sum(len(text_of(item.content)) if isinstance(item, InputMessage) else
+               len(item.name) + len(item.arguments) if isinstance(item, FunctionCallItem) else
+               len(text_of(item.output)) for item in items)
+
+
 def messages(instructions: str | None, items: list) -> list[Message]:
     """`instructions` as the system message, then the items: a function call joins the assistant message before it
     (or makes one), a call's output is the tool message answering it."""
@@ -300,26 +318,29 @@ def status_of(finish: str | None) -> str:
 
 class ResponseObjects(ChatCompletions):
     """/v1/responses: the chat answer (its message, tool calls and logprobs) as a Response object."""
-    id_prefix = "resp_"
 
     def __init__(self, decode, tool_plan, body: ResponsesFields, store: Callable[[dict], None] | None = None):
         super().__init__(decode, tool_plan)
         self.body, self.created = body, int(time.time())
         self.store = store          # given: keeps the Response once it is answered (completed or incomplete)
+        self.id = new_id("resp")    # unique, not the client's X-Request-Id: a stored response is found by it
+
+    def logged_id(self, request_id: str, given: str) -> str:
+        return f"{self.id} (X-Request-Id {given})" if given else self.id
 
     def done(self, response: dict) -> dict:
         if self.store is not None:
             self.store(response)
         return response
 
-    def response(self, request_id: str, model: str, output: list, status: str = "in_progress",
-                 error: dict | None = None) -> dict:
-        """The Response: in_progress (no usage yet), completed, incomplete (cut at max_output_tokens) or failed."""
+    def response(self, model: str, output: list, status: str = "in_progress", error: dict | None = None) -> dict:
+        """The Response: in_progress (no usage yet), completed, incomplete (cut at max_output_tokens) or failed
+        (never stored)."""
         done = status != "in_progress"
-        return {"id": self.id_prefix + request_id, "object": "response", "created_at": self.created,
+        return {"id": self.id, "object": "response", "created_at": self.created,
                 "status": status, "background": False, "error": error,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-                "model": model, "output": output, **echoed(self.body, self.store is not None),
+                "model": model, "output": output, **echoed(self.body, self.store is not None and status != "failed"),
                 "usage": responses_usage(self.states) if done else None,
                 **({"specpool": spec_stats(self.states)} if done else {})}
 
@@ -332,10 +353,10 @@ class ResponseObjects(ChatCompletions):
         items = [] if calls and message["content"] is None else [message_item(
             new_id("msg"), status, [output_text(message["content"] or "", logprobs)])]
         items += [call_item(new_id("fc"), status, call) for call in calls]
-        return self.done(self.response(request_id, model, items, status))
+        return self.done(self.response(model, items, status))
 
     def events(self, request_id: str, model: str, usage_on: str = "") -> "ResponseEvents":
-        return ResponseEvents(self, request_id, model)
+        return ResponseEvents(self, model)
 
 
 class ResponseEvents:
@@ -347,8 +368,8 @@ class ResponseEvents:
     whitespace waits, as a message before calls would not be one; a message's deltas carry every logprob its
     done event does."""
 
-    def __init__(self, kind: ResponseObjects, request_id: str, model: str):
-        self.kind, self.request_id, self.model = kind, request_id, model
+    def __init__(self, kind: ResponseObjects, model: str):
+        self.kind, self.model = kind, model
         self.sequence = 0
         self.items: list[dict] = []         # the output items so far; the last one open (`self.open`) until closed
         self.open = False
@@ -363,7 +384,7 @@ class ResponseEvents:
         return f"event: {kind}\ndata: {json.dumps(payload)}\n\n"
 
     def start(self) -> list[str]:
-        response = self.kind.response(self.request_id, self.model, [])
+        response = self.kind.response(self.model, [])
         return [self._event("response.created", response=response), self._event("response.in_progress",
                                                                                 response=response)]
 
@@ -444,7 +465,7 @@ class ResponseEvents:
         events = self._text("", hold=False) if not calls and (self.space or not self.items) else []
         events += self._close()
         status = status_of(self.finish)
-        response = self.kind.done(self.kind.response(self.request_id, self.model, self.items, status))
+        response = self.kind.done(self.kind.response(self.model, self.items, status))
         return events + [self._event(f"response.{status}", response=response)]
 
     def failed(self, error: ApiError) -> list[str]:
@@ -454,7 +475,7 @@ class ResponseEvents:
             self.items[-1]["status"] = "incomplete"
             if self.items[-1]["type"] == "message":
                 self.items[-1]["content"] = [output_text(self.text, self.logprobs)]
-        response = self.kind.response(self.request_id, self.model, self.items, "failed",
+        response = self.kind.response(self.model, self.items, "failed",
                                       {"code": code, "message": str(error)})
         return [self._event("error", code=error.code or code, message=str(error), param=error.param),
                 self._event("response.failed", response=response)]

@@ -361,6 +361,7 @@ class HttpConfig:
                                      # ("": "auto" is refused; "required" and named functions need none)
     store_responses: int = 1000      # the Responses API's stored responses kept in memory, the last used
                                      # (previous_response_id, GET /v1/responses/{id}); 0: none stored
+    store_responses_mb: int = 256    # ... and at most this much of their text, the last used kept
 
     def validate(self, section: str = "http") -> None:
         if not -1 <= self.port <= 65535:
@@ -368,6 +369,9 @@ class HttpConfig:
         check_keys(self.api_keys, f"{section}.api_keys")
         if not 0 <= self.store_responses <= 1_000_000:
             raise ConfigError(f"{section}.store_responses: must be in [0, 1000000] (got {self.store_responses!r})")
+        if not 1 <= self.store_responses_mb <= 1_000_000:
+            raise ConfigError(f"{section}.store_responses_mb: must be in [1, 1000000] "
+                              f"(got {self.store_responses_mb!r})")
         if self.chat_template and not Path(self.chat_template).is_file():
             raise ConfigError(f"{section}.chat_template: no such file (got {self.chat_template!r})")
         if self.tool_call_parser not in ("", *TOOL_CALL_PARSERS):

@@ -19,6 +19,7 @@ TOO_LARGE = [
     ("draft", "ngram_max_tokens", 65, "must be in [1, 64]"),
     ("draft", "ngram_max", 33, "must be in [ngram_min, 32] = [2, 32]"),
     ("http", "store_responses", 1_000_001, "must be in [0, 1000000]"),       # responses kept in memory
+    ("http", "store_responses_mb", 1_000_001, "must be in [1, 1000000]"),
 ]
 
 

@@ -284,8 +284,42 @@ def test_a_stored_response_is_retrieved_and_deleted_and_one_not_stored_is_not_fo
         refused = httpx.post(served.base_url + "/responses", json={
             "model": served.model, "input": "x", "previous_response_id": response_id})
         error = refused.json()["error"]
-        assert (refused.status_code, error["param"], error["code"]) == (404, "previous_response_id",
-                                                                         "response_not_found")
+        assert (refused.status_code, error["param"], error["code"]) == (400, "previous_response_id",
+                                                                         "previous_response_not_found")  # OpenAI's
+    assert httpx.get(f"{served.base_url}/responses/{unstored.id}?stream=true").status_code == 404
+    stored = served.client.responses.create(model=served.model, input="x", max_output_tokens=4)
+    streamed = httpx.get(f"{served.base_url}/responses/{stored.id}?stream=true")
+    assert (streamed.status_code, streamed.json()["error"]["param"]) == (400, "stream")     # not served
+    wrong = httpx.post(f"{served.base_url}/responses/{kept.id}")
+    assert wrong.status_code == 405 and set(wrong.headers["allow"].split(", ")) == {"GET", "DELETE"}
+
+
+def test_responses_sent_one_x_request_id_are_each_stored_and_found(served):
+    """A stored response's id is its own (not the client's X-Request-Id, which comes back as the header): two
+    responses sent one header, a continuation sent its parent's, each stays retrievable as answered."""
+    sent = {"X-Request-Id": "trace-1"}
+    first, second = (httpx.post(served.base_url + "/responses", headers=sent, json={
+        "model": served.model, "input": text, "max_output_tokens": 4, "temperature": 0}) for text in ("a", "b"))
+    third = httpx.post(served.base_url + "/responses", headers=sent, json={
+        "model": served.model, "input": "c", "max_output_tokens": 4, "previous_response_id": first.json()["id"]})
+    answers = [first, second, third]
+    assert [a.headers["x-request-id"] for a in answers] == ["trace-1"] * 3
+    assert len({a.json()["id"] for a in answers}) == 3
+    for answer in answers:
+        assert httpx.get(f"{served.base_url}/responses/{answer.json()['id']}").json() == answer.json()
+
+
+def test_a_call_sent_again_beside_its_stored_response_is_refused(served):
+    first = served.client.responses.create(model=served.model, input="a point", tools=[flat(POINT)],
+                                           tool_choice={"type": "function", "name": "make_point"},
+                                           max_output_tokens=24, temperature=0)
+    call = first.output[0]
+    again = {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
+    refused = httpx.post(served.base_url + "/responses", json={
+        "model": served.model, "previous_response_id": first.id, "tools": [flat(POINT)],
+        "input": [again, {"type": "function_call_output", "call_id": call.call_id, "output": "done"}]})
+    error = refused.json()["error"]
+    assert (refused.status_code, error["param"]) == (400, "input") and error["message"].startswith("input[0]: ")
 
 
 def test_a_stream_its_client_leaves_frees_its_sessions_and_is_not_stored(served):
@@ -306,16 +340,23 @@ def test_a_stream_its_client_leaves_frees_its_sessions_and_is_not_stored(served)
     assert httpx.get(f"{served.base_url}/responses/{response_id}").status_code == 404
 
 
-def test_the_store_keeps_the_last_used_responses():
+def test_the_store_keeps_the_last_used_responses_within_its_bounds_without_logprobs():
     from openai_api.response_store import ResponseStore
-    store = ResponseStore(2)
+    store = ResponseStore(2, max_chars=10)
     for name in "abc":
-        store.put({"id": name}, [name])
+        store.put({"id": name, "output": []}, [name], 3)
         if name == "b":
             assert store.get("a").items == ["a"]       # used: "b" is now the least recently used
     assert (store.get("b"), store.get("a").items, store.get("c").items, len(store)) == (None, ["a"], ["c"], 2)
-    assert store.delete("a") and not store.delete("a") and len(store) == 1
-    ResponseStore(0).put({"id": "x"}, [])
+    assert store.delete("a") and not store.delete("a") and (len(store), store.chars) == (1, 3)
+    store.put({"id": "d", "output": []}, ["d"], 8)            # 3 + 8 characters: "c" goes
+    assert (store.get("c"), len(store), store.chars) == (None, 1, 8)
+    store.put({"id": "e", "output": []}, ["e"], 11)           # larger than the whole store: not kept
+    assert (store.get("e"), store.get("d").items) == (None, ["d"])
+    part = {"type": "output_text", "text": "x", "logprobs": [{"token": "x", "logprob": -0.1}]}
+    store.put({"id": "f", "output": [{"type": "message", "content": [part]}]}, [], 1)
+    assert store.get("f").response["output"][0]["content"] == [{**part, "logprobs": []}]
+    ResponseStore(0).put({"id": "x", "output": []}, [], 0)
     assert len(ResponseStore(0)) == 0
 
 
@@ -405,7 +446,8 @@ def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
     from openai_api.responses_api import ResponseObjects, ResponsesRequest
     from openai_api.tools import ToolPlan
     from protos.specpool.v1 import generation_pb2
-    kind = ResponseObjects(str, ToolPlan(), ResponsesRequest.model_validate({"model": "m", "input": "x"}))
+    kind = ResponseObjects(str, ToolPlan(), ResponsesRequest.model_validate({"model": "m", "input": "x"}),
+                           store=lambda response: pytest.fail("a failed response is stored"))
     kind.bind([types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=0,
                                      stats=generation_pb2.GenerationStats())])
     events = kind.events("r", "m")
@@ -416,6 +458,7 @@ def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
     assert (error["type"], error["code"], error["message"]) == ("error", "server_error", "target 0 failed")
     assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
     assert failed["response"]["error"] == {"code": "server_error", "message": "target 0 failed"}
+    assert failed["response"]["store"] is False              # not stored: a later GET finds nothing
     message, = failed["response"]["output"]                  # the text already sent, the message left incomplete
     assert (message["status"], message["content"][0]["text"]) == ("incomplete", "def f")
 
