@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import re
 import uuid
 from pathlib import Path
@@ -108,30 +109,38 @@ class Api:
         try:
             router = self.router()
             model = check_model(body, self.model_name(router))
-            items = self.conversation(body)
+            owner = self.owner(request)
+            items = self.conversation(body, owner)
             chat = chat_request(body, items)
             generate, plan = self.chat_generate(router, chat)
-            kind = ResponseObjects(_decoder(router), plan, body, self.storing(body, items))
+            kind = ResponseObjects(_decoder(router), plan, body, self.storing(body, items, owner))
             return await answer(request, router, chat, [generate], kind, model)
         except ApiError as error:
             raise responses_error(error) from None
 
-    def storing(self, body: ResponsesRequest, items: list) -> Callable[[dict], None] | None:
+    def owner(self, request: Request) -> str:
+        """Whose stored responses a request reaches: its API key's (a digest of it), or everyone's without keys."""
+        if not self.http.api_keys:
+            return ""
+        return hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()
+
+    def storing(self, body: ResponsesRequest, items: list, owner: str) -> Callable[[dict], None] | None:
         """What keeps a response once answered, if it is to be stored: with its conversation's items, its output."""
         if not body.store or self.stored.capacity <= 0:
             return None
+
         def keep(response: dict) -> None:
             conversation = items + as_input(response["output"])
-            self.stored.put(response, conversation, text_size(conversation))
+            self.stored.put(response, conversation, text_size(conversation), owner)
         return keep
 
-    def conversation(self, body: ResponsesRequest) -> list:
+    def conversation(self, body: ResponsesRequest, owner: str) -> list:
         """The input items of a response: the conversation of the stored response it continues, if any, then its
         own input (not the instructions it was given: a response's own replace them, as OpenAI has it). A 400 for
         an id not stored (OpenAI's), and for a call sent again that the stored conversation has."""
         if body.previous_response_id is None:
             return input_items(body)
-        stored = self.stored.get(body.previous_response_id)
+        stored = self.stored.get(body.previous_response_id, owner)
         if stored is None:
             raise ApiError(400, f"previous_response_id: {self.not_stored(body.previous_response_id)}",
                            "previous_response_id", code="previous_response_not_found")
@@ -144,8 +153,9 @@ class Api:
         return f"no stored response {response_id!r} (a router keeps its last {self.stored.capacity}, until it restarts)"
 
     async def stored_response(self, response_id: str, request: Request, stream: bool = False) -> dict:
-        """GET: a stored response, as it was answered (no logprobs kept); DELETE: forget it."""
-        stored = self.stored.get(response_id)
+        """GET: a stored response, as it was answered (no logprobs kept); DELETE: forget it. Only the key that
+        stored it finds it."""
+        stored = self.stored.get(response_id, self.owner(request))
         if stored is None:
             raise ApiError(404, f"response_id: {self.not_stored(response_id)}", "response_id",
                            code="response_not_found")
@@ -153,7 +163,7 @@ class Api:
             raise ApiError(400, "stream: a stored response is retrieved whole (streamed retrieval is not served)",
                            "stream")
         if request.method == "DELETE":
-            self.stored.delete(response_id)
+            self.stored.delete(response_id, self.owner(request))
             return {"id": response_id, "object": "response", "deleted": True}
         return stored.response
 

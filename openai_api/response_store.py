@@ -1,8 +1,8 @@
 """The Responses API's stored responses (`http.store_responses`, `http.store_responses_mb`): the last ones asked to
 be stored (`store`, true by default), in this router's memory, least recently used first out, at most so many and
-so much text. What `previous_response_id` continues and `GET /v1/responses/{id}` returns. A restarted router, or
-another one behind a load balancer, has none of them. A stored response keeps no logprobs (their alternatives
-would cost ~8 KB a token)."""
+so much text. What `previous_response_id` continues and `GET /v1/responses/{id}` returns, to the API key that stored
+it only (its owner). A restarted router, or another one behind a load balancer, has none of them. A stored response
+keeps no logprobs (their alternatives would cost ~8 KB a token)."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -14,6 +14,7 @@ class Stored:
     response: dict          # the Response, as answered, without its logprobs
     items: list             # its conversation as input items: its input (and its previous response's), its output
     size: int               # characters of text they hold, what the bound counts
+    owner: str = ""         # who may find it (Api.owner: its API key's digest; "" without keys)
 
 
 def without_logprobs(response: dict) -> dict:
@@ -28,27 +29,31 @@ class ResponseStore:
         self._stored: OrderedDict[str, Stored] = OrderedDict()
         self.chars = 0
 
-    def put(self, response: dict, items: list, size: int) -> None:
-        """Keep `response` (not one larger than the whole store), forgetting the least recently used past the
-        bounds."""
+    def put(self, response: dict, items: list, size: int, owner: str = "") -> None:
+        """Keep `response` for `owner` (not one larger than the whole store), forgetting the least recently used
+        past the bounds."""
         if self.capacity <= 0 or size > self.max_chars:
             return
-        self.delete(response["id"])
-        self._stored[response["id"]] = Stored(without_logprobs(response), items, size)
+        replaced = self._stored.pop(response["id"], None)
+        self.chars -= replaced.size if replaced is not None else 0
+        self._stored[response["id"]] = Stored(without_logprobs(response), items, size, owner)
         self.chars += size
         while len(self._stored) > self.capacity or self.chars > self.max_chars:
             self.chars -= self._stored.popitem(last=False)[1].size
 
-    def get(self, response_id: str) -> Stored | None:
+    def get(self, response_id: str, owner: str = "") -> Stored | None:
+        """The response stored as `response_id`, if `owner` stored it (another's is not there for it)."""
         stored = self._stored.get(response_id)
-        if stored is not None:
-            self._stored.move_to_end(response_id)
+        if stored is None or stored.owner != owner:
+            return None
+        self._stored.move_to_end(response_id)
         return stored
 
-    def delete(self, response_id: str) -> bool:
-        stored = self._stored.pop(response_id, None)
-        self.chars -= stored.size if stored is not None else 0
-        return stored is not None
+    def delete(self, response_id: str, owner: str = "") -> bool:
+        if self.get(response_id, owner) is None:
+            return False
+        self.chars -= self._stored.pop(response_id).size
+        return True
 
     def __len__(self) -> int:
         return len(self._stored)

@@ -360,6 +360,30 @@ def test_the_store_keeps_the_last_used_responses_within_its_bounds_without_logpr
     assert len(ResponseStore(0)) == 0
 
 
+def test_a_stored_response_is_found_with_the_api_key_that_stored_it_only():
+    """With http.api_keys, each key reaches the responses it stored: another key's GET, DELETE and
+    previous_response_id find nothing there (as OpenAI keeps a project's responses to it)."""
+    import asyncio
+    from openai_api.app import Api
+    from openai_api.protocol import ApiError
+    from openai_api.responses_api import ResponsesRequest
+    from settings.schema import HttpConfig
+    api = Api(HttpConfig(api_keys=["key-a", "key-b"]), lambda: None)
+    a, b = (types.SimpleNamespace(headers={"authorization": f"Bearer {key}"}, method="GET") for key in ("key-a",
+                                                                                                      "key-b"))
+    api.stored.put({"id": "resp_1", "output": []}, ["item"], 4, api.owner(a))
+    assert asyncio.run(api.stored_response("resp_1", a)) == {"id": "resp_1", "output": []}
+    continuing = ResponsesRequest.model_validate({"model": "m", "input": "x", "previous_response_id": "resp_1"})
+    assert len(api.conversation(continuing, api.owner(a))) == 2
+    with pytest.raises(ApiError) as other_get:
+        asyncio.run(api.stored_response("resp_1", b))
+    with pytest.raises(ApiError) as other_continues:
+        api.conversation(continuing, api.owner(b))
+    assert (other_get.value.status, other_continues.value.code) == (404, "previous_response_not_found")
+    assert not api.stored.delete("resp_1", api.owner(b)) and api.stored.get("resp_1", api.owner(a)) is not None
+    assert Api(HttpConfig(), lambda: None).owner(b) == ""      # without keys, one owner: everyone
+
+
 def test_a_length_error_names_max_output_tokens(served):
     response = httpx.post(served.base_url + "/responses", json={"model": served.model, "input": "x",
                                                                  "max_output_tokens": 4, "min_tokens": 9})
