@@ -41,17 +41,18 @@ def restricted(logits: torch.Tensor, tokens: list[int], start: int, sampling: Sa
     return logits if constraint is None else constraint.mask(logits, tokens, start, sampling.prompt_length)
 
 
-def own_drafts(request: worker_pb2.VerifyRequest, session, constraint=None) -> list[int]:
+def own_drafts(request: worker_pb2.VerifyRequest, session, constraint_of=lambda session: None) -> list[int]:
     """The drafts a call verifies: those it carries or, with `lookup` set, the prompt-lookup drafts after the
     session's committed tokens (session.tokens, the call's new tokens included), up to the first one its grammar
-    (`constraint`) forbids there, which the target could only reject (the tokens it commits are the same)."""
+    (`constraint_of(session)`) forbids there, which the target could only reject (it commits the same tokens)."""
     if request.draft_token_ids or not request.HasField("lookup"):
         return list(request.draft_token_ids)
     if session.ngram is None:
         session.ngram = NgramIndex(request.lookup.min_n, request.lookup.max_n)
     lookup = request.lookup
     drafts = session.ngram.propose(session.tokens, lookup.max_tokens, lookup.min_match, lookup.max_tokens_by_match)
-    if constraint is not None and drafts:
+    constraint = constraint_of(session) if drafts else None
+    if constraint is not None:
         drafts = drafts[:constraint.allowed_prefix(session.tokens[session.sampling.prompt_length:], drafts)]
     if not drafts and lookup.end_on_miss and lookup.max_tokens:
         raise LookupMissed(f"session {request.session_id}: no n-gram match")
@@ -175,7 +176,7 @@ class TargetEngine:
         for i, session in rows:
             session.tokens.extend(requests[i].new_token_ids[:ends.get(i)])
             try:
-                drafts.append([] if i in ends else own_drafts(requests[i], session, self._constraint(session)))
+                drafts.append([] if i in ends else own_drafts(requests[i], session, self._constraint))
                 kept.append((i, session))
             except LookupMissed as exc:
                 del session.tokens[session.length:]
