@@ -10,10 +10,10 @@ import hashlib
 import re
 import uuid
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import Annotated, AsyncIterator, Callable, Literal
 
 import grpc
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
@@ -23,9 +23,9 @@ from openai_api.functions import as_tools, deprecated_plan
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest,
                                  DetokenizeRequest, SamplingBody, TokenizeRequest, completion_prompts,
                                  generate_request, http_error, with_seed)
-from openai_api.response_store import ResponseStore
-from openai_api.responses_api import (ResponseObjects, ResponsesRequest, as_input, chat_request, continued,
-                                      input_items, responses_error, text_size)
+from openai_api.response_store import ResponseStore, Stored
+from openai_api.responses_api import (Includable, ResponseObjects, ResponsesRequest, as_input, chat_request,
+                                      continued, input_items, listed, page, responses_error, text_size, with_ids)
 from openai_api.tools import PARSERS
 from openai_api.choices import FINISH, ChatCompletions, Completions
 from router.bearer import allowed
@@ -130,8 +130,8 @@ class Api:
             return None
 
         def keep(response: dict) -> None:
-            conversation = items + as_input(response["output"])
-            self.stored.put(response, conversation, text_size(conversation), owner)
+            conversation = with_ids(items) + as_input(response["output"])
+            self.stored.put(response, conversation, text_size(conversation), owner, len(items))
         return keep
 
     def conversation(self, body: ResponsesRequest, owner: str) -> list:
@@ -152,13 +152,26 @@ class Api:
                    "`input`"
         return f"no stored response {response_id!r} (a router keeps its last {self.stored.capacity}, until it restarts)"
 
-    async def stored_response(self, response_id: str, request: Request, stream: bool = False) -> dict:
-        """GET: a stored response, as it was answered (no logprobs kept); DELETE: forget it. Only the key that
-        stored it finds it."""
+    def found(self, response_id: str, request: Request) -> Stored:
+        """The stored response `response_id`, if the request's key stored it; a 404 otherwise."""
         stored = self.stored.get(response_id, self.owner(request))
         if stored is None:
             raise ApiError(404, f"response_id: {self.not_stored(response_id)}", "response_id",
                            code="response_not_found")
+        return stored
+
+    async def listed_input(self, response_id: str, request: Request, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                           order: Literal["asc", "desc"] = "desc", after: str | None = None,
+                           include: Annotated[list[Includable] | None, Query()] = None) -> dict:
+        """GET /v1/responses/{id}/input_items: the items a stored response was given (its conversation before its
+        output, the responses it continues included), paged as OpenAI pages them (newest first by default)."""
+        stored = self.found(response_id, request)
+        return page([listed(item) for item in stored.items[:stored.inputs]], order, after, limit)
+
+    async def stored_response(self, response_id: str, request: Request, stream: bool = False) -> dict:
+        """GET: a stored response, as it was answered (no logprobs kept); DELETE: forget it. Only the key that
+        stored it finds it."""
+        stored = self.found(response_id, request)
         if stream:
             raise ApiError(400, "stream: a stored response is retrieved whole (streamed retrieval is not served)",
                            "stream")
@@ -298,6 +311,8 @@ def create_app(http: HttpConfig, get_router: Callable[[], Router | None],
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"], dependencies=authorized)
     app.add_api_route("/v1/responses", api.responses, methods=["POST"], dependencies=authorized)
     app.add_api_route("/v1/responses/{response_id}", api.stored_response, methods=["GET", "DELETE"],
+                      dependencies=authorized)
+    app.add_api_route("/v1/responses/{response_id}/input_items", api.listed_input, methods=["GET"],
                       dependencies=authorized)
     app.add_api_route("/tokenize", api.tokenize, methods=["POST"], dependencies=authorized)       # vLLM's
     app.add_api_route("/detokenize", api.detokenize, methods=["POST"], dependencies=authorized)

@@ -15,6 +15,7 @@ class Stored:
     items: list             # its conversation as input items: its input (and its previous response's), its output
     size: int               # characters of text they hold, what the bound counts
     owner: str = ""         # who may find it (Api.owner: its API key's digest; "" without keys)
+    inputs: int = 0         # how many of the items it was given (the rest are its output)
 
 
 def without_logprobs(response: dict) -> dict:
@@ -29,14 +30,14 @@ class ResponseStore:
         self._stored: OrderedDict[str, Stored] = OrderedDict()
         self.chars = 0
 
-    def put(self, response: dict, items: list, size: int, owner: str = "") -> None:
-        """Keep `response` for `owner` (not one larger than the whole store), forgetting the least recently used
-        past the bounds."""
+    def put(self, response: dict, items: list, size: int, owner: str = "", inputs: int = 0) -> None:
+        """Keep `response` for `owner` (not one larger than the whole store), its conversation `items` (the first
+        `inputs` of them its input), forgetting the least recently used past the bounds."""
         if self.capacity <= 0 or size > self.max_chars:
             return
         replaced = self._stored.pop(response["id"], None)
         self.chars -= replaced.size if replaced is not None else 0
-        self._stored[response["id"]] = Stored(without_logprobs(response), items, size, owner)
+        self._stored[response["id"]] = Stored(without_logprobs(response), items, size, owner, inputs)
         self.chars += size
         while len(self._stored) > self.capacity or self.chars > self.max_chars:
             self.chars -= self._stored.popitem(last=False)[1].size

@@ -41,6 +41,7 @@ def text_of(parts: str | list[InputText]) -> str:
 
 class InputMessage(Body):
     type: Literal["message"] = "message"
+    id: Optional[Text] = None       # its id in an earlier answer's output, or the one it is given when stored
     role: Literal["user", "assistant", "system", "developer"]
     content: Parts
 
@@ -48,6 +49,7 @@ class InputMessage(Body):
 class FunctionCallItem(Body):
     """An earlier answer's function call, sent back with its output."""
     type: Literal["function_call"]
+    id: Optional[Text] = None
     call_id: Text
     name: Text
     arguments: Text
@@ -55,6 +57,7 @@ class FunctionCallItem(Body):
 
 class FunctionCallOutput(Body):
     type: Literal["function_call_output"]
+    id: Optional[Text] = None
     call_id: Text
     output: Parts
 
@@ -216,10 +219,46 @@ def input_items(body: ResponsesFields) -> list:
 
 
 def as_input(output: list[dict]) -> list:
-    """A response's output items as the input items that send them back (the assistant's message, its calls)."""
-    return [InputMessage(role="assistant", content=item["content"][0]["text"]) if item["type"] == "message" else
-            FunctionCallItem(type="function_call", call_id=item["call_id"], name=item["name"],
+    """A response's output items as the input items that send them back (the assistant's message, its calls),
+    under their ids."""
+    return [InputMessage(id=item["id"], role="assistant", content=item["content"][0]["text"])
+            if item["type"] == "message" else
+            FunctionCallItem(type="function_call", id=item["id"], call_id=item["call_id"], name=item["name"],
                              arguments=item["arguments"]) for item in output]
+
+
+ID_PREFIXES = {InputMessage: "msg", FunctionCallItem: "fc", FunctionCallOutput: "fco"}
+
+
+def with_ids(items: list) -> list:
+    """The items, each with an id (those sent without one are given one), as a stored conversation keeps them."""
+    return [item if item.id else item.model_copy(update={"id": new_id(ID_PREFIXES[type(item)])}) for item in items]
+
+
+def listed(item) -> dict:
+    """A stored input item as GET /v1/responses/{id}/input_items lists it (OpenAI's ResponseItem): an assistant's
+    message with output_text parts, another's with input_text parts."""
+    if isinstance(item, FunctionCallItem):
+        return {**item.model_dump(), "status": "completed"}
+    if isinstance(item, FunctionCallOutput):
+        return {"id": item.id, "type": item.type, "call_id": item.call_id, "output": text_of(item.output),
+                "status": "completed"}
+    texts = [item.content] if isinstance(item.content, str) else [part.text for part in item.content]
+    parts = [output_text(text, []) for text in texts] if item.role == "assistant" else \
+        [{"type": "input_text", "text": text} for text in texts]
+    return {"id": item.id, "type": "message", "role": item.role, "content": parts, "status": "completed"}
+
+
+def page(items: list[dict], order: str, after: str | None, limit: int) -> dict:
+    """A page of listed items (OpenAI's list object): in `order`, those after the item `after`, at most `limit`."""
+    ordered = items if order == "asc" else items[::-1]
+    ids = [item["id"] for item in ordered]
+    if after is not None and after not in ids:
+        raise ApiError(400, f"after: no input item {after!r} in this response", "after")
+    start = ids.index(after) + 1 if after is not None else 0
+    data = ordered[start:start + limit]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": start + limit < len(ordered)}
 
 
 def continued(stored: list, new: list) -> list:

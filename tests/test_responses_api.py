@@ -267,6 +267,10 @@ def test_a_called_function_and_its_output_continue_a_stored_response(served):
         {"role": "tool", "tool_call_id": call.call_id, "content": "done"}], tools=[POINT], tool_choice="none",
         max_tokens=8, temperature=0)
     assert second.output_text == chat.choices[0].message.content
+    given = served.client.responses.input_items.list(second.id, order="asc").data
+    assert [(item.type, item.id, item.call_id) for item in given[1:]] == [
+        ("function_call", call.id, call.call_id), ("function_call_output", given[2].id, call.call_id)]
+    assert (given[1].name, given[1].arguments, given[2].output) == ("make_point", call.arguments, "done")
 
 
 def test_a_stored_response_is_retrieved_and_deleted_and_one_not_stored_is_not_found(served):
@@ -292,6 +296,37 @@ def test_a_stored_response_is_retrieved_and_deleted_and_one_not_stored_is_not_fo
     assert (streamed.status_code, streamed.json()["error"]["param"]) == (400, "stream")     # not served
     wrong = httpx.post(f"{served.base_url}/responses/{kept.id}")
     assert wrong.status_code == 405 and set(wrong.headers["allow"].split(", ")) == {"GET", "DELETE"}
+
+
+def test_input_items_list_what_a_stored_response_was_given_newest_first(served):
+    """GET /v1/responses/{id}/input_items (the SDK's input_items.list, paged): a continuation's items are the
+    conversation it was given, the earlier response's input and answer (under that answer's id) included, its
+    instructions not (they are not input); each item keeps its id from one response to the next."""
+    developer = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be "},
+                                                                       {"type": "input_text", "text": "brief."}]}
+    first = served.client.responses.create(model=served.model, instructions="You write Python.",
+                                           input=[developer, {"role": "user", "content": "a point"}],
+                                           max_output_tokens=4, temperature=0)
+    second = served.client.responses.create(model=served.model, previous_response_id=first.id, input="and a line",
+                                            max_output_tokens=4, temperature=0)
+    listed = list(served.client.responses.input_items.list(second.id, limit=2))     # two pages and one item
+    assert [(item.role, [part.text for part in item.content]) for item in listed[::-1]] == [
+        ("developer", ["Be ", "brief."]), ("user", ["a point"]), ("assistant", [first.output_text]),
+        ("user", ["and a line"])]
+    assert [part.type for item in listed for part in item.content] == [
+        "input_text", "output_text", "input_text", "input_text", "input_text"]
+    assert listed[1].id == first.output[0].id and len({item.id for item in listed}) == 4
+    earlier = served.client.responses.input_items.list(first.id, order="asc").data
+    assert [item.id for item in earlier] == [item.id for item in listed[:1:-1]]
+    url = f"{served.base_url}/responses/{second.id}/input_items"
+    paged = httpx.get(url, params={"order": "asc", "after": earlier[0].id, "limit": 2}).json()
+    assert [item["id"] for item in paged["data"]] == [listed[2].id, listed[1].id] and paged["has_more"] is True
+    for params, param in (({"limit": 0}, "limit"), ({"limit": 101}, "limit"), ({"order": "up"}, "order"),
+                          ({"after": "msg_nope"}, "after")):
+        refused = httpx.get(url, params=params)
+        assert (refused.status_code, refused.json()["error"]["param"]) == (400, param), refused.text
+    missing = httpx.get(f"{served.base_url}/responses/resp_nope/input_items")
+    assert (missing.status_code, missing.json()["error"]["param"]) == (404, "response_id")
 
 
 def test_responses_sent_one_x_request_id_are_each_stored_and_found(served):
