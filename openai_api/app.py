@@ -23,6 +23,7 @@ from openai_api.functions import as_tools, deprecated_plan
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest,
                                  DetokenizeRequest, SamplingBody, TokenizeRequest, completion_prompts,
                                  generate_request, http_error, with_seed)
+from openai_api.background import BackgroundRun
 from openai_api.response_store import ResponseStore, Stored
 from openai_api.responses_api import (Includable, ResponseObjects, ResponsesRequest, as_input, chat_request,
                                       continued, input_items, listed, page, responses_error, text_size, with_ids)
@@ -113,10 +114,43 @@ class Api:
             items = self.conversation(body, owner)
             chat = chat_request(body, items)
             generate, plan = self.chat_generate(router, chat)
-            kind = ResponseObjects(_decoder(router), plan, body, self.storing(body, items, owner))
+            run = self.background(body)
+            kind = ResponseObjects(_decoder(router), plan, body, self.storing(body, items, owner, run))
+            if run is not None:
+                held = Stored({}, items, 0, owner, len(items), run)        # found while it runs (its input listed)
+                return await self.in_background(request, router, chat, [generate], kind, model, held)
             return await answer(request, router, chat, [generate], kind, model)
         except ApiError as error:
             raise responses_error(error) from None
+
+    def background(self, body: ResponsesRequest) -> BackgroundRun | None:
+        """A background response's run (None for another); a 400 if it could not be stored, so never polled."""
+        if not body.background:
+            return None
+        if not body.store:
+            raise ApiError(400, "background: a background response is stored, to be polled: send `store` true (the "
+                           "default)", "background")
+        if self.stored.capacity <= 0:
+            raise ApiError(400, "background: this server stores no responses (http.store_responses is 0), so none "
+                           "can be polled", "background")
+        return BackgroundRun()
+
+    async def in_background(self, request: Request, router: Router, body: ChatRequest, generates: list,
+                            kind: ResponseObjects, model: str, held: Stored) -> Response:
+        """Admit a background response (a 400 or 429 as any other), run it on, `held` in the store while it runs;
+        answer it queued, or stream its events (a client that leaves that stream stops nothing)."""
+        try:
+            router.check_room()
+        except Overloaded as exc:
+            raise failure(exc)[1] from exc
+        client, request_id, chunks = await prepared(request, router, body, generates, kind)
+        events, run = kind.events(request_id, model), held.run
+        run.start(events, sse(router, client, chunks, None, events))
+        self.stored.hold(kind.id, held)
+        headers = {"X-Request-Id": request_id}
+        if body.stream:
+            return StreamingResponse(run.follow(), media_type="text/event-stream", headers=headers)
+        return JSONResponse(run.current(), headers=headers)
 
     def owner(self, request: Request) -> str:
         """Whose stored responses a request reaches: its API key's (a digest of it), or everyone's without keys."""
@@ -124,14 +158,17 @@ class Api:
             return ""
         return hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()
 
-    def storing(self, body: ResponsesRequest, items: list, owner: str) -> Callable[[dict], None] | None:
-        """What keeps a response once answered, if it is to be stored: with its conversation's items, its output."""
+    def storing(self, body: ResponsesRequest, items: list, owner: str,
+                run: BackgroundRun | None = None) -> Callable[[dict], None] | None:
+        """What keeps a response once answered, if it is to be stored: with its conversation's items, its output
+        (a background one with its run's events, counted in its size)."""
         if not body.store or self.stored.capacity <= 0:
             return None
 
         def keep(response: dict) -> None:
-            conversation = with_ids(items) + as_input(response["output"])
-            self.stored.put(response, conversation, text_size(conversation), owner, len(items))
+            conversation = items + as_input(response["output"])
+            size = text_size(conversation) + (run.size if run is not None else 0)
+            self.stored.put(response, conversation, size, owner, len(items), run)
         return keep
 
     def conversation(self, body: ResponsesRequest, owner: str) -> list:
@@ -139,12 +176,15 @@ class Api:
         own input (not the instructions it was given: a response's own replace them, as OpenAI has it). A 400 for
         an id not stored (OpenAI's), and for a call sent again that the stored conversation has."""
         if body.previous_response_id is None:
-            return input_items(body)
+            return with_ids(input_items(body))
         stored = self.stored.get(body.previous_response_id, owner)
         if stored is None:
             raise ApiError(400, f"previous_response_id: {self.not_stored(body.previous_response_id)}",
                            "previous_response_id", code="previous_response_not_found")
-        return continued(stored.items, input_items(body))
+        if stored.run is not None and not stored.run.over:
+            raise ApiError(400, f"previous_response_id: {body.previous_response_id} is a background response still "
+                           "running: continue it once it is over", "previous_response_id")
+        return continued(stored.items, with_ids(input_items(body)))
 
     def not_stored(self, response_id: str) -> str:
         if self.stored.capacity <= 0:
@@ -168,17 +208,35 @@ class Api:
         stored = self.found(response_id, request)
         return page([listed(item) for item in stored.items[:stored.inputs]], order, after, limit)
 
-    async def stored_response(self, response_id: str, request: Request, stream: bool = False) -> dict:
-        """GET: a stored response, as it was answered (no logprobs kept); DELETE: forget it. Only the key that
-        stored it finds it."""
+    async def stored_response(self, response_id: str, request: Request, stream: bool = False,
+                              starting_after: Annotated[int | None, Query(ge=0)] = None) -> Response:
+        """GET: a stored response, as it was answered (no logprobs kept), a background one as it stands or, with
+        `stream`, its events after `starting_after`; DELETE: forget it (a background one cancelled first). Only
+        the key that stored it finds it."""
         stored = self.found(response_id, request)
-        if stream:
-            raise ApiError(400, "stream: a stored response is retrieved whole (streamed retrieval is not served)",
-                           "stream")
         if request.method == "DELETE":
+            if stored.run is not None:
+                await stored.run.cancel()
             self.stored.delete(response_id, self.owner(request))
-            return {"id": response_id, "object": "response", "deleted": True}
-        return stored.response
+            return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+        if starting_after is not None and not stream:
+            raise ApiError(400, "starting_after: only with stream=true", "starting_after")
+        if not stream:
+            return JSONResponse(stored.run.current() if stored.run is not None else stored.response)
+        if stored.run is None:
+            raise ApiError(400, "stream: only a background response's events are kept, to be streamed again (this "
+                           "one was answered when it was created)", "stream")
+        after = -1 if starting_after is None else starting_after
+        return StreamingResponse(stored.run.follow(after), media_type="text/event-stream")
+
+    async def cancel(self, response_id: str, request: Request) -> dict:
+        """POST /v1/responses/{id}/cancel: stop a background response; the Response as it ended (cancelled, or
+        its end if it was over: cancelling again changes nothing)."""
+        stored = self.found(response_id, request)
+        if stored.run is None:
+            raise ApiError(400, "response_id: only a background response can be cancelled (this one was answered "
+                           "when it was created)", "response_id")
+        return await stored.run.cancel()
 
     def chat_generate(self, router: Router, body: ChatRequest, deprecated: bool = False) -> tuple:
         """The GenerateRequest of a chat request (its messages rendered by the chat template, its tools and
@@ -314,6 +372,7 @@ def create_app(http: HttpConfig, get_router: Callable[[], Router | None],
                       dependencies=authorized)
     app.add_api_route("/v1/responses/{response_id}/input_items", api.listed_input, methods=["GET"],
                       dependencies=authorized)
+    app.add_api_route("/v1/responses/{response_id}/cancel", api.cancel, methods=["POST"], dependencies=authorized)
     app.add_api_route("/tokenize", api.tokenize, methods=["POST"], dependencies=authorized)       # vLLM's
     app.add_api_route("/detokenize", api.detokenize, methods=["POST"], dependencies=authorized)
     return app
@@ -390,17 +449,24 @@ def request_id_header(request: Request) -> str:
     return value
 
 
-async def answer(request: Request, router: Router, body: SamplingBody, generates: list, kind: Completions,
-                 model: str) -> Response:
+async def prepared(request: Request, router: Router, body: SamplingBody, generates: list,
+                   kind: Completions) -> tuple[ClientRequest, str, AsyncIterator]:
+    """Admit a request's choices (a 400 for an invalid one) and bind them to `kind`: its request log entry, its
+    X-Request-Id (the client's, or one made for it) and its choices' chunks."""
     client, given = client_request(request), request_id_header(request)
     client.request_id = kind.logged_id(given, given) if given else ""   # a refusal below is logged under it
     client.states, client.per_prompt = await admit(router, generates, body), body.n
-    states = client.states
-    kind.bind(states, body.prompt_logprobs, body.n)
+    kind.bind(client.states, body.prompt_logprobs, body.n)
     request_id = given or uuid.uuid4().hex
     client.request_id = kind.logged_id(request_id, given)       # the "id" its client sees
+    return client, request_id, choice_chunks(router, client.states)
+
+
+async def answer(request: Request, router: Router, body: SamplingBody, generates: list, kind: Completions,
+                 model: str) -> Response:
+    client, request_id, chunks = await prepared(request, router, body, generates, kind)
+    states = client.states
     headers = {"X-Request-Id": request_id}
-    chunks = choice_chunks(router, states)
     if body.stream:
         first = await until_disconnected(request, tracked(router, next_chunk(chunks), client, final=False))
         usage_on = "every chunk" if body.continuous_usage else "last" if body.include_usage else ""
@@ -506,15 +572,15 @@ async def until_disconnected(request: Request, awaitable, poll_s: float = 0.2):
         task.cancel()
 
 
-async def sse(router: Router, client: ClientRequest, chunks, first: tuple, events) -> AsyncIterator[str]:
+async def sse(router: Router, client: ClientRequest, chunks, first: tuple | None, events) -> AsyncIterator[str]:
     """The stream's server-sent events, as `events` writes them (choices.ChoiceEvents, responses_api.ResponseEvents),
-    its request ended once the output is over or has failed."""
+    its request ended once the output is over or has failed. `first`: the first chunk, if already awaited."""
     code, detail, failed = "OK", "", []
     try:
         async with contextlib.aclosing(chunks):
             for text in events.start():
                 yield text
-            index, chunk = first
+            index, chunk = first if first is not None else await next_chunk(chunks)
             while chunk is not None:
                 for text in events.chunk(index, chunk):
                     yield text

@@ -175,6 +175,7 @@ class ResponsesFields(SamplingBody, TemplateOptions):
     parallel_tool_calls: Flag = True
     text: Optional[TextConfig] = None
     store: Flag = True                               # kept for previous_response_id, if http.store_responses
+    background: Flag = False                         # run on after the POST's answer (openai_api/background.py)
     metadata: Optional[dict[str, Text]] = None
     previous_response_id: Optional[Text] = None
     max_tokens: Annotated[Any, _elsewhere("send `max_output_tokens`")] = None
@@ -185,11 +186,10 @@ class ResponsesFields(SamplingBody, TemplateOptions):
     prompt_logprobs: Annotated[Any, _elsewhere("chat completions and completions serve it")] = None
 
 
-# The Responses API's parameters that would change the output and that specpool lacks -> the neutral value: a
-# background response (polled for), truncation of the conversation, a reasoning model's effort, a stored
-# prompt template or conversation; and chat's n, a Response having one output
-RESPONSES_REFUSED = {"background": False, "truncation": "disabled", "reasoning": None, "prompt": None,
-                     "conversation": None, "n": 1}
+# The Responses API's parameters that would change the output and that specpool lacks -> the neutral value:
+# truncation of the conversation, a reasoning model's effort, a stored prompt template or conversation; and chat's
+# n, a Response having one output
+RESPONSES_REFUSED = {"truncation": "disabled", "reasoning": None, "prompt": None, "conversation": None, "n": 1}
 ResponsesRequest = create_model("ResponsesRequest", __base__=ResponsesFields, __module__=__name__,
                                 **neutral_only(RESPONSES_REFUSED, {"n": 1}))
 # The chat request's fields a Responses request sends as they are (not those it sends otherwise, nor n)
@@ -361,25 +361,30 @@ class ResponseObjects(ChatCompletions):
     def __init__(self, decode, tool_plan, body: ResponsesFields, store: Callable[[dict], None] | None = None):
         super().__init__(decode, tool_plan)
         self.body, self.created = body, int(time.time())
-        self.store = store          # given: keeps the Response once it is answered (completed or incomplete)
+        self.store = store          # given: keeps the Response once it is answered (see keeps)
         self.id = new_id("resp")    # unique, not the client's X-Request-Id: a stored response is found by it
 
     def logged_id(self, request_id: str, given: str) -> str:
         return f"{self.id} (X-Request-Id {given})" if given else self.id
 
+    def keeps(self, status: str) -> bool:
+        """Whether a response with this status is (or will be) stored: one asked to be, once completed or
+        incomplete (a failed or abandoned one not); a background one whatever its end."""
+        return self.store is not None and (self.body.background or status not in ("failed", "cancelled"))
+
     def done(self, response: dict) -> dict:
-        if self.store is not None:
+        if self.keeps(response["status"]):
             self.store(response)
         return response
 
     def response(self, model: str, output: list, status: str = "in_progress", error: dict | None = None) -> dict:
-        """The Response: in_progress (no usage yet), completed, incomplete (cut at max_output_tokens) or failed
-        (never stored)."""
-        done = status != "in_progress"
+        """The Response: queued or in_progress (no usage yet), then completed, incomplete (cut at
+        max_output_tokens), failed or cancelled."""
+        done = status not in ("queued", "in_progress")
         return {"id": self.id, "object": "response", "created_at": self.created,
-                "status": status, "background": False, "error": error,
+                "status": status, "background": self.body.background, "error": error,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-                "model": model, "output": output, **echoed(self.body, self.store is not None and status != "failed"),
+                "model": model, "output": output, **echoed(self.body, self.keeps(status)),
                 "usage": responses_usage(self.states) if done else None,
                 **({"specpool": spec_stats(self.states)} if done else {})}
 
@@ -405,10 +410,13 @@ class ResponseEvents:
     sequence_number; no [DONE], as OpenAI ends it. An error after the first event is an `error` event and
     response.failed. Put together, the events are the answer read whole (ResponseObjects.whole): text that is only
     whitespace waits, as a message before calls would not be one; a message's deltas carry every logprob its
-    done event does."""
+    done event does. A background response's stream starts queued (response.created, response.queued), and is
+    in_progress once its output starts."""
 
     def __init__(self, kind: ResponseObjects, model: str):
         self.kind, self.model = kind, model
+        self.response: dict | None = None   # the Response, once the stream has ended (or failed)
+        self.started = not kind.body.background     # in progress (a background one: once its output starts)
         self.sequence = 0
         self.items: list[dict] = []         # the output items so far; the last one open (`self.open`) until closed
         self.open = False
@@ -423,11 +431,21 @@ class ResponseEvents:
         return f"event: {kind}\ndata: {json.dumps(payload)}\n\n"
 
     def start(self) -> list[str]:
+        if not self.started:
+            response = self.kind.response(self.model, [], "queued")
+            return [self._event("response.created", response=response), self._event("response.queued",
+                                                                                    response=response)]
         response = self.kind.response(self.model, [])
         return [self._event("response.created", response=response), self._event("response.in_progress",
                                                                                 response=response)]
 
     def chunk(self, index: int, chunk) -> list[str]:
+        events = [] if self.started else [self._event("response.in_progress",
+                                                      response=self.kind.response(self.model, []))]
+        self.started = True
+        return events + self._chunk(index, chunk)
+
+    def _chunk(self, index: int, chunk) -> list[str]:
         wanted = self.kind.states[index].top_logprobs is not None
         choice = self.kind.chunk_choice(index, chunk.text, chunk.logprobs if wanted else None,
                                         FINISH.get(chunk.finish_reason))
@@ -504,17 +522,22 @@ class ResponseEvents:
         events = self._text("", hold=False) if not calls and (self.space or not self.items) else []
         events += self._close()
         status = status_of(self.finish)
-        response = self.kind.done(self.kind.response(self.model, self.items, status))
-        return events + [self._event(f"response.{status}", response=response)]
+        self.response = self.kind.done(self.kind.response(self.model, self.items, status))
+        return events + [self._event(f"response.{status}", response=self.response)]
+
+    def so_far(self, open_status: str) -> list[dict]:
+        """The output items as far as they got, the open one (if any) with its text so far and `open_status`."""
+        items = [dict(item) for item in self.items]
+        if self.open:
+            items[-1]["status"] = open_status
+            if items[-1]["type"] == "message":
+                items[-1]["content"] = [output_text(self.text, self.logprobs)]
+        return items
 
     def failed(self, error: ApiError) -> list[str]:
         """The error event, then response.failed (its items as far as they got, the open one incomplete)."""
         code = "rate_limit_exceeded" if error.status == 429 else "server_error"
-        if self.open:
-            self.items[-1]["status"] = "incomplete"
-            if self.items[-1]["type"] == "message":
-                self.items[-1]["content"] = [output_text(self.text, self.logprobs)]
-        response = self.kind.response(self.model, self.items, "failed",
-                                      {"code": code, "message": str(error)})
+        self.response = self.kind.done(self.kind.response(self.model, self.so_far("incomplete"), "failed",
+                                                          {"code": code, "message": str(error)}))
         return [self._event("error", code=error.code or code, message=str(error), param=error.param),
-                self._event("response.failed", response=response)]
+                self._event("response.failed", response=self.response)]

@@ -113,11 +113,7 @@ class Router:
     @contextlib.asynccontextmanager
     async def admission(self):
         """A generation slot; waits in a bounded queue, and past its bound refuses at once."""
-        if self._slots.locked() and self.queued >= self.config.router.max_queued_requests:
-            running = self.config.router.max_active_requests
-            busy = f"{running} request{'s' * (running != 1)} running and {self.queued} queued"
-            self._shedding.refused(busy)
-            raise Overloaded(f"{busy}: try again later")
+        self.check_room()
         self.queued += 1
         try:
             await self._slots.acquire()
@@ -127,6 +123,14 @@ class Router:
             yield
         finally:
             self._slots.release()
+
+    def check_room(self) -> None:
+        """Raise Overloaded if a request would be refused now: every slot taken and the queue full."""
+        if self._slots.locked() and self.queued >= self.config.router.max_queued_requests:
+            running = self.config.router.max_active_requests
+            busy = f"{running} request{'s' * (running != 1)} running and {self.queued} queued"
+            self._shedding.refused(busy)
+            raise Overloaded(f"{busy}: try again later")
 
     @functools.cached_property
     def grammar_tokenizer(self):

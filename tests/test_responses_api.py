@@ -8,6 +8,7 @@ import time
 import types
 
 import httpx
+import openai
 import pytest
 
 from tests.test_openai_http import (CHAT, TIME_TOOL, UNIT_TOOL, demo_target, greedy_alone, requests_counted,
@@ -192,7 +193,8 @@ def test_included_logprobs_are_chats_whole_and_streamed(served):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"n": 2}, "n"), ({"max_tokens": 5}, "max_tokens"), ({"background": True}, "background"),
+    ({"n": 2}, "n"), ({"max_tokens": 5}, "max_tokens"), ({"background": True, "store": False}, "background"),
+    ({"background": "yes"}, "background"),
     ({"truncation": "auto"}, "truncation"), ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": [{"type": "web_search"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
@@ -375,6 +377,123 @@ def test_a_stream_its_client_leaves_frees_its_sessions_and_is_not_stored(served)
     assert httpx.get(f"{served.base_url}/responses/{response_id}").status_code == 404
 
 
+def polled(served, response_id: str, until=lambda response: response.status not in ("queued", "in_progress"),
+           timeout: float = 60):
+    """A background response, retrieved until `until` holds (by default: until it is over)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = served.client.responses.retrieve(response_id)
+        if until(response) or time.monotonic() > deadline:
+            return response
+        time.sleep(0.05)
+
+
+def test_a_background_response_is_polled_until_over_and_answers_as_in_the_foreground(served):
+    """`background: true`: the POST answers at once, queued; polled, the response comes out as the same request
+    answered in the foreground (the target alone's greedy text, tested above), stored and continued as it is."""
+    body = dict(instructions="You write Python.", input="a point", max_output_tokens=24, temperature=0)
+    foreground = served.client.responses.create(model=served.model, **body)
+    created = served.client.responses.create(model=served.model, background=True, **body)
+    assert (created.status, created.background, created.output, created.usage) == ("queued", True, [], None)
+    over = polled(served, created.id)
+    assert (over.status, over.output_text, over.usage.output_tokens) == (
+        foreground.status, foreground.output_text, foreground.usage.output_tokens)
+    assert over.background is True and over.store is True and over.id == created.id
+    after_each = [served.client.responses.create(model=served.model, previous_response_id=first, input="and a line",
+                                                 max_output_tokens=8, temperature=0) for first in (foreground.id,
+                                                                                                   over.id)]
+    assert after_each[0].output_text == after_each[1].output_text
+    given = served.client.responses.input_items.list(after_each[1].id, order="asc").data
+    assert [item.role for item in given] == ["user", "assistant", "user"] and given[1].id == over.output[0].id
+
+
+def test_a_background_stream_is_one_stream_replayed_from_any_event(served):
+    """Streamed in the background: queued, then in progress, then the foreground stream's events; retrieved with
+    `stream=true` it is the same events again (from `starting_after` on), and a client that leaves it stops
+    nothing: a stream retrieved meanwhile follows the rest to the end."""
+    body = dict(input="a point", max_output_tokens=16, temperature=0)
+    events = events_of(served, {**body, "background": True})
+    foreground = events_of(served, body)
+    kinds = [event.type for event in events]
+    assert kinds[:3] == ["response.created", "response.queued", "response.in_progress"]
+    but_deltas = [kinds[3:], [event.type for event in foreground[2:]]]      # answers may travel differently grouped
+    assert [[kind for kind in each if not kind.endswith(".delta")] for each in but_deltas] == [[
+        "response.output_item.added", "response.content_part.added", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.incomplete"]] * 2
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert [events[i].response.status for i in (0, 1, 2)] == ["queued", "queued", "in_progress"]
+    assert events[-1].response.output_text == foreground[-1].response.output_text
+    response_id = events[0].response.id
+    again = list(served.client.responses.retrieve(response_id, stream=True))
+    assert [event.model_dump() for event in again] == [event.model_dump() for event in events]
+    later = list(served.client.responses.retrieve(response_id, stream=True, starting_after=3))
+    assert [event.model_dump() for event in later] == [event.model_dump() for event in events[4:]]
+    long = {"model": served.model, "input": "x", "max_output_tokens": 48, "temperature": 0, "ignore_eos": True,
+            "stream": True, "background": True}
+    with httpx.stream("POST", served.base_url + "/responses", json=long, timeout=60) as left:
+        lines = left.iter_lines()
+        assert next(lines) == "event: response.created"
+        response_id = json.loads(next(lines).removeprefix("data: "))["response"]["id"]
+    followed = list(served.client.responses.retrieve(response_id, stream=True, starting_after=0))
+    assert followed[0].sequence_number == 1 and followed[-1].type == "response.incomplete"
+    assert followed[-1].response.usage.output_tokens == 48 == polled(served, response_id).usage.output_tokens
+
+
+def test_a_cancelled_background_response_stops_frees_its_sessions_and_keeps_its_output(served):
+    """POST /v1/responses/{id}/cancel: the run stops (its workers' sessions freed, counted CANCELLED), the response
+    is `cancelled` with the output its stream had sent; cancelling again answers the same. DELETE cancels a
+    running one too. A running response cannot be continued, one answered in the foreground cannot be
+    cancelled."""
+    from tests.test_e2e_sessions import active_sessions, wait_for_no_sessions
+    body = dict(input="x", max_output_tokens=900, temperature=0, background=True,
+                extra_body={"ignore_eos": True, "speculation": {"k": 1}})
+    cancelled = requests_counted(served, "CANCELLED")
+    running = served.client.responses.create(model=served.model, **body)
+    assert polled(served, running.id, until=lambda response: response.output_text).status == "in_progress"
+    assert active_sessions(served) == [1, 1]
+    assert [item.content[0].text for item in served.client.responses.input_items.list(running.id)] == ["x"]
+    continuing = httpx.post(served.base_url + "/responses", json={
+        "model": served.model, "input": "x", "previous_response_id": running.id})
+    assert (continuing.status_code, continuing.json()["error"]["param"]) == (400, "previous_response_id")
+    stopped = served.client.responses.cancel(running.id)
+    assert stopped.status == "cancelled" and stopped.output_text and stopped.usage.output_tokens > 0
+    assert wait_for_no_sessions(served, timeout=20) == [0, 0]
+    assert requests_counted(served, "CANCELLED") == cancelled + 1
+    assert served.client.responses.cancel(running.id) == stopped == served.client.responses.retrieve(running.id)
+    replayed = list(served.client.responses.retrieve(running.id, stream=True))
+    assert "".join(event.delta for event in replayed if event.type == "response.output_text.delta") == \
+        stopped.output_text
+    deleted = served.client.responses.create(model=served.model, **body)
+    polled(served, deleted.id, until=lambda response: response.status == "in_progress")
+    assert httpx.delete(f"{served.base_url}/responses/{deleted.id}").json()["deleted"] is True
+    assert wait_for_no_sessions(served, timeout=20) == [0, 0]
+    assert httpx.get(f"{served.base_url}/responses/{deleted.id}").status_code == 404
+    foreground = served.client.responses.create(model=served.model, input="x", max_output_tokens=4)
+    for response_id, status in ((foreground.id, 400), ("resp_nope", 404)):
+        refused = httpx.post(f"{served.base_url}/responses/{response_id}/cancel")
+        assert (refused.status_code, refused.json()["error"]["param"]) == (status, "response_id")
+    for query, param in (("starting_after=2", "starting_after"), ("stream=true&starting_after=-1", "starting_after")):
+        refused = httpx.get(f"{served.base_url}/responses/{running.id}?{query}")
+        assert (refused.status_code, refused.json()["error"]["param"]) == (400, param), refused.text
+
+
+def test_a_background_response_is_admitted_as_any_request(start_service):
+    """With every slot taken and no queue, a background response is a 429 when it is sent (not a response that
+    fails later); one that runs holds its slot until it is over or cancelled."""
+    served = served_over_http(start_service, router={"max_active_requests": 1, "max_queued_requests": 0})
+    body = dict(input="x", max_output_tokens=900, temperature=0, background=True,
+                extra_body={"ignore_eos": True, "speculation": {"k": 1}})
+    running = served.client.responses.create(model=served.model, **body)
+    polled(served, running.id, until=lambda response: response.status == "in_progress")
+    refused = requests_counted(served, "RESOURCE_EXHAUSTED")
+    with pytest.raises(openai.RateLimitError):
+        served.client.responses.create(model=served.model, **body)
+    assert requests_counted(served, "RESOURCE_EXHAUSTED") == refused + 1
+    served.client.responses.cancel(running.id)
+    second = served.client.responses.create(model=served.model, **{**body, "max_output_tokens": 4})
+    assert polled(served, second.id).status == "incomplete"
+
+
 def test_the_store_keeps_the_last_used_responses_within_its_bounds_without_logprobs():
     from openai_api.response_store import ResponseStore
     store = ResponseStore(2, max_chars=10)
@@ -407,7 +526,7 @@ def test_a_stored_response_is_found_with_the_api_key_that_stored_it_only():
     a, b = (types.SimpleNamespace(headers={"authorization": f"Bearer {key}"}, method="GET") for key in ("key-a",
                                                                                                       "key-b"))
     api.stored.put({"id": "resp_1", "output": []}, ["item"], 4, api.owner(a))
-    assert asyncio.run(api.stored_response("resp_1", a)) == {"id": "resp_1", "output": []}
+    assert json.loads(asyncio.run(api.stored_response("resp_1", a)).body) == {"id": "resp_1", "output": []}
     continuing = ResponsesRequest.model_validate({"model": "m", "input": "x", "previous_response_id": "resp_1"})
     assert len(api.conversation(continuing, api.owner(a))) == 2
     with pytest.raises(ApiError) as other_get:
@@ -521,3 +640,44 @@ def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
     message, = failed["response"]["output"]                  # the text already sent, the message left incomplete
     assert (message["status"], message["content"][0]["text"]) == ("incomplete", "def f")
 
+
+
+def test_a_background_run_that_breaks_is_stored_failed_and_its_followers_end():
+    """An unexpected error in a background run (no handler left to answer a 500): the response is stored `failed`
+    with its output so far, and a stream following it ends; its events, queued ones included, validate against the
+    SDK's types."""
+    import asyncio
+    from pydantic import TypeAdapter
+    from openai.types.responses import ResponseStreamEvent
+    from openai_api.background import BackgroundRun
+    from openai_api.responses_api import ResponseObjects, ResponsesRequest
+    from openai_api.tools import ToolPlan
+    from protos.specpool.v1 import generation_pb2
+    from router.stopping import Chunk
+    stored = []
+    kind = ResponseObjects(str, ToolPlan(), ResponsesRequest.model_validate({"model": "m", "input": "x",
+                                                                             "background": True}), stored.append)
+    kind.bind([types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=1,
+                                     stats=generation_pb2.GenerationStats())])
+    events, run = kind.events("r", "m"), BackgroundRun()
+
+    async def texts():
+        for text in events.start() + events.chunk(0, Chunk([5], "def f", [])):
+            yield text
+        raise RuntimeError("a bug")
+
+    async def followed() -> list[str]:
+        run.start(events, texts())
+        assert run.current()["status"] == "queued"
+        return [text async for text in run.follow()]
+    frames = asyncio.run(asyncio.wait_for(followed(), timeout=10))
+    payloads = [json.loads(frame.split("\ndata: ")[1]) for frame in frames]
+    assert [p["type"] for p in payloads] == ["response.created", "response.queued", "response.in_progress",
+                                             "response.output_item.added", "response.content_part.added",
+                                             "response.output_text.delta"]
+    for payload in payloads:
+        TypeAdapter(ResponseStreamEvent).validate_python(payload, strict=False)
+    failed, = stored
+    assert (failed["status"], failed["error"]["code"], failed["store"], failed["background"]) == (
+        "failed", "server_error", True, True)
+    assert failed["output"][0]["content"][0]["text"] == "def f" and run.current() == failed
