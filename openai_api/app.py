@@ -137,15 +137,13 @@ class Api:
 
     async def in_background(self, request: Request, router: Router, body: ChatRequest, generates: list,
                             kind: ResponseObjects, model: str, held: Stored) -> Response:
-        """Admit a background response (a 400 or 429 as any other), run it on, `held` in the store while it runs;
-        answer it queued, or stream its events (a client that leaves that stream stops nothing)."""
-        try:
-            router.check_room()
-        except Overloaded as exc:
-            raise failure(exc)[1] from exc
+        """Admit a background response (a 400 as any other; its place in admission reserved, or a 429 now), run it
+        on, `held` in the store while it runs; answer it queued, or stream its events (a client that leaves that
+        stream stops nothing)."""
         client, request_id, chunks = await prepared(request, router, body, generates, kind)
+        reservations = reserved(router, client.states)
         events, run = kind.events(request_id, model), held.run
-        run.start(events, sse(router, client, chunks, None, events))
+        run.start(events, sse(router, client, chunks, None, events), reservations)
         self.stored.hold(kind.id, held)
         headers = {"X-Request-Id": request_id}
         if body.stream:
@@ -176,14 +174,15 @@ class Api:
         own input (not the instructions it was given: a response's own replace them, as OpenAI has it). A 400 for
         an id not stored (OpenAI's), and for a call sent again that the stored conversation has."""
         if body.previous_response_id is None:
-            return with_ids(input_items(body))
+            return continued([], with_ids(input_items(body)))
         stored = self.stored.get(body.previous_response_id, owner)
         if stored is None:
             raise ApiError(400, f"previous_response_id: {self.not_stored(body.previous_response_id)}",
                            "previous_response_id", code="previous_response_not_found")
-        if stored.run is not None and not stored.run.over:
-            raise ApiError(400, f"previous_response_id: {body.previous_response_id} is a background response still "
-                           "running: continue it once it is over", "previous_response_id")
+        status = (stored.run.current() if stored.run is not None else stored.response)["status"]
+        if status not in ("completed", "incomplete"):       # a background response running, failed or cancelled
+            raise ApiError(400, f"previous_response_id: {body.previous_response_id} is {status}: only a completed or "
+                           "incomplete response is continued", "previous_response_id")
         return continued(stored.items, with_ids(input_items(body)))
 
     def not_stored(self, response_id: str) -> str:
@@ -228,6 +227,11 @@ class Api:
                            "one was answered when it was created)", "stream")
         after = -1 if starting_after is None else starting_after
         return StreamingResponse(stored.run.follow(after), media_type="text/event-stream")
+
+    async def cancel_background(self) -> None:
+        """Cancel every background response still running (the server is stopping, their grace over)."""
+        for stored in self.stored.running():
+            await stored.run.cancel()
 
     async def cancel(self, response_id: str, request: Request) -> dict:
         """POST /v1/responses/{id}/cancel: stop a background response; the Response as it ended (cancelled, or
@@ -358,6 +362,7 @@ def create_app(http: HttpConfig, get_router: Callable[[], Router | None],
     loaded)."""
     api = Api(http, get_router, loading)
     app = FastAPI(title="specpool", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.stopping = api.cancel_background      # HttpServer.stop, before it closes the server
     app.add_exception_handler(ApiError, api.api_error)
     app.add_exception_handler(RequestValidationError, api.invalid_body)
     app.add_exception_handler(HTTPException, http_exception)
@@ -420,6 +425,20 @@ async def admit(router: Router, generates: list, body: SamplingBody) -> list:
     except RequestError as exc:
         raise http_error(exc, body.params()) from exc
     return states
+
+
+def reserved(router: Router, states: list) -> tuple:
+    """A place in admission for each state, taken now (router.reserve): for all of them, or a 429 (none taken)."""
+    taken = []
+    try:
+        for state in states:
+            state.reservation = router.reserve()
+            taken.append(state.reservation)
+    except Overloaded as exc:
+        for reservation in taken:
+            reservation.release()
+        raise failure(exc)[1] from exc
+    return tuple(taken)
 
 
 def in_batch(exc: RequestError, prompt: int) -> RequestError:

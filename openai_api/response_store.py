@@ -38,6 +38,9 @@ class ResponseStore:
         """Find a background response while it runs (outside the bounds, until it is put)."""
         self._running[response_id] = running
 
+    def running(self) -> list[Stored]:
+        return list(self._running.values())
+
     def put(self, response: dict, items: list, size: int, owner: str = "", inputs: int = 0, run: Any = None) -> None:
         """Keep `response` for `owner` (not one larger than the whole store), its conversation `items` (the first
         `inputs` of them its input), forgetting the least recently used past the bounds."""

@@ -262,13 +262,19 @@ def page(items: list[dict], order: str, after: str | None, limit: int) -> dict:
 
 
 def continued(stored: list, new: list) -> list:
-    """A stored conversation's items, then the new input; a 400 for a function call sent again that the stored
-    conversation has (OpenAI's: a duplicate item), which the prompt would otherwise hold twice."""
+    """A stored conversation's items (none without previous_response_id), then the new input; a 400 for an item
+    sent again (OpenAI's: a duplicate item), which the prompt would otherwise hold twice: a function call the stored
+    conversation has, an item id it has or the input has twice (ids name the items listed, input_items)."""
     called = {item.call_id for item in stored if isinstance(item, FunctionCallItem)}
+    ids = {item.id for item in stored}
     for index, item in enumerate(new):
         if isinstance(item, FunctionCallItem) and item.call_id in called:
             raise ApiError(400, f"input[{index}]: the call {item.call_id!r} is in the conversation of "
                            "previous_response_id already: send its output only", "input")
+        if item.id in ids:
+            raise ApiError(400, f"input[{index}]: duplicate item id {item.id!r} (an item the conversation has "
+                           "already, or sent twice)", "input")
+        ids.add(item.id)
     return stored + new
 
 
@@ -372,8 +378,10 @@ class ResponseObjects(ChatCompletions):
         incomplete (a failed or abandoned one not); a background one whatever its end."""
         return self.store is not None and (self.body.background or status not in ("failed", "cancelled"))
 
-    def done(self, response: dict) -> dict:
-        if self.keeps(response["status"]):
+    def done(self, response: dict, over: bool = False) -> dict:
+        """Store the answered `response` if it is kept (a background one only when its run is `over`: its events
+        all recorded, BackgroundRun)."""
+        if self.keeps(response["status"]) and (over or not self.body.background):
             self.store(response)
         return response
 

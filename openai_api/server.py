@@ -26,6 +26,7 @@ class HttpServer:
     """Start with `await start()` (returns the bound port), stop with `await stop(grace)`."""
 
     def __init__(self, app, host: str, port: int, tls: TlsConfig | None = None):
+        self._app = app
         self._server = _EmbeddedServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                       access_log=False, lifespan="off", **https(tls)))
         self._task: asyncio.Task | None = None
@@ -48,9 +49,13 @@ class HttpServer:
             pass
 
     async def stop(self, grace: float) -> None:
-        """Stop accepting, give open requests `grace` seconds, then close them."""
+        """Stop accepting, give open requests `grace` seconds, then close them (the app's own work first: its
+        `state.stopping`, if any, ends the background responses still running)."""
         if self._task is None:
             return
+        stopping = getattr(self._app.state, "stopping", None)
+        if stopping is not None:
+            await stopping()
         self._server.config.timeout_graceful_shutdown = max(grace, 0.05)   # at 0 uvicorn logs an error, always
         self._server.should_exit = True
         await asyncio.gather(self._task, return_exceptions=True)

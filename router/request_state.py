@@ -54,6 +54,7 @@ class RequestState:
     out_of_memory: dict = field(default_factory=dict)   # pool -> its calls for this request that ran out of memory
     min_new_tokens: int = 0                # no EOS or stop token before this many output tokens
     grammar: worker_pb2.Grammar | None = None   # structured output: the grammar the output follows
+    reservation: object = None             # its place in admission, taken when it was sent (Router.reserve)
     bad_words: list = field(default_factory=list)   # token sequences the output never completes
     prompt_top_logprobs: int | None = None  # set: the target's prefill answers the prompt's logprobs, with this
     prompt_logprobs: list | None = None     # ... many alternatives: generation_pb2.TokenLogprob per prompt token 1..

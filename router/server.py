@@ -72,6 +72,8 @@ class Router:
                                     config.draft.ngram_max_tokens, config.draft.method)
         self._slots = asyncio.Semaphore(config.router.max_active_requests)
         self.queued = 0
+        self.running = 0            # requests holding a slot
+        self.reserved = 0           # places reserved for requests not started yet (Reservation)
         self.metrics.queued.set_function(lambda: self.queued)
         self._shedding = Shedding()
         self._session_series: dict[int, tuple[str, str]] = {}   # id(worker) -> its gauge's (pool, address)
@@ -111,26 +113,37 @@ class Router:
         return any(target.healthy for target in self.targets)
 
     @contextlib.asynccontextmanager
-    async def admission(self):
-        """A generation slot; waits in a bounded queue, and past its bound refuses at once."""
-        self.check_room()
+    async def admission(self, reservation: Reservation | None = None):
+        """A generation slot; waits in a bounded queue, and past its bound refuses at once (unless it was
+        `reservation`'s, taken when its request was sent)."""
+        if reservation is None or not reservation.take():
+            self.check_room()
         self.queued += 1
         try:
             await self._slots.acquire()
         finally:
             self.queued -= 1
+        self.running += 1
         try:
             yield
         finally:
+            self.running -= 1
             self._slots.release()
 
     def check_room(self) -> None:
-        """Raise Overloaded if a request would be refused now: every slot taken and the queue full."""
-        if self._slots.locked() and self.queued >= self.config.router.max_queued_requests:
-            running = self.config.router.max_active_requests
-            busy = f"{running} request{'s' * (running != 1)} running and {self.queued} queued"
+        """Raise Overloaded if a request would be refused now: every slot and queue place taken (or reserved)."""
+        limits = self.config.router
+        if self.running + self.queued + self.reserved >= limits.max_active_requests + limits.max_queued_requests:
+            running = limits.max_active_requests
+            busy = f"{running} request{'s' * (running != 1)} running and {self.queued + self.reserved} queued"
             self._shedding.refused(busy)
             raise Overloaded(f"{busy}: try again later")
+
+    def reserve(self) -> Reservation:
+        """A place for a request that starts later (a background response), taken now: Overloaded if there is none,
+        so that it is refused when it is sent rather than failing once it runs."""
+        self.check_room()
+        return Reservation(self)
 
     @functools.cached_property
     def grammar_tokenizer(self):
@@ -187,7 +200,7 @@ class Router:
         last, first = time.perf_counter(), True
         self.in_flight += 1
         try:
-            async with self.admission():
+            async with self.admission(state.reservation):
                 draft = self.affinity["draft"].choose(self.drafts, state.tokens) if self.drafts else None
                 target = self.affinity["target"].choose(self.targets, state.tokens)
                 workers = [w for w in (draft, target) if w]
@@ -296,6 +309,24 @@ class Router:
 
 class Overloaded(Exception):
     """The admission queue is full."""
+
+
+class Reservation:
+    """A place in admission held for a request that has not started (Router.reserve): its run takes it on entering
+    admission; released if the request ends without having run."""
+
+    def __init__(self, router: Router):
+        self.router, self.held = router, True
+        router.reserved += 1
+
+    def take(self) -> bool:
+        """Whether it was still held (now taken: its request is counted as queued instead)."""
+        held, self.held = self.held, False
+        self.router.reserved -= held
+        return held
+
+    def release(self) -> None:
+        self.take()
 
 
 class Shedding:

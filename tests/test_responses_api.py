@@ -8,7 +8,6 @@ import time
 import types
 
 import httpx
-import openai
 import pytest
 
 from tests.test_openai_http import (CHAT, TIME_TOOL, UNIT_TOOL, demo_target, greedy_alone, requests_counted,
@@ -195,6 +194,7 @@ def test_included_logprobs_are_chats_whole_and_streamed(served):
 @pytest.mark.parametrize("body, param", [
     ({"n": 2}, "n"), ({"max_tokens": 5}, "max_tokens"), ({"background": True, "store": False}, "background"),
     ({"background": "yes"}, "background"),
+    ({"input": [{"role": "user", "content": "a", "id": "m"}, {"role": "user", "content": "b", "id": "m"}]}, "input"),
     ({"truncation": "auto"}, "truncation"), ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": [{"type": "web_search"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
@@ -457,6 +457,9 @@ def test_a_cancelled_background_response_stops_frees_its_sessions_and_keeps_its_
     assert (continuing.status_code, continuing.json()["error"]["param"]) == (400, "previous_response_id")
     stopped = served.client.responses.cancel(running.id)
     assert stopped.status == "cancelled" and stopped.output_text and stopped.usage.output_tokens > 0
+    continuing = httpx.post(served.base_url + "/responses", json={
+        "model": served.model, "input": "x", "previous_response_id": running.id})
+    assert (continuing.status_code, continuing.json()["error"]["param"]) == (400, "previous_response_id")
     assert wait_for_no_sessions(served, timeout=20) == [0, 0]
     assert requests_counted(served, "CANCELLED") == cancelled + 1
     assert served.client.responses.cancel(running.id) == stopped == served.client.responses.retrieve(running.id)
@@ -479,19 +482,30 @@ def test_a_cancelled_background_response_stops_frees_its_sessions_and_keeps_its_
 
 def test_a_background_response_is_admitted_as_any_request(start_service):
     """With every slot taken and no queue, a background response is a 429 when it is sent (not a response that
-    fails later); one that runs holds its slot until it is over or cancelled."""
+    fails later), also when two are sent at once for the last slot; one that runs holds its slot until it is over
+    or cancelled. A stopping server cancels those still running once their grace is over."""
+    from concurrent.futures import ThreadPoolExecutor
     served = served_over_http(start_service, router={"max_active_requests": 1, "max_queued_requests": 0})
-    body = dict(input="x", max_output_tokens=900, temperature=0, background=True,
-                extra_body={"ignore_eos": True, "speculation": {"k": 1}})
-    running = served.client.responses.create(model=served.model, **body)
-    polled(served, running.id, until=lambda response: response.status == "in_progress")
+    body = {"model": served.model, "input": "x", "max_output_tokens": 900, "temperature": 0, "background": True,
+            "ignore_eos": True, "speculation": {"k": 1}}
+    def send(**changed) -> httpx.Response:
+        return httpx.post(served.base_url + "/responses", json={**body, **changed}, timeout=60)
     refused = requests_counted(served, "RESOURCE_EXHAUSTED")
-    with pytest.raises(openai.RateLimitError):
-        served.client.responses.create(model=served.model, **body)
+    with ThreadPoolExecutor(2) as pool:
+        sent = list(pool.map(lambda _: send(), range(2)))
+    assert sorted(answer.status_code for answer in sent) == [200, 429]
     assert requests_counted(served, "RESOURCE_EXHAUSTED") == refused + 1
-    served.client.responses.cancel(running.id)
-    second = served.client.responses.create(model=served.model, **{**body, "max_output_tokens": 4})
-    assert polled(served, second.id).status == "incomplete"
+    running = next(answer.json()["id"] for answer in sent if answer.status_code == 200)
+    polled(served, running, until=lambda response: response.status == "in_progress")
+    assert send().status_code == 429
+    served.client.responses.cancel(running)
+    second = send(max_output_tokens=4).json()["id"]
+    assert polled(served, second).status == "incomplete"
+    third = send().json()["id"]
+    polled(served, third, until=lambda response: response.status == "in_progress")
+    api = served.service.http._app.state.stopping.__self__          # what HttpServer.stop calls first
+    served._run(api.cancel_background())
+    assert served.client.responses.retrieve(third).status == "cancelled"
 
 
 def test_the_store_keeps_the_last_used_responses_within_its_bounds_without_logprobs():
@@ -520,13 +534,14 @@ def test_a_stored_response_is_found_with_the_api_key_that_stored_it_only():
     import asyncio
     from openai_api.app import Api
     from openai_api.protocol import ApiError
-    from openai_api.responses_api import ResponsesRequest
+    from openai_api.responses_api import InputMessage, ResponsesRequest
     from settings.schema import HttpConfig
     api = Api(HttpConfig(api_keys=["key-a", "key-b"]), lambda: None)
     a, b = (types.SimpleNamespace(headers={"authorization": f"Bearer {key}"}, method="GET") for key in ("key-a",
                                                                                                       "key-b"))
-    api.stored.put({"id": "resp_1", "output": []}, ["item"], 4, api.owner(a))
-    assert json.loads(asyncio.run(api.stored_response("resp_1", a)).body) == {"id": "resp_1", "output": []}
+    response = {"id": "resp_1", "status": "completed", "output": []}
+    api.stored.put(response, [InputMessage(id="msg_1", role="user", content="x")], 1, api.owner(a))
+    assert json.loads(asyncio.run(api.stored_response("resp_1", a)).body) == response
     continuing = ResponsesRequest.model_validate({"model": "m", "input": "x", "previous_response_id": "resp_1"})
     assert len(api.conversation(continuing, api.owner(a))) == 2
     with pytest.raises(ApiError) as other_get:
@@ -674,7 +689,7 @@ def test_a_background_run_that_breaks_is_stored_failed_and_its_followers_end():
     payloads = [json.loads(frame.split("\ndata: ")[1]) for frame in frames]
     assert [p["type"] for p in payloads] == ["response.created", "response.queued", "response.in_progress",
                                              "response.output_item.added", "response.content_part.added",
-                                             "response.output_text.delta"]
+                                             "response.output_text.delta", "error", "response.failed"]
     for payload in payloads:
         TypeAdapter(ResponseStreamEvent).validate_python(payload, strict=False)
     failed, = stored

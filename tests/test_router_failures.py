@@ -340,6 +340,30 @@ def test_refusals_are_logged_at_once_then_at_most_every_interval_and_a_bursts_co
     assert "overloaded: 2 request(s) refused with RESOURCE_EXHAUSTED in the last 0.3 s (" in lines[1]
 
 
+def test_a_reserved_place_counts_until_its_request_enters_admission_or_gives_it_back():
+    """Router.reserve (a background response's place, taken when it is sent): it fills the last slot for any other
+    request until its own enters admission with it; given back unused (or twice), the place is free again."""
+    async def body(service):
+        router = service.router
+        first = router.reserve()
+        with pytest.raises(Overloaded):
+            router.reserve()
+        with pytest.raises(Overloaded):
+            async with router.admission():
+                pass
+        async with router.admission(first):
+            with pytest.raises(Overloaded):
+                router.reserve()
+        first.release()                         # taken by its request already: nothing to give back
+        second = router.reserve()
+        second.release()
+        second.release()
+        async with router.admission():
+            pass
+        return router.reserved, router.queued, router.running
+    assert run(body, max_active_requests=1, max_queued_requests=0) == (0, 0, 0)
+
+
 def test_a_draining_service_answers_health_checks_refuses_new_requests_and_finishes_the_one_in_flight(capsys):
     """Service.stop (SIGTERM): the public port stays open while requests drain, so a health check reads
     NOT_SERVING (it got UNAVAILABLE 'Connection refused' 0.5 s after SIGTERM: grpc's server.stop(grace) stops
