@@ -399,24 +399,11 @@ def check_model(body: SamplingBody, served: str) -> str:
     return served
 
 
-def check_n(router: Router, n: int, prompts: int = 1) -> None:
-    """n choices of each prompt are n router requests per prompt: more than the router ever admits at once would
-    always be refused (429), so that is an invalid request."""
-    running, queued = router.config.router.max_active_requests, router.config.router.max_queued_requests
-    if n * prompts > running + queued:
-        asked = f"{prompts} prompts × n {n}" if prompts > 1 else f"{n} choices"
-        raise RequestError("n" if prompts == 1 or n > running + queued else "prompt",
-                           f"{asked} are {n * prompts} requests, more than this server admits at once "
-                           f"({running + queued}: router.max_active_requests {running} + router.max_queued_requests "
-                           f"{queued})")
-
-
 async def admit(router: Router, generates: list, body: SamplingBody) -> list:
     """The router's states of the body's n choices of each prompt, prompt by prompt (a 400 for an invalid
     request)."""
     states = []
     try:
-        check_n(router, body.n, len(generates))
         for index, generate in enumerate(generates):
             try:
                 states += [await router.admit(with_seed(generate, i), body.stream) for i in range(body.n)]
@@ -478,7 +465,7 @@ async def prepared(request: Request, router: Router, body: SamplingBody, generat
     kind.bind(client.states, body.prompt_logprobs, body.n)
     request_id = given or uuid.uuid4().hex
     client.request_id = kind.logged_id(request_id, given)       # the "id" its client sees
-    return client, request_id, choice_chunks(router, client.states)
+    return client, request_id, choice_chunks(router, client.states, router.config.router.max_active_requests)
 
 
 async def answer(request: Request, router: Router, body: SamplingBody, generates: list, kind: Completions,
@@ -504,14 +491,18 @@ async def answer(request: Request, router: Router, body: SamplingBody, generates
     return JSONResponse(kind.whole(request_id, model, choices), headers=headers)
 
 
-async def choice_chunks(router: Router, states: list) -> AsyncIterator[tuple]:
-    """(choice index, Chunk) of the n choices as they come, generated concurrently. Closing this cancels
-    every choice still running (and so frees its workers' caches)."""
+async def choice_chunks(router: Router, states: list, at_once: int = 0) -> AsyncIterator[tuple]:
+    """(choice index, Chunk) of the choices as they come, generated concurrently, at most `at_once` at a time (0:
+    all): a batch larger than that runs in waves, each choice starting as one before it ends, so that a request
+    alone never overfills admission. Closing this cancels every choice still running (and so frees its workers'
+    caches)."""
     queue: asyncio.Queue = asyncio.Queue()
+    turns = asyncio.Semaphore(at_once or len(states) or 1)
 
     async def pump(index: int, state) -> None:
         try:
-            async with contextlib.aclosing(output_chunks(router.run(state), state, router.tokenizer)) as chunks:
+            async with turns, contextlib.aclosing(output_chunks(router.run(state), state,
+                                                                router.tokenizer)) as chunks:
                 async for chunk in chunks:
                     await queue.put((index, chunk, None))
             await queue.put((index, None, None))

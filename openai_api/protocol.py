@@ -147,7 +147,7 @@ Prompt = one_of("a string, a list of strings, a list of token IDs or a list of s
                 list[proto_int("prompt_token_ids")], list[list[proto_int("prompt_token_ids")]])
 StopTokenId, AllowedTokenId = proto_int("stop_token_ids"), proto_int("sampling.allowed_token_ids")
 # A sane bound on one body's fan-out (each choice is a router request, holding a slot and both workers'
-# caches); check_n in app.py refuses an n the router could never admit at once, which may be lower
+# caches); choices beyond router.max_active_requests run in waves (app.choice_chunks)
 MAX_N = 16
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]   # function: the deprecated tool
 

@@ -904,15 +904,23 @@ def test_length_errors_name_the_parameter_sent(served, path, body, param):
     assert "max_new_tokens" not in error["message"].replace("router.max_new_tokens", "")
 
 
-def test_n_over_what_the_server_admits_is_400_naming_n(served):
-    """n choices are n router requests: more than router.max_active_requests + max_queued_requests (2 + 0
-    here) could never all be admitted, which a retry after a 429 would not fix."""
+def test_more_choices_than_the_server_runs_at_once_are_answered_in_waves(served):
+    """n choices are n router requests: more than router.max_active_requests (2 here, with no queue) run in waves,
+    each starting as one before it ends (never a 429 for a request alone), whole and streamed, each the choice it
+    would be on a larger server (seeded: choice i samples with seed + i, as it would anyway)."""
     refused = requests_counted(served, "RESOURCE_EXHAUSTED")
-    response = httpx.post(served.base_url + "/completions", json={
-        "model": served.model, "prompt": PROMPT, "max_tokens": 4, "n": 3})
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["param"] == "n" and "2" in error["message"] and "max_active_requests" in error["message"]
+    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "seed": 11, "n": 5}
+    whole = httpx.post(served.base_url + "/completions", json=body)
+    assert whole.status_code == 200, whole.text
+    texts = [choice["text"] for choice in whole.json()["choices"]]
+    alone = [httpx.post(served.base_url + "/completions", json={**body, "n": 1, "seed": 11 + i}).json()
+             for i in range(5)]
+    assert texts == [a["choices"][0]["text"] for a in alone] and len(set(texts)) > 1
+    streamed = {}
+    for chunk in served.client.completions.create(**{**body, "stream": True}):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert [streamed[i] for i in range(5)] == texts
     assert requests_counted(served, "RESOURCE_EXHAUSTED") == refused
 
 
@@ -1146,7 +1154,7 @@ def test_a_batch_of_prompts_answers_each_with_its_n_choices_prompt_by_prompt(ser
     i, the same as that prompt sent alone (greedy), with its own echo and prompt logprobs; usage counts every
     prompt; a stream's chunks assemble to the same choices."""
     _, tokenizer = target
-    texts = [PROMPT, "import os\n"]          # this server admits 2 requests at once: a batch of 2 prompts
+    texts = [PROMPT, "import os\n"]
     body = {"model": served.model, "prompt": texts, "max_tokens": 6, "temperature": 0.8, "seed": 4}
     whole = httpx.post(served.base_url + "/completions", json=body).json()
     alone = [httpx.post(served.base_url + "/completions", json={**body, "prompt": text}).json() for text in texts]
@@ -1161,9 +1169,9 @@ def test_a_batch_of_prompts_answers_each_with_its_n_choices_prompt_by_prompt(ser
     assert [texts_streamed[i] for i in range(2)] == [c["text"] for c in whole["choices"]]
     two = httpx.post(served.base_url + "/completions", json={**body, "prompt": texts[:1], "n": 2}).json()
     assert [c["index"] for c in two["choices"]] == [0, 1]        # a batch of one, n = 2: its choices 0 and 1
-    over = httpx.post(served.base_url + "/completions", json={**body, "n": 2})
-    assert over.status_code == 400 and over.json()["error"]["param"] == "prompt"
-    assert over.json()["error"]["message"].startswith("prompt: 2 prompts × n 2 are 4 requests")
+    waves = httpx.post(served.base_url + "/completions", json={**body, "prompt": texts * 2, "n": 2}).json()
+    assert [c["text"] for c in waves["choices"][:4]] == [c["text"] for c in waves["choices"][4:]]  # 8 on 2 slots
+    assert [c["text"] for c in waves["choices"][0::2]] == [c["text"] for c in whole["choices"]] * 2
     bad = httpx.post(served.base_url + "/completions", json={**body, "prompt": [[5, 6], [7, 10 ** 6]]}).json()
     assert bad["error"]["param"] == "prompt" and bad["error"]["message"].startswith("prompt[1][1]: 1000000 is")
     ids = [tokenizer(text).input_ids for text in texts[:2]]
