@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import hashlib
 import re
+import types
 import uuid
 from pathlib import Path
 from typing import Annotated, AsyncIterator, Callable, Literal
@@ -280,11 +281,17 @@ class Api:
     async def models(self) -> dict:
         """The served model, with vLLM's `root` (the target model's folder or hub ID) and `max_model_len` (its
         context length; null where the model does not say), which clients read to size their prompts."""
+        return {"object": "list", "data": [self.model_card(self.router())]}
+
+    async def model(self, model: str) -> dict:
+        """GET /v1/models/{model} (the SDK's models.retrieve): the served model's card; another name is a 404."""
         router = self.router()
-        context = router.limits.max_context or None
-        return {"object": "list", "data": [{"id": self.model_name(router), "object": "model", "created": 0,
-                                            "owned_by": "specpool", "root": router.model_info["model_path"],
-                                            "max_model_len": context}]}
+        check_model(types.SimpleNamespace(model=model), self.model_name(router))
+        return self.model_card(router)
+
+    def model_card(self, router: Router) -> dict:
+        return {"id": self.model_name(router), "object": "model", "created": 0, "owned_by": "specpool",
+                "root": router.model_info["model_path"], "max_model_len": router.limits.max_context or None}
 
     async def health(self) -> dict:
         """200 while a target replica is ready; 503 while none is (a load balancer routes elsewhere; requests
@@ -370,6 +377,7 @@ def create_app(http: HttpConfig, get_router: Callable[[], Router | None],
     authorized = [Depends(api.authorize)]
     app.add_api_route("/health", api.health, methods=["GET"])
     app.add_api_route("/v1/models", api.models, methods=["GET"], dependencies=authorized)
+    app.add_api_route("/v1/models/{model:path}", api.model, methods=["GET"], dependencies=authorized)
     app.add_api_route("/v1/completions", api.completions, methods=["POST"], dependencies=authorized)
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"], dependencies=authorized)
     app.add_api_route("/v1/responses", api.responses, methods=["POST"], dependencies=authorized)

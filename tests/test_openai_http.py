@@ -71,6 +71,9 @@ def test_models_and_health(served, target):
     assert served.model == "target"
     card = httpx.get(served.base_url + "/models").json()["data"][0]
     assert card["root"] == str(DEMO / "target") and card["max_model_len"] == target[0].config.max_position_embeddings
+    assert served.client.models.retrieve("target").model_dump(exclude_unset=True) == card   # GET /v1/models/{id}
+    other = httpx.get(served.base_url + "/models/org/other-model")
+    assert (other.status_code, other.json()["error"]["code"]) == (404, "model_not_found")
     assert httpx.get(served.base_url.removesuffix("/v1") + "/health").status_code == 200
 
 
