@@ -52,9 +52,33 @@ def _mixtral(t):   # mixture of experts
     return t.MixtralConfig(**SHAPE, num_local_experts=4, num_experts_per_tok=2)
 
 
+def _qwen3_moe(t):     # Qwen3's MoE (Qwen3-30B-A3B, -235B-A22B)
+    return t.Qwen3MoeConfig(**SHAPE, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+def _gpt_oss(t):       # sliding and full layers alternating, attention sinks, MoE
+    return t.GptOssConfig(**SHAPE, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+                          layer_types=["sliding_attention", "full_attention"])
+
+
+def _deepseek_v3(t):   # multi-head latent attention (its cache holds the compressed latents), a dense layer, then MoE
+    return t.DeepseekV3Config(**{**SHAPE, "num_key_value_heads": 4}, kv_lora_rank=16, q_lora_rank=16,
+                              qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4,
+                              num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+                              topk_group=1)
+
+
+def _glm4_moe(t):      # GLM-4.5 / 4.6: a dense layer, then MoE with a shared expert
+    return t.Glm4MoeConfig(**SHAPE, head_dim=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                           first_k_dense_replace=1, n_group=1, topk_group=1)
+
+
 FAMILIES = {"llama": _llama, "qwen2-sliding": _qwen2, "qwen3": _qwen3, "mistral-sliding": _mistral,
-            "gemma2-hybrid": _gemma2, "gemma3-hybrid": _gemma3, "gpt2": _gpt2, "phi3": _phi3, "mixtral-moe": _mixtral}
-SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma2-hybrid", "gemma3-hybrid"}      # some layers attend over a window
+            "gemma2-hybrid": _gemma2, "gemma3-hybrid": _gemma3, "gpt2": _gpt2, "phi3": _phi3, "mixtral-moe": _mixtral,
+            "qwen3-moe": _qwen3_moe, "gpt-oss-hybrid": _gpt_oss, "deepseek-v3-mla": _deepseek_v3,
+            "glm4-moe": _glm4_moe}
+SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma2-hybrid", "gemma3-hybrid",      # some layers attend over a window
+           "gpt-oss-hybrid"}
 NO_TP_PLAN = {"gpt2"}
 
 
