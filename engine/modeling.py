@@ -5,11 +5,13 @@ import functools
 import inspect
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from engine.sessions import Session
 from engine.cache_layers import GrowingLayer, WindowLayer, first_column, head, row_view, starts_at
+from engine.recurrent_states import kept, rewindable
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 WASTED_SLACK = 64       # columns of padding and holes a batch may carry before WASTED_SHARE applies
@@ -215,6 +217,8 @@ class RaggedBatch:
             self._pack()
         if windowed(self.model):
             self._drop_unneeded()
+        if self.mask is None and self.sessions[0].checkpoints is not None:      # a recurrent model's session
+            kept(self.sessions[0].checkpoints, self.sessions[0].settled, self.cache, self.lengths[0])
         inputs = self._padded_inputs(token_lists) if self.mask is not None else \
             {"input_ids": torch.tensor(token_lists, dtype=torch.long, device=self.model.device)}
         self.lengths = [n + len(t) for n, t in zip(self.lengths, token_lists)]
@@ -310,6 +314,19 @@ class RaggedBatch:
         first WASTED_SLACK: then the next forward packs the sessions afresh."""
         width = self.mask.shape[1] if self.mask is not None else 0
         return width - max(self.lengths, default=0) > WASTED_SLACK + WASTED_SHARE * width
+
+
+def replayer(model) -> Callable[[Session, list[int]], None] | None:
+    """What computes tokens again on a session's own cache after a recurrent model's rollback (SessionStore's
+    replay; engine.recurrent_states), for a model whose cache checkpoints roll back; None for another."""
+    if attention_only(model) or not rewindable(new_cache(model)):
+        return None
+
+    def replay(session: Session, tokens: list[int]) -> None:
+        batch = RaggedBatch(model, [session])
+        batch.forward([tokens], keep=1)
+        batch.unpack()
+    return replay
 
 
 def fork_session(model, session: Session, length: int) -> Session:

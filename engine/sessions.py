@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine.recurrent_states import best, restore
 from engine.sampling import Sampling
 
 PREFILL_STALE_OPENS = 1024   # a session mid-prefill (Session.chunked) is passed over by eviction unless the worker
@@ -36,6 +37,7 @@ class Session:
     constraint: object = None      # a structured-output request's grammar matcher (engine/constraints.py)
     prompt_logprobs: object = None  # the target's, while its prefill gathers them (target_worker/prompt_logprobs.py)
     opened: int = 0                # the store's open count when it was last opened (SessionStore._evict)
+    checkpoints: list | None = None  # a recurrent model's: where a rollback goes back to (engine.recurrent_states)
     _own: object = field(default=None, repr=False)     # its own DynamicCache, as last handed back
     _batch: object = field(default=None, repr=False)   # the RaggedBatch it was left in, not handed back yet
     _row: int = field(default=0, repr=False)           # its row there
@@ -77,10 +79,12 @@ class Session:
 class SessionStore:
     """LRU map of session id -> Session, bounded by max_sessions."""
 
-    def __init__(self, max_sessions: int = 256, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_sessions: int = 256, clock: Callable[[], float] = time.monotonic,
+                 replay: Callable[[Session, list[int]], None] | None = None):
         self._sessions: OrderedDict[int, Session] = OrderedDict()
         self._max_sessions = max_sessions
         self._clock = clock
+        self._replay = replay          # given (a recurrent model's store): computes tokens again on a session's cache
         self.started = 0               # sessions (re)started here, for load-balancing checks
         self._opens = 0                # sessions opened here (SessionStore._evict)
 
@@ -92,7 +96,7 @@ class SessionStore:
         if position == 0:
             if sampling is None:
                 raise ValueError("sampling params are required when a session starts (position 0)")
-            session = Session(sampling=sampling)
+            session = Session(sampling=sampling, checkpoints=[] if self._replay else None)
             self._sessions[session_id] = session
             self.started += 1
         else:
@@ -101,8 +105,8 @@ class SessionStore:
                 held = 0 if session is None else session.length
                 raise SessionLost(f"session {session_id}: router expects {position} tokens, worker holds {held}")
             try:
-                session.crop(position)
-            except SessionLost:            # a rollback past a sliding window's columns: the router starts it again
+                self._rewind(session, position) if session.checkpoints is not None else session.crop(position)
+            except SessionLost:            # a rollback past what the cache holds: the router starts it again
                 del self._sessions[session_id]
                 raise
         self._sessions.move_to_end(session_id)
@@ -112,6 +116,18 @@ class SessionStore:
         while len(self._sessions) > self._max_sessions and self._evict(session_id):
             pass
         return session
+
+    def _rewind(self, session: Session, position: int) -> None:
+        """A recurrent model's rollback to `position` (engine.recurrent_states): back to the last checkpoint at or
+        before it, then the tokens between computed again."""
+        if session.length > position:
+            point = best(session.checkpoints, position)
+            if point is None:
+                raise SessionLost(f"no checkpoint at or before {position} tokens to roll back to")
+            session.length = restore(session.cache, point)
+        del session.tokens[position:]
+        if position > session.length:
+            self._replay(session, session.tokens[session.length:])
 
     def _evict(self, opened: int) -> bool:
         """Drop the least recently used session but the one just `opened`, passing over those mid-prefill: the rest

@@ -12,7 +12,8 @@ from protos.specpool.v1 import worker_pb2
 from engine.batching import BatchStats, forward_groups, only_answer, prefills, run_isolated
 from engine.constraints import session_constraint, warm_grammar_tokenizer
 from engine.ngram import LookupMissed, NgramIndex
-from engine.modeling import batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model
+from engine.modeling import (batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model,
+                             replayer)
 from engine.penalties import penalize
 from engine.prefill_chunks import chunk_ends, prefilled
 from engine.prefix_cache import PrefixCache, lookup_stats
@@ -80,7 +81,7 @@ class TargetEngine:
         self.model = load_model(model_path, dtype, device, tp_plan)
         self.model_path = model_path
         self.draft_head = load_lm_head(draft_model_path, draft_dtype, device if not tp_plan else self.model.device)
-        self.sessions = SessionStore(max_sessions)
+        self.sessions = SessionStore(max_sessions, replay=replayer(self.model))   # replay: a recurrent model's
         self.batched = batchable(self.model)
         self.prefixes = PrefixCache(prefix_cache_tokens if self.batched else 0)   # only caches that crop and concat
         self.prefill_chunk = prefill_chunk_tokens   # 0: a call's new tokens in one forward, however many

@@ -73,13 +73,20 @@ def _glm4_moe(t):      # GLM-4.5 / 4.6: a dense layer, then MoE with a shared ex
                            first_k_dense_replace=1, n_group=1, topk_group=1)
 
 
+def _qwen3_next(t):    # Gated DeltaNet (linear attention: a recurrent state, no crop) and full attention, MoE
+    return t.Qwen3NextConfig(**SHAPE, head_dim=8, layer_types=["linear_attention", "full_attention"],
+                             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                             linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
 FAMILIES = {"llama": _llama, "qwen2-sliding": _qwen2, "qwen3": _qwen3, "mistral-sliding": _mistral,
             "gemma2-hybrid": _gemma2, "gemma3-hybrid": _gemma3, "gpt2": _gpt2, "phi3": _phi3, "mixtral-moe": _mixtral,
             "qwen3-moe": _qwen3_moe, "gpt-oss-hybrid": _gpt_oss, "deepseek-v3-mla": _deepseek_v3,
-            "glm4-moe": _glm4_moe}
+            "glm4-moe": _glm4_moe, "qwen3-next-linear": _qwen3_next}
 SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma2-hybrid", "gemma3-hybrid",      # some layers attend over a window
            "gpt-oss-hybrid"}
 NO_TP_PLAN = {"gpt2"}
+RECURRENT = {"qwen3-next-linear"}      # some layers hold a recurrent state: rolled back to checkpoints, not batched
 
 
 def build_family(name: str, out: Path, seed: int = 0, draft_noise: float = 0.3) -> tuple[str, str]:

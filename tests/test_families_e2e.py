@@ -1,7 +1,8 @@
 """The family matrix through the whole stack (Ray, gRPC, router, TP group), in one Ray instance: a hybrid model
-(Gemma3: sliding and global layers) at TP 2 and K 3, and Mistral with a sliding window at TP 1 and K 1, serve
-concurrent short and long requests, the long ones many times past their 8-token window, each identical to the
-target alone; a model with no TP plan is refused at start-up in
+(Gemma3: sliding and global layers) at TP 2 and K 3, Mistral with a sliding window at TP 1 and K 1, and Qwen3-Next
+(linear-attention layers with a recurrent state, rolled back to checkpoints) at TP 1 and K 3, serve concurrent
+short and long requests, the long ones many times past their 8-token window, each identical to the target alone;
+a model with no TP plan is refused at start-up in
 one line and leaves Ray and its resources as they were. The other families run at engine level in
 tests/test_model_families.py."""
 from concurrent.futures import ThreadPoolExecutor
@@ -32,8 +33,9 @@ def test_a_model_with_no_tp_plan_is_refused_and_ray_keeps_running(ray_local, fam
     assert not [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
 
 
-@pytest.fixture(scope="module", params=[("gemma3-hybrid", 2, 3), ("mistral-sliding", 1, 1)],
-                ids=["gemma3-hybrid-tp2-k3", "mistral-sliding-tp1-k1"])
+@pytest.fixture(scope="module", params=[("gemma3-hybrid", 2, 3), ("mistral-sliding", 1, 1),
+                                        ("qwen3-next-linear", 1, 3)],
+                ids=["gemma3-hybrid-tp2-k3", "mistral-sliding-tp1-k1", "qwen3-next-linear-tp1-k3"])
 def sliding_service(request, start_service, family_models):
     family, tp, k = request.param
     return family, start_service(service_config(family_models[family], target={"tensor_parallel_size": tp},

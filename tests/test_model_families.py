@@ -14,7 +14,7 @@ import pytest
 from engine.sessions import SessionLost
 from engine.prefill_chunks import Prefilled
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from tests.model_families import FAMILIES, NO_TP_PLAN, SLIDING, reference
+from tests.model_families import FAMILIES, NO_TP_PLAN, RECURRENT, SLIDING, reference
 
 PROMPTS = [list(range(40, 43)), [7, 9, 11, 200, 13] * 3, list(range(60, 90)), [33] * 20]
 KS = [1, 3, 4, 2]
@@ -76,7 +76,7 @@ def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: i
     return [t[len(p):] for t, p in zip(tokens, prompts)], rounds
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [name for name in FAMILIES if name not in RECURRENT])
 @pytest.mark.filterwarnings("error::FutureWarning")     # no API transformers has deprecated (past_key_values=...)
 def test_batched_speculation_is_identical_to_the_target_alone(family_models, family):
     from draft_worker.proposer import DraftEngine
@@ -93,6 +93,27 @@ def test_batched_speculation_is_identical_to_the_target_alone(family_models, fam
     accepted, drafted = sum(n for _, n in rounds), sum(len(d) for d, _ in rounds)
     assert 0 < accepted < drafted                 # some drafts accepted, some rolled back
     assert speculate(*engines(), PROMPTS, KS, MAX_NEW, batched=False) == (out, rounds)   # every row as if alone
+
+
+@pytest.mark.parametrize("family", sorted(RECURRENT))
+def test_recurrent_layers_roll_back_to_checkpoints_identically_to_the_target_alone(family_models, family):
+    """Layers with a recurrent state (linear attention), which transformers cannot crop: every rollback of rejected
+    drafts goes back to a checkpoint and computes the accepted ones again (engine.recurrent_states), on both
+    engines, so the greedy output is the target alone's with no session lost (speculate asserts every verdict);
+    each session keeps a bounded number of checkpoints. Such a model runs one row per forward."""
+    from draft_worker.proposer import DraftEngine
+    from engine.recurrent_states import MAX_CHECKPOINTS
+    from target_worker.verifier import TargetEngine
+
+    draft_path, target_path = family_models[family]
+    draft, target = DraftEngine(draft_path), TargetEngine(target_path, draft_path)
+    assert not target.batched and not draft.batched
+    out, rounds = speculate(draft, target, PROMPTS, KS, MAX_NEW)
+    assert out == reference(target_path, PROMPTS, MAX_NEW)
+    accepted, drafted = sum(n for _, n in rounds), sum(len(d) for d, _ in rounds)
+    assert 0 < accepted < drafted
+    for engine in (draft, target):
+        assert all(len(s.checkpoints) <= MAX_CHECKPOINTS for s in engine.sessions._sessions.values())
 
 
 @pytest.mark.parametrize("family", sorted(SLIDING))
