@@ -124,6 +124,7 @@ class SessionStore:
             point = best(session.checkpoints, position)
             if point is None:
                 raise SessionLost(f"no checkpoint at or before {position} tokens to roll back to")
+            session.checkpoints[:] = [c for c in session.checkpoints if c.length < point.length]   # later: the drafts'
             session.length = restore(session.cache, point)
         del session.tokens[position:]
         if position > session.length:

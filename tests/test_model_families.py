@@ -116,6 +116,42 @@ def test_recurrent_layers_roll_back_to_checkpoints_identically_to_the_target_alo
         assert all(len(s.checkpoints) <= MAX_CHECKPOINTS for s in engine.sessions._sessions.values())
 
 
+def test_a_rolled_back_recurrent_session_holds_what_one_that_never_saw_the_drafts_holds(family_models):
+    """engine.recurrent_states on its own: a session that saw 4 drafts and rolls back to 2 of them (restored to the
+    checkpoint before the drafts' forward, the 2 computed again) holds the recurrent states and keys of a session
+    that only ever saw those 2, and predicts the same next token."""
+    import torch
+
+    from engine.modeling import RaggedBatch, load_model, replayer
+    from engine.sampling import Sampling
+    from engine.sessions import SessionStore
+
+    model = load_model(family_models["qwen3-next-linear"][1])
+    store = SessionStore(replay=replayer(model))
+    prompt, drafts = PROMPTS[2], [5, 6, 7, 8]
+
+    def forward(session, tokens: list[int]) -> torch.Tensor:
+        batch = RaggedBatch(model, [session])
+        logits = batch.forward([tokens], keep=1)
+        batch.unpack()
+        session.tokens += tokens
+        return logits[0, -1]
+    rolled, straight = (store.open(i, 0, Sampling()) for i in (1, 2))
+    for session, tokens in ((rolled, prompt), (rolled, drafts), (straight, prompt), (straight, drafts[:2])):
+        forward(session, tokens)
+    assert store.open(1, len(prompt) + 2, None) is rolled and rolled.length == straight.length == len(prompt) + 2
+    assert [c.length for c in rolled.checkpoints] == [0, len(prompt)]    # none holding a rejected draft
+    recurrent = [i for i, layer in enumerate(rolled.cache.layers) if hasattr(layer, "recurrent_states")]
+    assert recurrent
+    for i in recurrent:
+        for kind in ("recurrent_states", "conv_states"):
+            assert torch.allclose(getattr(rolled.cache.layers[i], kind)[0], getattr(straight.cache.layers[i], kind)[0],
+                                  atol=1e-6)
+    for i in set(range(len(rolled.cache.layers))) - set(recurrent):
+        assert torch.allclose(rolled.cache.layers[i].keys, straight.cache.layers[i].keys, atol=1e-6)
+    assert forward(rolled, [9]).argmax() == forward(straight, [9]).argmax()
+
+
 @pytest.mark.parametrize("family", sorted(SLIDING))
 def test_prompts_in_chunks_across_the_window_are_identical_to_the_target_alone(family_models, family):
     """Prompts of 3-30 tokens computed in chunks of 6 (target.prefill_chunk_tokens), longer than the window of 8
