@@ -20,6 +20,7 @@ The tools reach the model through its chat template (`tools`, as transformers pa
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import re
@@ -233,6 +234,37 @@ def qwen3_coder_calls(text: str) -> Found | None:
     return _found("".join(pieces[0::2]), [call for block in pieces[1::2] for call in _xml_calls(block)])
 
 
+# DeepSeek's markers (fullwidth bars, U+FF5C, and lower blocks, U+2581), ordinary text in its output
+DS_CALLS, DS_CALLS_END = "<\uff5ctool\u2581calls\u2581begin\uff5c>", "<\uff5ctool\u2581calls\u2581end\uff5c>"
+DS_CALL, DS_SEP, DS_CALL_END = ("<\uff5ctool\u2581call\u2581begin\uff5c>", "<\uff5ctool\u2581sep\uff5c>",
+                                "<\uff5ctool\u2581call\u2581end\uff5c>")
+_DS_BLOCK = re.compile(f"{DS_CALL}(.*?){DS_SEP}(.*?)(?:{DS_CALL_END}|\\Z)", flags=re.DOTALL)
+_DS_V3_CALL = re.compile(r"function\n?(.*?)\n```json\n(.*)\n```\s*\Z", flags=re.DOTALL)   # after the sep: name, arguments
+
+
+def deepseek_calls(text: str, v3: bool = False) -> Found | None:
+    """DeepSeek's calls: after `<｜tool▁calls▁begin｜>`, blocks `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
+    <｜tool▁call▁end｜>` (V3.1 on; `v3`: V3 and R1's `function<｜tool▁sep｜>NAME` then the arguments in a ```json
+    fence), the last of which may be unclosed; the text before the calls (and after `<｜tool▁calls▁end｜>`) is the
+    content. None where there are none or a block is not a call."""
+    start = text.find(DS_CALLS)
+    if start < 0:
+        return None
+    body, _, after = text[start + len(DS_CALLS):].partition(DS_CALLS_END)
+    blocks = _DS_BLOCK.findall(body)
+    if not blocks or _DS_BLOCK.sub("", body).strip():
+        return None
+    return _found(text[:start] + after, [_deepseek_call(*block, v3) for block in blocks])
+
+
+def _deepseek_call(head: str, tail: str, v3: bool) -> Call | None:
+    if v3:
+        fenced = _DS_V3_CALL.match(head.strip() + "\n" + tail) if head.strip() == "function" else None
+        head, tail = fenced.groups() if fenced else ("", "")
+    arguments = _json(tail.strip())
+    return (head.strip(), json.dumps(arguments)) if head.strip() and isinstance(arguments, dict) else None
+
+
 _XML_FUNCTION = re.compile(r"<function=([^<>\n]+)>(.*?)(?:</function>|(?=<function=)|\Z)", flags=re.DOTALL)
 
 
@@ -295,13 +327,19 @@ def _as_kind(text: str, kind: str) -> Any:
     return value if value is not _NOT and _FITS[kind](value) else _NOT
 
 
-def hermes_held_from(text: str) -> int:
-    """Where a stream must stop sending content: the start of `<tool_call>`, or of a tail that may begin one."""
-    start = text.find("<tool_call>")
-    if start >= 0:
-        return start
-    tails = [n for n in range(1, len("<tool_call>")) if text.endswith("<tool_call>"[:n])]
-    return len(text) - max(tails, default=0)
+def held_from_opening(opening: str) -> Callable[[str], int]:
+    """For calls after text: a stream stops sending content at the start of `opening`, or of a tail that may
+    begin it."""
+    def held_from(text: str) -> int:
+        start = text.find(opening)
+        if start >= 0:
+            return start
+        tails = [n for n in range(1, len(opening)) if text.endswith(opening[:n])]
+        return len(text) - max(tails, default=0)
+    return held_from
+
+
+hermes_held_from = held_from_opening("<tool_call>")
 
 
 def whole_output_held_from(*openings: str) -> Callable[[str], int]:
@@ -332,7 +370,9 @@ PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
            "llama3_json": Parser(llama3_json_calls, whole_output_held_from("{", "<|python_tag|>")),
            "mistral": Parser(mistral_calls, whole_output_held_from("[", "[TOOL_CALLS]"), mistral_call_id),
            "pythonic": Parser(pythonic_calls, whole_output_held_from("[", "<|python_start|>")),
-           "qwen3_coder": Parser(qwen3_coder_calls, hermes_held_from, typed=True)}
+           "qwen3_coder": Parser(qwen3_coder_calls, hermes_held_from, typed=True),
+           "deepseek_v31": Parser(deepseek_calls, held_from_opening(DS_CALLS)),
+           "deepseek_v3": Parser(functools.partial(deepseek_calls, v3=True), held_from_opening(DS_CALLS))}
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ DRAFT_METHODS = ("model", "ngram", "model+ngram")
 POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # http.tool_call_parser's names (openai_api/tools.py PARSERS)
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v31", "deepseek_v3")
 BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)
 # Upper bounds of the counts that size a round's work. Speculating past a few dozen tokens never pays (E[K] grows
 # at most by the product of the acceptance rates, which falls geometrically, while the draft's time grows with K),
@@ -357,7 +357,7 @@ class HttpConfig:
     chat_template: str = ""          # a Jinja chat template file, for a model whose tokenizer has none
     model_name: str = ""             # the model's id in /v1/models ("": the target model folder's name)
     tool_call_parser: str = ""       # how tool_choice "auto" reads calls in the output: hermes | llama3_json |
-                                     # mistral | pythonic | qwen3_coder
+                                     # mistral | pythonic | qwen3_coder | deepseek_v31 | deepseek_v3
                                      # ("": "auto" is refused; "required" and named functions need none)
     store_responses: int = 1000      # the Responses API's stored responses kept in memory, the last used
                                      # (previous_response_id, GET /v1/responses/{id}); 0: none stored

@@ -33,7 +33,7 @@ def test_the_config_names_every_parser_and_refuses_another():
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
     assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
     with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral, pythonic, "
-                                          r"qwen3_coder or \"\" \(got 'xml'\)$"):
+                                          r"qwen3_coder, deepseek_v31, deepseek_v3 or \"\" \(got 'xml'\)$"):
         config_from_dict({"http": {"tool_call_parser": "xml"}})
 
 
@@ -113,6 +113,33 @@ def test_qwen3_coder_parser_finds_the_calls_or_none(text, expected):
     assert PARSERS["qwen3_coder"].calls(text) == expected
 
 
+# DeepSeek's markers, as its tokenizer writes them (fullwidth bars, lower blocks)
+CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CALL, SEP, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+DEEPSEEK_V31_OUTPUT = (f'Let me look.{CALLS_BEGIN}{CALL}get_weather{SEP}{{"city": "Oslo"}}{CALL_END}'
+                       f'{CALL}get_time{SEP}{{}}{CALL_END}{CALLS_END}')
+DEEPSEEK_V3_OUTPUT = (f'Let me look.{CALLS_BEGIN}{CALL}function{SEP}get_weather\n```json\n{{"city": "Oslo"}}\n```'
+                      f'{CALL_END}\n{CALL}function{SEP}get_time\n```json\n{{}}\n```{CALL_END}{CALLS_END}')
+
+
+@pytest.mark.parametrize("parser, text, expected", [
+    ("deepseek_v31", DEEPSEEK_V31_OUTPUT, ("Let me look.", CALLS)),
+    ("deepseek_v3", DEEPSEEK_V3_OUTPUT, ("Let me look.", CALLS)),
+    ("deepseek_v31", f'{CALLS_BEGIN}{CALL}get_time{SEP}{{}}', ("", [("get_time", "{}")])),     # unclosed at EOS
+    ("deepseek_v31", f'A{CALLS_BEGIN}{CALL}get_time{SEP}{{}}{CALL_END}{CALLS_END}B', ("AB", [("get_time", "{}")])),
+    ("deepseek_v31", DEEPSEEK_V3_OUTPUT, None), ("deepseek_v3", DEEPSEEK_V31_OUTPUT, None),    # the other's format
+    ("deepseek_v31", "no calls", None), ("deepseek_v31", f"{CALLS_BEGIN}text", None),          # no call block
+    ("deepseek_v31", f"{CALLS_BEGIN}{CALL}f{SEP}[1]{CALL_END}", None),                        # arguments not an object
+    ("deepseek_v31", f"{CALLS_BEGIN}{CALL}{SEP}{{}}{CALL_END}", None),                        # no name
+    ("deepseek_v31", f"{CALLS_BEGIN}x{CALL}f{SEP}{{}}{CALL_END}", None),                      # text beside a call
+    ("deepseek_v3", f"{CALLS_BEGIN}{CALL}function{SEP}f\n{{}}{CALL_END}", None),               # no json fence
+])
+def test_deepseek_parsers_find_the_calls_or_none(parser, text, expected):
+    """V3.1's `NAME<｜tool▁sep｜>{...}` blocks and V3 / R1's `function<｜tool▁sep｜>NAME` with the arguments in a
+    ```json fence, after `<｜tool▁calls▁begin｜>`, as vLLM's deepseek_v31 and deepseek_v3 parsers read them."""
+    assert PARSERS[parser].calls(text) == expected
+
+
 def test_qwen3_coder_values_are_typed_by_the_tools_schema():
     """As vLLM types them: a value reads as its property's type where it is one (a Python literal too for objects
     and arrays), else stays text; a property the schema does not list is text."""
@@ -170,6 +197,8 @@ def test_call_ids_are_what_the_models_template_takes_back():
     ("auto", "llama3_json", "Plain {text}"), ("auto", "mistral", '[{"name": "get_time", "arguments": {}}]'),
     ("auto", "mistral", "[not a call] after all"), ("auto", "pythonic", '[get_weather(city="Oslo"), get_time()]'),
     ("auto", "pythonic", "[not, a, call]"), ("auto", "qwen3_coder", QWEN3_CODER_OUTPUT),
+    ("auto", "deepseek_v31", DEEPSEEK_V31_OUTPUT), ("auto", "deepseek_v3", DEEPSEEK_V3_OUTPUT),
+    ("auto", "deepseek_v31", "plain <｜tool no call"),
     ("named", "hermes", '{"city": "Oslo"}'), ("required", "hermes", '[{"name": "get_time", "parameters": {}}]')])
 def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, parser, text):
     """Cut into two or three pieces at every place: the content and calls a client assembles from the deltas are
