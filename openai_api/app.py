@@ -25,6 +25,7 @@ from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest,
                                  DetokenizeRequest, SamplingBody, TokenizeRequest, completion_prompts,
                                  generate_request, http_error, with_seed)
 from openai_api.background import BackgroundRun
+from openai_api.reasoning import PARSERS as REASONING
 from openai_api.response_store import ResponseStore, Stored
 from openai_api.responses_api import (Includable, ResponseObjects, ResponsesRequest, as_input, chat_request,
                                       continued, input_items, listed, page, responses_error, text_size, with_ids)
@@ -102,8 +103,8 @@ class Api:
         model = check_model(body, self.model_name(router))
         body, deprecated = as_tools(body, PARSERS.get(self.http.tool_call_parser))
         generate, plan = self.chat_generate(router, body, deprecated)
-        return await answer(request, router, body, [generate], ChatCompletions(_decoder(router), plan, deprecated),
-                            model)
+        kind = ChatCompletions(_decoder(router), plan, deprecated, REASONING.get(self.http.reasoning_parser))
+        return await answer(request, router, body, [generate], kind, model)
 
     async def responses(self, body: ResponsesRequest, request: Request) -> Response:
         """OpenAI's Responses API, as the chat completion it stands for (openai_api/responses_api.py); errors

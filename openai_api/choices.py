@@ -9,6 +9,7 @@ import time
 
 from openai_api import tools
 from openai_api.functions import deprecated_message
+from openai_api.reasoning import ReasoningParser, ReasoningStream
 from openai_api.tools import ToolPlan, ToolStream
 from protos.specpool.v1 import generation_pb2
 
@@ -139,15 +140,19 @@ class Completions:
 
 
 class ChatCompletions(Completions):
-    """/v1/chat/completions: choices carry a `message` (a `delta` when streaming); logprobs per token; the tool
-    calls the output holds (openai_api/tools.py), if the request has tools."""
+    """/v1/chat/completions: choices carry a `message` (a `delta` when streaming); logprobs per token; the
+    reasoning split from the content (openai_api/reasoning.py), with a reasoning parser; the tool calls the content
+    holds (openai_api/tools.py), if the request has tools."""
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
-    def __init__(self, decode, tool_plan: ToolPlan | None = None, deprecated: bool = False):
+    def __init__(self, decode, tool_plan: ToolPlan | None = None, deprecated: bool = False,
+                 reasoning: ReasoningParser | None = None):
         super().__init__(decode)
         self.tools = tool_plan
         self.deprecated = deprecated     # asked with `functions`: calls answered as `function_call`
+        self.reasoning = reasoning
         self.streams: dict[int, ToolStream] = {}     # choice index -> its stream's tool calls so far
+        self.thoughts: dict[int, ReasoningStream] = {}     # choice index -> its stream's reasoning split
 
     def _token(self, token_id: int, logprob: float) -> dict:
         text = self.decode(token_id)
@@ -158,9 +163,10 @@ class ChatCompletions(Completions):
                              "top_logprobs": [self._token(t.token_id, t.logprob) for t in e.top]} for e in entries]}
 
     def choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
+        reasoning, text = self.reasoning.split(text) if self.reasoning else (None, text)
         message, finish_reason = tools.message(self.tools, text, finish_reason) if self.tools else (
             {"role": "assistant", "content": text}, finish_reason)
-        return self._message_choice(index, "message", message, entries, finish_reason)
+        return self._message_choice(index, "message", with_reasoning(message, reasoning), entries, finish_reason)
 
     def _message_choice(self, index: int, key: str, message: dict, entries: list | None,
                         finish_reason: str | None) -> dict:
@@ -170,14 +176,23 @@ class ChatCompletions(Completions):
                 "finish_reason": finish_reason}
 
     def chunk_choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
+        reasoning = ""
+        if self.reasoning:
+            thoughts = self.thoughts.setdefault(index, ReasoningStream(self.reasoning))
+            reasoning, text = thoughts.feed(text)
+            if finish_reason is not None:
+                more, rest = thoughts.finish()
+                reasoning, text = reasoning + more, text + rest
         if not self.tools:
-            return self._message_choice(index, "delta", {"content": text} if text else {}, entries, finish_reason)
+            delta = {"content": text} if text else {}
+            return self._message_choice(index, "delta", with_reasoning(delta, reasoning or None), entries,
+                                        finish_reason)
         stream = self.streams.setdefault(index, ToolStream(self.tools))
         delta = stream.feed(text)
         if finish_reason is not None:
             last, finish_reason = stream.finish(finish_reason)
             delta = tools.merged(delta, last)
-        return self._message_choice(index, "delta", delta, entries, finish_reason)
+        return self._message_choice(index, "delta", with_reasoning(delta, reasoning or None), entries, finish_reason)
 
     def opening(self, index: int) -> list[dict]:
         return [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -185,6 +200,14 @@ class ChatCompletions(Completions):
 
     def response_fields(self) -> dict:
         return {} if self.prompt_top is None else {"prompt_logprobs": self.vllm_prompt_logprobs()}
+
+
+def with_reasoning(message: dict, reasoning: str | None) -> dict:
+    """A message (or delta) with its reasoning, if any: as `reasoning` (vLLM's) and `reasoning_content` (DeepSeek's)."""
+    if reasoning is None:
+        return message
+    return {**message, **({"content": None} if message.get("content") == "" else {}), "reasoning": reasoning,
+            "reasoning_content": reasoning}             # no answer after the reasoning: null content, as vLLM
 
 
 def envelope(kind: Completions, request_id: str, model: str, choices: list, chunk: bool = False) -> dict:

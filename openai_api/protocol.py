@@ -348,6 +348,8 @@ class Message(Body):
     content: Annotated[Optional[Content], AfterValidator(_content_or_calls)] = Field(None, validate_default=True)
     tool_call_id: Optional[Text] = None
     name: Optional[Text] = None
+    reasoning: Optional[Text] = None            # an assistant's, sent back (vLLM's name; interleaved thinking)
+    reasoning_content: Optional[Text] = None    # ... DeepSeek's name, which wins where both are sent
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -362,6 +364,9 @@ class Message(Body):
                 "name": call.function.name, "arguments": call.function.for_template()}}
                 for call in self.tool_calls]
         message.update({key: getattr(self, key) for key in ("tool_call_id", "name") if getattr(self, key)})
+        reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if reasoning is not None and self.role == "assistant":      # as the templates that keep it read it
+            message["reasoning_content"] = message["reasoning"] = reasoning
         return message
 
 

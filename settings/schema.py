@@ -29,6 +29,7 @@ POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # http.tool_call_parser's names (openai_api/tools.py PARSERS)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v31", "deepseek_v3")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")      # http.reasoning_parser's names (openai_api/reasoning.py PARSERS)
 BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)
 # Upper bounds of the counts that size a round's work. Speculating past a few dozen tokens never pays (E[K] grows
 # at most by the product of the acceptance rates, which falls geometrically, while the draft's time grows with K),
@@ -359,6 +360,8 @@ class HttpConfig:
     tool_call_parser: str = ""       # how tool_choice "auto" reads calls in the output: hermes | llama3_json |
                                      # mistral | pythonic | qwen3_coder | deepseek_v31 | deepseek_v3
                                      # ("": "auto" is refused; "required" and named functions need none)
+    reasoning_parser: str = ""       # how chat answers split a thinking model's reasoning from its content:
+                                     # deepseek_r1 | qwen3 ("": no split, the reasoning is content)
     store_responses: int = 1000      # the Responses API's stored responses kept in memory, the last used
                                      # (previous_response_id, GET /v1/responses/{id}); 0: none stored
     store_responses_mb: int = 256    # ... and at most this much of their text, the last used kept
@@ -374,9 +377,9 @@ class HttpConfig:
                               f"(got {self.store_responses_mb!r})")
         if self.chat_template and not Path(self.chat_template).is_file():
             raise ConfigError(f"{section}.chat_template: no such file (got {self.chat_template!r})")
-        if self.tool_call_parser not in ("", *TOOL_CALL_PARSERS):
-            raise ConfigError(f"{section}.tool_call_parser: one of {', '.join(TOOL_CALL_PARSERS)} or \"\" "
-                              f"(got {self.tool_call_parser!r})")
+        for key, names in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
+            if getattr(self, key) not in ("", *names):
+                raise ConfigError(f"{section}.{key}: one of {', '.join(names)} or \"\" (got {getattr(self, key)!r})")
 
 
 @dataclass

@@ -1,0 +1,130 @@
+"""Reasoning parsers (openai_api/reasoning.py, http.reasoning_parser): a thinking model's output split into its
+reasoning and its content as vLLM's deepseek_r1 and qwen3 parsers split it, the same whole and at every split of a
+stream, the content's tool calls read after the split; reasoning sent back on an assistant message reaches the chat
+template; and through a served demo pair, chat answers carry the reasoning in `reasoning` and `reasoning_content`."""
+import json
+
+import pytest
+
+from openai_api.choices import ChatCompletions
+from openai_api.reasoning import PARSERS, ReasoningStream
+from tests.test_tool_calls import HERMES_OUTPUT, assembled, plan
+
+THOUGHT = "<think>\nThe user wants a point.\n</think>\n\n"
+
+
+@pytest.mark.parametrize("parser, text, expected", [
+    ("deepseek_r1", "It is 4.</think>\n\nFour.", ("It is 4.", "\n\nFour.")),      # <think> opened by the template
+    ("deepseek_r1", " <think>It is 4.</think>Four.", ("It is 4.", "Four.")),        # ... or written by the model
+    ("deepseek_r1", "Still thinking", ("Still thinking", "")),                      # cut before </think>
+    ("deepseek_r1", "a</think>b</think>c", ("a", "b</think>c")),                   # the first </think> ends it
+    ("qwen3", THOUGHT + "Four.", ("\nThe user wants a point.\n", "\n\nFour.")),
+    ("qwen3", "Four.", (None, "Four.")),                                            # thinking off: all content
+    ("qwen3", "Four. <think>x</think>", (None, "Four. <think>x</think>")),          # <think> must open the output
+    ("qwen3", "<think>cut", ("cut", "")),
+    ("qwen3", "", (None, "")), ("deepseek_r1", "", ("", "")),
+])
+def test_a_whole_output_splits_as_vllms_parser_of_that_name(parser, text, expected):
+    assert PARSERS[parser].split(text) == expected
+
+
+TEXTS = ["It is 4.</think>\n\nFour.", "  <think>a</think>b", "plain", "<thi", " <think", "a</thin", "<think></think>",
+         "x</think>y</think>z", ""]
+
+
+@pytest.mark.parametrize("parser", sorted(PARSERS))
+@pytest.mark.parametrize("text", TEXTS)
+def test_every_split_of_a_stream_sends_the_whole_outputs_reasoning_and_content(parser, text):
+    """Cut into two or three pieces at every place: the reasoning and content a client assembles from the pieces
+    are the whole output's (nothing of a `<think>` or `</think>` leaks either way)."""
+    reasoning, content = PARSERS[parser].split(text)
+    for cut in range(len(text) + 1):
+        for pieces in ([text[:cut], text[cut:]], [text[:cut // 2], text[cut // 2:cut], text[cut:]]):
+            stream, sent = ReasoningStream(PARSERS[parser]), []
+            sent += [stream.feed(piece) for piece in pieces]
+            sent.append(stream.finish())
+            assert ("".join(r for r, _ in sent), "".join(c for _, c in sent)) == (reasoning or "", content)
+
+
+def chat_kind(parser: str, tools: str | None = None) -> ChatCompletions:
+    kind = ChatCompletions(str, plan("auto", tools) if tools else None, reasoning=PARSERS[parser])
+    kind.bind([type("State", (), {"top_logprobs": None})()])
+    return kind
+
+
+@pytest.mark.parametrize("tools", [None, "hermes"])
+def test_a_chat_answer_carries_the_reasoning_and_reads_calls_in_the_content_only(tools):
+    """The message's `reasoning` and `reasoning_content`, and the content after `</think>`, out of which the tool
+    parser reads the calls; the stream's deltas, at every split, put together to the same."""
+    text = THOUGHT + (HERMES_OUTPUT if tools else "Four.")
+    message = chat_kind("qwen3", tools).choice(0, text, None, "stop")["message"]
+    assert message["reasoning"] == message["reasoning_content"] == "\nThe user wants a point.\n"
+    if tools:
+        assert message["content"].strip() == "Let me look." and len(message["tool_calls"]) == 2
+    else:
+        assert message["content"] == "\n\nFour."
+    for cut in range(0, len(text) + 1, 3):
+        kind = chat_kind("qwen3", tools)
+        deltas = [kind.chunk_choice(0, piece, None, finish)["delta"]
+                  for piece, finish in ((text[:cut], None), (text[cut:], "stop"))]
+        assert "".join(d.get("reasoning", "") for d in deltas) == message["reasoning"]
+        assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
+        assert "".join(d.get("content") or "" for d in deltas) == (message["content"] or "")
+        calls = [call["function"] for d in deltas for call in d.get("tool_calls", [])]
+        assert [c["name"] for c in calls if "name" in c] == [c["function"]["name"]
+                                                             for c in message.get("tool_calls", [])]
+
+
+def test_an_answer_that_does_not_reason_has_no_reasoning_and_one_all_reasoning_no_content():
+    assert "reasoning" not in chat_kind("qwen3").choice(0, "Four.", None, "stop")["message"]
+    message = chat_kind("deepseek_r1").choice(0, "Still thinking", None, "length")["message"]
+    assert (message["reasoning"], message["content"]) == ("Still thinking", None)
+
+
+def test_reasoning_sent_back_on_an_assistant_message_reaches_the_chat_template():
+    """Interleaved thinking (a tool call's reasoning sent back): `reasoning_content` (DeepSeek's name, which wins)
+    or `reasoning` (vLLM's) reach the template as both; a user message's is not passed on."""
+    from openai_api.chat import ChatTemplate
+    from openai_api.protocol import ChatRequest
+    template = ChatTemplate("{% for m in messages %}[{{ m.role }}|{{ m.reasoning_content }}|{{ m.reasoning }}]"
+                            "{% endfor %}", "</s>")
+    body = ChatRequest.model_validate({"model": "m", "messages": [
+        {"role": "user", "content": "q", "reasoning": "no"},
+        {"role": "assistant", "content": "a", "reasoning": "r1"},
+        {"role": "assistant", "content": "b", "reasoning": "old", "reasoning_content": "r2"}]})
+    assert template.render(body.messages) == "[user||][assistant|r1|r1][assistant|r2|r2]"
+
+
+def test_the_config_names_the_reasoning_parsers():
+    from settings.schema import REASONING_PARSERS, ConfigError, config_from_dict
+    assert tuple(sorted(PARSERS)) == tuple(sorted(REASONING_PARSERS))
+    with pytest.raises(ConfigError, match=r"^http\.reasoning_parser: one of deepseek_r1, qwen3 or \"\" \(got 'x'\)$"):
+        config_from_dict({"http": {"reasoning_parser": "x"}})
+
+
+@pytest.fixture(scope="module")
+def served(start_service):
+    from tests.test_openai_http import served_over_http
+    return served_over_http(start_service, http={"reasoning_parser": "deepseek_r1"})
+
+
+def test_a_served_chat_answers_the_reasoning_whole_and_streamed(served):
+    """The demo target writes no </think>, so under deepseek_r1 (whose template would open <think>) all of its
+    output is reasoning: the target alone's greedy text in `reasoning` and `reasoning_content`, content null; the
+    stream's deltas put together to the same."""
+    from tests.test_openai_http import CHAT, demo_target, greedy_alone
+    model, tokenizer = demo_target()
+    prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    answer = served.client.chat.completions.create(model=served.model, messages=CHAT, max_tokens=12, temperature=0)
+    message = answer.choices[0].message
+    expected = tokenizer.decode(greedy_alone((model, tokenizer), prompt, 12), skip_special_tokens=True)
+    assert (message.content, message.model_extra["reasoning"], message.model_extra["reasoning_content"]) == (
+        None, expected, expected)
+    streamed = served.client.chat.completions.create(model=served.model, messages=CHAT, max_tokens=12,
+                                                     temperature=0, stream=True)
+    deltas = [chunk.choices[0].delta for chunk in streamed if chunk.choices]
+    assert "".join((d.model_extra or {}).get("reasoning", "") for d in deltas) == expected
+    assert not "".join(d.content or "" for d in deltas)
+    raw = json.loads(served.client.chat.completions.with_raw_response.create(
+        model=served.model, messages=CHAT, max_tokens=4, temperature=0).text)
+    assert set(raw["choices"][0]["message"]) >= {"reasoning", "reasoning_content", "content"}
