@@ -8,7 +8,7 @@ import pytest
 
 from openai_api.choices import ChatCompletions
 from openai_api.reasoning import PARSERS, ReasoningStream
-from tests.test_tool_calls import HERMES_OUTPUT, assembled, plan
+from tests.test_tool_calls import HERMES_OUTPUT, plan
 
 THOUGHT = "<think>\nThe user wants a point.\n</think>\n\n"
 
