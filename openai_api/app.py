@@ -117,7 +117,8 @@ class Api:
             chat = chat_request(body, items)
             generate, plan = self.chat_generate(router, chat)
             run = self.background(body)
-            kind = ResponseObjects(_decoder(router), plan, body, self.storing(body, items, owner, run))
+            kind = ResponseObjects(_decoder(router), plan, body, self.storing(body, items, owner, run),
+                                   REASONING.get(self.http.reasoning_parser))
             if run is not None:
                 held = Stored({}, items, 0, owner, len(items), run)        # found while it runs (its input listed)
                 return await self.in_background(request, router, chat, [generate], kind, model, held)

@@ -62,9 +62,28 @@ class FunctionCallOutput(Body):
     output: Parts
 
 
+class ReasoningText(Body):
+    type: Literal["reasoning_text"]
+    text: Text
+
+
+class ReasoningItem(Body):
+    """An earlier answer's reasoning, sent back (its text reaches the chat template with the assistant message
+    after it, as reasoning_content)."""
+    type: Literal["reasoning"]
+    id: Optional[Text] = None
+    summary: list[Any]
+    content: Optional[list[ReasoningText]] = None
+    encrypted_content: Optional[Text] = None
+
+    def text(self) -> str:
+        return "".join(part.text for part in self.content or [])
+
+
 # An input item's kind (its `type`, "message" when left out) -> its tag, which an error's location carries (a space:
 # protocol.one_of's rule, so that the path named is `input[2].call_id`)
-ITEMS = {"message": "a message", "function_call": "a function call", "function_call_output": "a call's output"}
+ITEMS = {"message": "a message", "function_call": "a function call", "function_call_output": "a call's output",
+         "reasoning": "a reasoning item"}
 
 
 def _item(value: Any) -> str | None:
@@ -75,10 +94,11 @@ def _item(value: Any) -> str | None:
 
 Item = Annotated[Union[Annotated[InputMessage, Tag(ITEMS["message"])],
                        Annotated[FunctionCallItem, Tag(ITEMS["function_call"])],
-                       Annotated[FunctionCallOutput, Tag(ITEMS["function_call_output"])]],
+                       Annotated[FunctionCallOutput, Tag(ITEMS["function_call_output"])],
+                       Annotated[ReasoningItem, Tag(ITEMS["reasoning"])]],
                  Discriminator(_item, custom_error_type="item", custom_error_message=(
-                     "must be a message, function_call or function_call_output item (specpool serves text and "
-                     "function tools, and keeps no stored items)"))]
+                     "must be a message, function_call, function_call_output or reasoning item (specpool serves text "
+                     "and function tools, and keeps no stored items)"))]
 Items = Annotated[list[Item], Field(min_length=1)]
 Input = one_of("a string or a list of input items", Text, Items, Items)
 
@@ -219,15 +239,17 @@ def input_items(body: ResponsesFields) -> list:
 
 
 def as_input(output: list[dict]) -> list:
-    """A response's output items as the input items that send them back (the assistant's message, its calls),
-    under their ids."""
+    """A response's output items as the input items that send them back (its reasoning, the assistant's message, its
+    calls), under their ids."""
     return [InputMessage(id=item["id"], role="assistant", content=item["content"][0]["text"])
             if item["type"] == "message" else
+            ReasoningItem(type="reasoning", id=item["id"], summary=[], content=item["content"])
+            if item["type"] == "reasoning" else
             FunctionCallItem(type="function_call", id=item["id"], call_id=item["call_id"], name=item["name"],
                              arguments=item["arguments"]) for item in output]
 
 
-ID_PREFIXES = {InputMessage: "msg", FunctionCallItem: "fc", FunctionCallOutput: "fco"}
+ID_PREFIXES = {InputMessage: "msg", FunctionCallItem: "fc", FunctionCallOutput: "fco", ReasoningItem: "rs"}
 
 
 def with_ids(items: list) -> list:
@@ -243,6 +265,8 @@ def listed(item) -> dict:
     if isinstance(item, FunctionCallOutput):
         return {"id": item.id, "type": item.type, "call_id": item.call_id, "output": text_of(item.output),
                 "status": "completed"}
+    if isinstance(item, ReasoningItem):
+        return reasoning_item(item.id, "completed", item.text())
     texts = [item.content] if isinstance(item.content, str) else [part.text for part in item.content]
     parts = [output_text(text, []) for text in texts] if item.role == "assistant" else \
         [{"type": "input_text", "text": text} for text in texts]
@@ -282,17 +306,23 @@ def text_size(items: list) -> int:
     """Characters of text the items hold."""
     return sum(len(text_of(item.content)) if isinstance(item, InputMessage) else
                len(item.name) + len(item.arguments) if isinstance(item, FunctionCallItem) else
+               len(item.text()) if isinstance(item, ReasoningItem) else
                len(text_of(item.output)) for item in items)
 
 
 def messages(instructions: str | None, items: list) -> list[Message]:
     """`instructions` as the system message, then the items: a function call joins the assistant message before it
-    (or makes one), a call's output is the tool message answering it."""
+    (or makes one), a call's output is the tool message answering it, reasoning goes with the assistant message
+    right after it (its reasoning_content; another item after it: dropped)."""
     out = [Message(role="system", content=instructions)] if instructions is not None else []
+    reasoning = None
     for item in items:
+        if isinstance(item, ReasoningItem):
+            reasoning = (reasoning or "") + item.text()
+            continue
         if isinstance(item, FunctionCallItem):
             call = ToolCall(id=item.call_id, function=CalledFunction(name=item.name, arguments=item.arguments))
-            if out and out[-1].role == "assistant":
+            if out and out[-1].role == "assistant" and reasoning is None:
                 out[-1] = out[-1].model_copy(update={"tool_calls": [*(out[-1].tool_calls or []), call]})
             else:
                 out.append(Message(role="assistant", tool_calls=[call]))
@@ -300,6 +330,9 @@ def messages(instructions: str | None, items: list) -> list[Message]:
             out.append(Message(role="tool", tool_call_id=item.call_id, content=text_of(item.output)))
         else:
             out.append(Message(role=item.role, content=text_of(item.content)))
+        if out[-1].role == "assistant" and reasoning is not None:
+            out[-1] = out[-1].model_copy(update={"reasoning_content": reasoning})
+        reasoning = None
     return out
 
 
@@ -326,6 +359,16 @@ def output_text(text: str, logprobs: list) -> dict:
 
 def message_item(item_id: str, status: str, content: list) -> dict:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def reasoning_item(item_id: str, status: str, text: str | None) -> dict:
+    """A reasoning item, its text in one reasoning_text part (none yet: None)."""
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [],
+            "content": [] if text is None else [reasoning_text(text)]}
+
+
+def reasoning_text(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
 
 
 def call_item(item_id: str, status: str, call: dict) -> dict:
@@ -364,8 +407,9 @@ def status_of(finish: str | None) -> str:
 class ResponseObjects(ChatCompletions):
     """/v1/responses: the chat answer (its message, tool calls and logprobs) as a Response object."""
 
-    def __init__(self, decode, tool_plan, body: ResponsesFields, store: Callable[[dict], None] | None = None):
-        super().__init__(decode, tool_plan)
+    def __init__(self, decode, tool_plan, body: ResponsesFields, store: Callable[[dict], None] | None = None,
+                 reasoning=None):
+        super().__init__(decode, tool_plan, reasoning=reasoning)
         self.body, self.created = body, int(time.time())
         self.store = store          # given: keeps the Response once it is answered (see keeps)
         self.id = new_id("resp")    # unique, not the client's X-Request-Id: a stored response is found by it
@@ -397,13 +441,14 @@ class ResponseObjects(ChatCompletions):
                 **({"specpool": spec_stats(self.states)} if done else {})}
 
     def whole(self, request_id: str, model: str, choices: list) -> dict:
-        """The message item (unless the answer is only calls; its logprobs all the output's tokens'), then a
-        function_call item per call."""
+        """The reasoning item (with a reasoning parser, if the answer reasons), the message item (unless the answer
+        is only calls or only reasoning; its logprobs all the output's tokens'), then a function_call item per call."""
         message, status = choices[0]["message"], status_of(choices[0]["finish_reason"])
         logprobs = (choices[0]["logprobs"] or {}).get("content", [])
-        calls = message.get("tool_calls") or []
-        items = [] if calls and message["content"] is None else [message_item(
-            new_id("msg"), status, [output_text(message["content"] or "", logprobs)])]
+        calls, reasoning = message.get("tool_calls") or [], message.get("reasoning")
+        items = [reasoning_item(new_id("rs"), status, reasoning)] if reasoning else []
+        if message["content"] is not None or not (calls or reasoning):
+            items.append(message_item(new_id("msg"), status, [output_text(message["content"] or "", logprobs)]))
         items += [call_item(new_id("fc"), status, call) for call in calls]
         return self.done(self.response(model, items, status))
 
@@ -429,6 +474,7 @@ class ResponseEvents:
         self.items: list[dict] = []         # the output items so far; the last one open (`self.open`) until closed
         self.open = False
         self.text, self.logprobs = "", []   # the message's text and logprobs so far
+        self.thought = ""                   # the reasoning item's text so far
         self.pending: list = []             # logprobs not yet sent (tokens without text, or held by the tool parser)
         self.space = ""                     # whitespace not yet sent, before any message
         self.finish: str | None = None
@@ -460,7 +506,8 @@ class ResponseEvents:
         self.finish = choice["finish_reason"] or self.finish
         self.pending += (choice["logprobs"] or {}).get("content", [])
         delta = choice["delta"]
-        events = self._text(delta["content"]) if delta.get("content") else []
+        events = self._reasoning(delta["reasoning"]) if delta.get("reasoning") else []
+        events += self._text(delta["content"]) if delta.get("content") else []
         for call in delta.get("tool_calls", []):
             events += self._call(call)
         return events
@@ -487,6 +534,17 @@ class ResponseEvents:
             events.append(self._event("response.content_part.added", **self._at(), content_index=0,
                                       part=output_text("", [])))
         return events + (self._delta(piece) if piece or self.pending else [])
+
+    def _reasoning(self, piece: str) -> list[str]:
+        """A piece of the reasoning: its delta, the reasoning item opened first if need be."""
+        events = []
+        if not (self.open and self.items[-1]["type"] == "reasoning"):
+            self.thought = ""
+            events = self._opened(reasoning_item(new_id("rs"), "in_progress", None))
+            events.append(self._event("response.content_part.added", **self._at(), content_index=0,
+                                      part=reasoning_text("")))
+        self.thought += piece
+        return events + [self._event("response.reasoning_text.delta", **self._at(), content_index=0, delta=piece)]
 
     def _delta(self, piece: str) -> list[str]:
         self.text += piece
@@ -516,6 +574,12 @@ class ResponseEvents:
             return [self._event("response.function_call_arguments.done", **at, name=item["name"],
                                 arguments=item["arguments"]),
                     self._event("response.output_item.done", output_index=at["output_index"], item=item)]
+        if item["type"] == "reasoning":
+            self.open, part = False, reasoning_text(self.thought)
+            item["content"] = [part]
+            return [self._event("response.reasoning_text.done", **at, content_index=0, text=self.thought),
+                    self._event("response.content_part.done", **at, content_index=0, part=part),
+                    self._event("response.output_item.done", output_index=at["output_index"], item=item)]
         events = self._delta("") if self.pending else []
         self.open, part = False, output_text(self.text, self.logprobs)
         item["content"] = [part]
@@ -540,6 +604,8 @@ class ResponseEvents:
             items[-1]["status"] = open_status
             if items[-1]["type"] == "message":
                 items[-1]["content"] = [output_text(self.text, self.logprobs)]
+            elif items[-1]["type"] == "reasoning":
+                items[-1]["content"] = [reasoning_text(self.thought)]
         return items
 
     def failed(self, error: ApiError) -> list[str]:

@@ -128,3 +128,83 @@ def test_a_served_chat_answers_the_reasoning_whole_and_streamed(served):
     raw = json.loads(served.client.chat.completions.with_raw_response.create(
         model=served.model, messages=CHAT, max_tokens=4, temperature=0).text)
     assert set(raw["choices"][0]["message"]) >= {"reasoning", "reasoning_content", "content"}
+
+
+# ---- the Responses API: a reasoning item before the message ----------------------------------------------------
+
+def response_kinds(parser: str, tools: str | None = None):
+    """A Response read whole and one streamed, of the same (scripted) output."""
+    import types
+    from openai_api.responses_api import ResponseObjects, ResponsesRequest
+    from protos.specpool.v1 import generation_pb2
+    body = ResponsesRequest.model_validate({"model": "m", "input": "x"})
+    state = types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=4, stats=generation_pb2.GenerationStats())
+    kinds = [ResponseObjects(str, plan("auto", tools) if tools else plan("none"), body, reasoning=PARSERS[parser])
+             for _ in range(2)]
+    for kind in kinds:
+        kind.bind([state])
+    return kinds
+
+
+@pytest.mark.parametrize("parser, text", [
+    ("qwen3", THOUGHT + "Four."), ("qwen3", "Four."), ("deepseek_r1", "Still thinking"),
+    ("deepseek_r1", "x</think>\n\n"), ("qwen3", THOUGHT + HERMES_OUTPUT), ("qwen3", "<think></think>Four.")])
+def test_a_response_has_a_reasoning_item_before_its_message_whole_and_streamed(parser, text):
+    """The reasoning is a `reasoning` item (one reasoning_text part) before the message (none when nothing follows
+    the reasoning); the stream's events, at every split, build the same items and validate against the SDK's types."""
+    from pydantic import TypeAdapter
+    from openai.types.responses import Response, ResponseStreamEvent
+    from router.stopping import Chunk
+    tools = "hermes" if "<tool_call>" in text else None
+    adapter = TypeAdapter(ResponseStreamEvent)
+    whole_kind, _ = response_kinds(parser, tools)
+    whole = whole_kind.whole("r", "m", [whole_kind.choice(0, text, None, "stop")])
+    Response.model_validate(whole)
+    reasoning, _ = PARSERS[parser].split(text)
+    assert [item["type"] for item in whole["output"]][:1] == (["reasoning"] if reasoning else ["message"])
+    if reasoning:
+        assert whole["output"][0]["content"] == [{"type": "reasoning_text", "text": reasoning}]
+    for cut in range(0, len(text) + 1, 2):
+        _, stream_kind = response_kinds(parser, tools)
+        events = stream_kind.events("r", "m")
+        frames = events.start() + events.chunk(0, Chunk([1], text[:cut], [], 0)) + \
+            events.chunk(0, Chunk([2], text[cut:], [], 2)) + events.end()
+        payloads = [json.loads(frame.split("\ndata: ")[1]) for frame in frames]
+        for payload in payloads:
+            adapter.validate_python(payload, strict=False)
+        deltas = "".join(p["delta"] for p in payloads if p["type"] == "response.reasoning_text.delta")
+        assert deltas == (reasoning or "")
+        final = payloads[-1]["response"]["output"]
+        assert [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in final] == \
+            [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in whole["output"]]
+
+
+def test_reasoning_items_sent_back_go_with_the_assistant_message_after_them():
+    from openai_api.responses_api import ResponsesRequest, input_items, messages
+    body = ResponsesRequest.model_validate({"model": "m", "input": [
+        {"role": "user", "content": "q"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "why"}]},
+        {"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "noon"},
+        {"type": "reasoning", "id": "rs_2", "summary": []},
+        {"role": "user", "content": "and?"}]})
+    turns = messages(None, input_items(body))
+    assert [(m.role, m.reasoning_content) for m in turns] == [("user", None), ("assistant", "why"), ("tool", None),
+                                                              ("user", None)]
+
+
+def test_a_served_response_reasons_and_continues_with_its_reasoning(served):
+    """Under deepseek_r1 the demo target's output is all reasoning: a reasoning item and no message, whole and
+    streamed; sent back (its output as input, and by previous_response_id) the conversation goes on."""
+    whole = served.client.responses.create(model=served.model, input="a point", max_output_tokens=8, temperature=0)
+    assert [item.type for item in whole.output] == ["reasoning"] and whole.output_text == ""
+    events = list(served.client.responses.create(model=served.model, input="a point", max_output_tokens=8,
+                                                 temperature=0, stream=True))
+    text = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert text == whole.output[0].content[0].text and events[-1].response.output[0].type == "reasoning"
+    again = served.client.responses.create(model=served.model, max_output_tokens=4, temperature=0, input=[
+        {"role": "user", "content": "a point"}, *[item.model_dump(exclude_none=True) for item in whole.output],
+        {"role": "user", "content": "more"}])
+    continued = served.client.responses.create(model=served.model, previous_response_id=whole.id, input="more",
+                                               max_output_tokens=4, temperature=0)
+    assert again.output[0].content[0].text == continued.output[0].content[0].text

@@ -198,7 +198,7 @@ def test_included_logprobs_are_chats_whole_and_streamed(served):
     ({"truncation": "auto"}, "truncation"), ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": [{"type": "web_search"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
-    ({"input": []}, "input"), ({"input": 3}, "input"), ({"input": [{"type": "reasoning", "id": "r"}]}, "input"),
+    ({"input": []}, "input"), ({"input": 3}, "input"), ({"input": [{"type": "item_reference", "id": "r"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
