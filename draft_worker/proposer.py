@@ -137,7 +137,8 @@ class DraftEngine:
         ends = chunk_ends(group, requests, found, self.prefill_chunk)
         for i, session in group:
             session.tokens.extend(requests[i].new_token_ids[:ends.get(i)])
-            session.settled = len(session.tokens)          # what the router sent: its drafts follow in `tokens`
+            # what the router has committed (a pre-draft's own drafts not): its drafts follow in `tokens`
+            session.settled = min(requests[i].committed or len(session.tokens), len(session.tokens))
         if ends:
             self._prefill([(i, session) for i, session in group if i in ends], requests, results, found, ends)
         rows = [row for i, session in group if i not in ends

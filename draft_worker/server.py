@@ -27,7 +27,7 @@ def chained(request: worker_pb2.ProposeRequest, drafts: worker_pb2.ProposeRespon
               if j < len(tokens) and rank < len(choices) and j < len(choices[rank])]
     return worker_pb2.ProposeRequest(session_id=request.session_id, position=context + len(tokens) - 1,
                                      new_token_ids=tokens[-1:], k=request.then.k, mode=request.mode,
-                                     runner_ups=True, branches=points)
+                                     runner_ups=True, branches=points, committed=request.committed or context)
 
 
 def stamped(response: worker_pb2.ProposeResponse, started: float) -> worker_pb2.ProposeResponse:

@@ -21,8 +21,8 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, Li
 # A recurrent layer's fields that a forward changes (tensors copied, flags as they are)
 STATE_FIELDS = ("conv_states", "recurrent_states", "is_conv_states_initialized", "is_recurrent_states_initialized",
                 "has_previous_state", "conv_kernel_size")
-MAX_CHECKPOINTS = 16    # after the session's committed tokens (a draft's K steps have one each): past that the oldest
-                        # go, and a rollback to them restores an earlier checkpoint and computes more tokens again
+MAX_CHECKPOINTS = 16    # a session's (a draft's K steps and a pre-draft's have one each): past that the oldest after
+                        # the committed tokens go, and a rollback to them restores an earlier one and computes more
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,9 @@ def checkpoint(cache, length: int) -> Checkpoint:
 
 def kept(checkpoints: list, settled: int, cache, length: int) -> None:
     """Add a checkpoint of `cache` at `length` before a forward, keeping those a rollback can still need: the last
-    at or before the `settled` (committed) tokens, and at most MAX_CHECKPOINTS after them."""
+    at or before the `settled` (committed) tokens, and the latest after them, MAX_CHECKPOINTS in all."""
     base = [c for c in checkpoints if c.length <= settled][-1:]
-    later = [c for c in checkpoints if c.length > settled][-(MAX_CHECKPOINTS - 1):]
+    later = [c for c in checkpoints if c.length > settled][-(MAX_CHECKPOINTS - 1 - len(base)):]
     checkpoints[:] = base + later + [checkpoint(cache, length)]
 
 

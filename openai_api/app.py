@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import re
 import types
 import uuid
@@ -503,36 +504,39 @@ async def answer(request: Request, router: Router, body: SamplingBody, generates
 
 async def choice_chunks(router: Router, states: list, at_once: int = 0) -> AsyncIterator[tuple]:
     """(choice index, Chunk) of the choices as they come, generated concurrently, at most `at_once` at a time (0:
-    all): a batch larger than that runs in waves, each choice starting as one before it ends, so that a request
-    alone never overfills admission. Closing this cancels every choice still running (and so frees its workers'
-    caches)."""
+    all): a batch larger than that runs in waves, the next choice started as one ends, so that a request alone
+    never overfills admission (and holds one task per choice running, not per choice). Closing this cancels every
+    choice still running (and so frees its workers' caches)."""
     queue: asyncio.Queue = asyncio.Queue()
-    turns = asyncio.Semaphore(at_once or len(states) or 1)
 
     async def pump(index: int, state) -> None:
         try:
-            async with turns, contextlib.aclosing(output_chunks(router.run(state), state,
-                                                                router.tokenizer)) as chunks:
+            async with contextlib.aclosing(output_chunks(router.run(state), state, router.tokenizer)) as chunks:
                 async for chunk in chunks:
                     await queue.put((index, chunk, None))
             await queue.put((index, None, None))
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
             await queue.put((index, None, exc))
-    tasks = [asyncio.create_task(pump(i, state)) for i, state in enumerate(states)]
+    waiting, running = iter(enumerate(states)), {}
+
+    def start_next(count: int) -> None:
+        for index, state in itertools.islice(waiting, count):
+            running[index] = asyncio.create_task(pump(index, state))
+    start_next(at_once or len(states))
     try:
-        running = len(tasks)
         while running:
             index, chunk, error = await queue.get()
             if error is not None:
                 raise error
             if chunk is None:
-                running -= 1
+                del running[index]
+                start_next(1)
             else:
                 yield index, chunk
     finally:
-        for task in tasks:
+        for task in running.values():
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*running.values(), return_exceptions=True)
 
 
 async def next_chunk(chunks) -> tuple:

@@ -30,7 +30,7 @@ async def draft_call(state: RequestState, draft: DraftClient, tokens: list[int],
         response, wire = await draft.propose(state.session_id, tokens, synced, k, state.session_start,
                                              state.draft_mode, state.timeout(draft.timeout), runner_ups=True,
                                              branches=[(len(state.tokens) + j, t) for j, t in branches],
-                                             hand_to=hand_to)
+                                             hand_to=hand_to, committed=len(state.tokens))
     except grpc.aio.AioRpcError as exc:
         return draft_lost(state, draft, exc)
     return drafted(state, response, wire, started, branches)
@@ -74,7 +74,8 @@ async def chained_call(state: RequestState, draft: DraftClient, k: int, next_k: 
                                       branch_rank=[rank for _, rank in branches])
     started, state.draft_called = time.perf_counter(), True
     answers = draft.propose_chained(state.session_id, state.tokens, state.draft_synced, k, state.session_start,
-                                    state.draft_mode, state.timeout(draft.timeout), then, hand_to)
+                                    state.draft_mode, state.timeout(draft.timeout), then, hand_to,
+                                    committed=len(state.tokens))
     async with contextlib.aclosing(answers):
         proposal = await handing_to(first, first_drafts(state, draft, answers, started))
         if proposal is None:

@@ -418,23 +418,23 @@ class DraftClient(WorkerClient):
 
     async def propose(self, session_id: int, tokens: list[int], synced: int, k: int, start: dict, mode: int,
                       timeout: float, runner_ups: bool = False, branches: list[tuple[int, int]] = (),
-                      hand_to: tuple[str, int] = ("", 0)):
-        """k drafts after `tokens` (the worker holding `synced` of them; `start`: the session start's fields,
-        RequestState.session_start); with `runner_ups`, each draft's
+                      hand_to: tuple[str, int] = ("", 0), committed: int = 0):
+        """k drafts after `tokens` (the worker holding `synced` of them, the first `committed` verified, 0: all;
+        `start`: the session start's fields, RequestState.session_start); with `runner_ups`, each draft's
         runner-up; with `branches` [(context length, token)], also k - 1 drafts after each of those; with
         `hand_to` (target address, handoff id), the drafts also handed straight to that target."""
         make = _request(worker_pb2.ProposeRequest, session_id, start, k=k, mode=mode, runner_ups=runner_ups,
-                        hand_to=hand_to[0], handoff_id=hand_to[1],
+                        hand_to=hand_to[0], handoff_id=hand_to[1], committed=committed,
                         branches=[worker_pb2.BranchPoint(at=at, token_id=token) for at, token in branches])
         return await synced_call(self.stream, make, tokens, synced, timeout)
 
     def propose_chained(self, session_id: int, tokens: list[int], synced: int, k: int, start: dict, mode: int,
                         timeout: float, then: worker_pb2.ChainedPredraft,
-                        hand_to: tuple[str, int] = ("", 0)) -> AsyncIterator:
+                        hand_to: tuple[str, int] = ("", 0), committed: int = 0) -> AsyncIterator:
         """propose (with runner-ups) with the next round's pre-draft chained to it (ProposeRequest.then): yields
         (response, wire_bytes) for the drafts, then for the pre-draft the worker starts right after them."""
         make = _request(worker_pb2.ProposeRequest, session_id, start, k=k, mode=mode, runner_ups=True,
-                        hand_to=hand_to[0], handoff_id=hand_to[1], then=then)
+                        hand_to=hand_to[0], handoff_id=hand_to[1], then=then, committed=committed)
         return synced_answers(self.stream.answers, make, tokens, synced, timeout)
 
 

@@ -14,7 +14,7 @@ from protos.specpool.v1 import generation_pb2
 from router.service import Service
 from target_worker.tp_support import ModelRefused
 from tests.conftest import service_config
-from tests.model_families import reference
+from tests.model_families import RECURRENT, reference
 
 MAX_NEW = 16
 
@@ -52,6 +52,8 @@ def test_sliding_models_batch_short_and_long_requests_identically(sliding_servic
     with ThreadPoolExecutor(len(prompts)) as pool:
         answers = list(pool.map(lambda p: service.stub.Generate(
             generation_pb2.GenerateRequest(prompt_token_ids=p, max_new_tokens=MAX_NEW)), prompts))
-    for answer, tokens in zip(answers, expected):
+    for answer, tokens, prompt in zip(answers, expected, prompts):
         assert list(answer.token_ids) == (tokens[:tokens.index(256) + 1] if 256 in tokens else tokens)
         assert answer.stats.draft_tokens > 0
+        if family in RECURRENT:     # the target started the session once: its rollbacks went to checkpoints (a
+            assert answer.stats.target_prefix_cache.looked_up == len(prompt)    # re-prefill looks the context up)

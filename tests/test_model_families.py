@@ -152,6 +152,25 @@ def test_a_rolled_back_recurrent_session_holds_what_one_that_never_saw_the_draft
     assert forward(rolled, [9]).argmax() == forward(straight, [9]).argmax()
 
 
+def test_a_recurrent_draft_rolls_a_pre_draft_back_to_the_tokens_the_router_committed(family_models):
+    """A pre-draft (overlap) sends the round's unverified drafts as context, with `committed` the tokens verified:
+    a rejection then rolls the draft back below that context, to a checkpoint it kept, and it drafts what a fresh
+    session of the same tokens drafts (no session lost)."""
+    from draft_worker.proposer import DraftEngine
+
+    draft_path = family_models["qwen3-next-linear"][0]
+    draft, prompt = DraftEngine(draft_path), PROMPTS[2]
+    first = list(draft.propose(worker_pb2.ProposeRequest(session_id=1, position=0, new_token_ids=prompt,
+                                                         sampling=GREEDY, k=4)).draft_token_ids)
+    draft.propose(worker_pb2.ProposeRequest(session_id=1, position=len(prompt) + 3, new_token_ids=first[3:],
+                                            k=5, committed=len(prompt)))
+    again = draft.propose(worker_pb2.ProposeRequest(session_id=1, position=len(prompt) + 1, new_token_ids=[7],
+                                                    k=3))
+    fresh = DraftEngine(draft_path).propose(worker_pb2.ProposeRequest(
+        session_id=2, position=0, new_token_ids=prompt + first[:1] + [7], sampling=GREEDY, k=3))
+    assert list(again.draft_token_ids) == list(fresh.draft_token_ids)
+
+
 @pytest.mark.parametrize("family", sorted(SLIDING))
 def test_prompts_in_chunks_across_the_window_are_identical_to_the_target_alone(family_models, family):
     """Prompts of 3-30 tokens computed in chunks of 6 (target.prefill_chunk_tokens), longer than the window of 8

@@ -16,7 +16,7 @@ DRAFT_MODE_GREEDY: DraftMode
 DRAFT_MODE_SAMPLED: DraftMode
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "position", "new_token_ids", "k", "sampling", "mode", "call_id", "cancel", "runner_ups", "branches", "hand_to", "handoff_id", "then", "prompt_length", "min_tokens", "grammar", "bad_words")
+    __slots__ = ("session_id", "position", "new_token_ids", "k", "sampling", "mode", "call_id", "cancel", "runner_ups", "branches", "hand_to", "handoff_id", "then", "prompt_length", "min_tokens", "grammar", "bad_words", "committed")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class ProposeRequest(_message.Message):
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     BAD_WORDS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     position: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -51,7 +52,8 @@ class ProposeRequest(_message.Message):
     min_tokens: MinTokens
     grammar: Grammar
     bad_words: _containers.RepeatedCompositeFieldContainer[TokenSequence]
-    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[DraftMode, str]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., runner_ups: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[BranchPoint, _Mapping]]] = ..., hand_to: _Optional[str] = ..., handoff_id: _Optional[int] = ..., then: _Optional[_Union[ChainedPredraft, _Mapping]] = ..., prompt_length: _Optional[int] = ..., min_tokens: _Optional[_Union[MinTokens, _Mapping]] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ..., bad_words: _Optional[_Iterable[_Union[TokenSequence, _Mapping]]] = ...) -> None: ...
+    committed: int
+    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., mode: _Optional[_Union[DraftMode, str]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., runner_ups: _Optional[bool] = ..., branches: _Optional[_Iterable[_Union[BranchPoint, _Mapping]]] = ..., hand_to: _Optional[str] = ..., handoff_id: _Optional[int] = ..., then: _Optional[_Union[ChainedPredraft, _Mapping]] = ..., prompt_length: _Optional[int] = ..., min_tokens: _Optional[_Union[MinTokens, _Mapping]] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ..., bad_words: _Optional[_Iterable[_Union[TokenSequence, _Mapping]]] = ..., committed: _Optional[int] = ...) -> None: ...
 
 class ChainedPredraft(_message.Message):
     __slots__ = ("k", "branch_at", "branch_rank")
