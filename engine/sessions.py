@@ -105,7 +105,10 @@ class SessionStore:
                 held = 0 if session is None else session.length
                 raise SessionLost(f"session {session_id}: router expects {position} tokens, worker holds {held}")
             try:
-                self._rewind(session, position) if session.checkpoints is not None else session.crop(position)
+                if session.checkpoints is not None:
+                    self._rewind(session, position)
+                else:
+                    session.crop(position)
             except SessionLost:            # a rollback past what the cache holds: the router starts it again
                 del self._sessions[session_id]
                 raise
