@@ -26,7 +26,7 @@ from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest,
                                  DetokenizeRequest, SamplingBody, TokenizeRequest, completion_prompts,
                                  generate_request, http_error, with_seed)
 from openai_api.background import BackgroundRun
-from openai_api.reasoning import PARSERS as REASONING
+from openai_api.reasoning import for_request as reasoning_for
 from openai_api.response_store import ResponseStore, Stored
 from openai_api.responses_api import (Includable, ResponseObjects, ResponsesRequest, as_input, chat_request,
                                       continued, input_items, listed, page, responses_error, text_size, with_ids)
@@ -103,8 +103,8 @@ class Api:
         router = self.router()
         model = check_model(body, self.model_name(router))
         body, deprecated = as_tools(body, PARSERS.get(self.http.tool_call_parser))
-        generate, plan = self.chat_generate(router, body, deprecated)
-        kind = ChatCompletions(_decoder(router), plan, deprecated, REASONING.get(self.http.reasoning_parser))
+        generate, plan, reasoning = self.chat_generate(router, body, deprecated)
+        kind = ChatCompletions(_decoder(router), plan, deprecated, reasoning)
         return await answer(request, router, body, [generate], kind, model)
 
     async def responses(self, body: ResponsesRequest, request: Request) -> Response:
@@ -116,10 +116,9 @@ class Api:
             owner = self.owner(request)
             items = self.conversation(body, owner)
             chat = chat_request(body, items)
-            generate, plan = self.chat_generate(router, chat)
+            generate, plan, reasoning = self.chat_generate(router, chat)
             run = self.background(body)
-            kind = ResponseObjects(_decoder(router), plan, body, self.storing(body, items, owner, run),
-                                   REASONING.get(self.http.reasoning_parser))
+            kind = ResponseObjects(_decoder(router), plan, body, self.storing(body, items, owner, run), reasoning)
             if run is not None:
                 held = Stored({}, items, 0, owner, len(items), run)        # found while it runs (its input listed)
                 return await self.in_background(request, router, chat, [generate], kind, model, held)
@@ -248,7 +247,8 @@ class Api:
 
     def chat_generate(self, router: Router, body: ChatRequest, deprecated: bool = False) -> tuple:
         """The GenerateRequest of a chat request (its messages rendered by the chat template, its tools and
-        structured output), and its tool plan."""
+        structured output), its tool plan, and how its output splits into reasoning and content (None: it does
+        not; openai_api/reasoning.py)."""
         plan = deprecated_plan(body, PARSERS.get(self.http.tool_call_parser), deprecated)
         prompt = self.chat_template(router).render(body.messages, plan.template_tools(), body)
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
@@ -257,7 +257,8 @@ class Api:
         structured = plan.structured_output()
         if structured is not None:
             generate.structured_output.CopyFrom(structured)
-        return generate, plan
+        constrained = generate.HasField("structured_output")
+        return generate, plan, reasoning_for(self.http.reasoning_parser, prompt, constrained)
 
     async def tokenize(self, body: TokenizeRequest) -> dict:
         """vLLM's /tokenize: the prompt's token IDs (a chat's: the ones its chat request is given, `usage`'s

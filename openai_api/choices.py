@@ -176,23 +176,22 @@ class ChatCompletions(Completions):
                 "finish_reason": finish_reason}
 
     def chunk_choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
-        reasoning = ""
+        reasoning = None
         if self.reasoning:
             thoughts = self.thoughts.setdefault(index, ReasoningStream(self.reasoning))
             reasoning, text = thoughts.feed(text)
             if finish_reason is not None:
                 more, rest = thoughts.finish()
-                reasoning, text = reasoning + more, text + rest
+                reasoning, text = reasoning if more is None else (reasoning or "") + more, text + rest
         if not self.tools:
             delta = {"content": text} if text else {}
-            return self._message_choice(index, "delta", with_reasoning(delta, reasoning or None), entries,
-                                        finish_reason)
+            return self._message_choice(index, "delta", with_reasoning(delta, reasoning), entries, finish_reason)
         stream = self.streams.setdefault(index, ToolStream(self.tools))
         delta = stream.feed(text)
         if finish_reason is not None:
             last, finish_reason = stream.finish(finish_reason)
             delta = tools.merged(delta, last)
-        return self._message_choice(index, "delta", with_reasoning(delta, reasoning or None), entries, finish_reason)
+        return self._message_choice(index, "delta", with_reasoning(delta, reasoning), entries, finish_reason)
 
     def opening(self, index: int) -> list[dict]:
         return [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

@@ -332,9 +332,10 @@ def _assistants_only(calls: Any, info: ValidationInfo) -> Any:
 
 def _content_or_calls(content: Any, info: ValidationInfo) -> Any:
     """Content may be left out (or null) only by an assistant message with tool calls (or a function call), as
-    OpenAI has it, and by a deprecated `function` message."""
-    if content is None and info.data.get("role") not in (None, "function") and not info.data.get("tool_calls") and \
-            not info.data.get("function_call"):
+    OpenAI has it, or with reasoning (an answer that only reasoned, sent back), and by a deprecated `function`
+    message."""
+    if content is None and info.data.get("role") not in (None, "function") and not any(
+            info.data.get(key) for key in ("tool_calls", "function_call", "reasoning", "reasoning_content")):
         raise PydanticCustomError("missing", "Field required")
     return content
 
@@ -345,11 +346,11 @@ class Message(Body):
     role: Role
     tool_calls: Annotated[Optional[list[ToolCall]], AfterValidator(_assistants_only)] = None
     function_call: Annotated[Optional[CalledFunction], AfterValidator(_assistants_only)] = None    # deprecated
+    reasoning: Optional[Text] = None            # an assistant's, sent back (vLLM's name; interleaved thinking)
+    reasoning_content: Optional[Text] = None    # ... DeepSeek's name, which wins where both are sent
     content: Annotated[Optional[Content], AfterValidator(_content_or_calls)] = Field(None, validate_default=True)
     tool_call_id: Optional[Text] = None
     name: Optional[Text] = None
-    reasoning: Optional[Text] = None            # an assistant's, sent back (vLLM's name; interleaved thinking)
-    reasoning_content: Optional[Text] = None    # ... DeepSeek's name, which wins where both are sent
 
     def text(self) -> str:
         if isinstance(self.content, list):

@@ -1,13 +1,14 @@
-"""Reasoning parsers (`http.reasoning_parser`): a thinking model's output split into its reasoning and its answer,
-as vLLM's reasoning parsers of the same names split it. A chat answer carries the reasoning in its message (a
-stream, in its deltas) twice: as `reasoning`, vLLM's field since it followed OpenAI's guidance for gpt-oss, and as
-`reasoning_content`, DeepSeek's, which many clients still read. The content is the rest, out of which the tool
-parser then reads calls.
+"""Reasoning parsers (`http.reasoning_parser`, `deepseek_r1` or `qwen3`, vLLM's names for the `<think>` format):
+a thinking model's output split into its reasoning and its answer. A chat answer carries the reasoning in its
+message (a stream, in its deltas) twice: as `reasoning`, vLLM's field since it followed OpenAI's guidance for
+gpt-oss, and as `reasoning_content`, DeepSeek's, which many clients still read. The content is the rest, out of
+which the tool parser then reads calls.
 
-- `deepseek_r1`: the output begins as reasoning (the chat template opens `<think>` in the prompt; one the model
-  writes itself is left out) until `</think>`; an output without it is all reasoning.
-- `qwen3`: only an output that opens with `<think>` (after blank space) reasons, until `</think>`; any other is all
-  content (thinking turned off, `chat_template_kwargs: {"enable_thinking": false}`).
+The output reasons when the prompt opened the thinking (its generation prompt ends with `<think>`, as
+DeepSeek-R1's and Qwen3-Thinking's templates end it) or when the output opens with `<think>` itself (Qwen3 with
+thinking on); the reasoning runs to the first `</think>` (all of the output, cut before one). Any other output is
+all content: thinking turned off closes it in the prompt (Qwen3's `enable_thinking: false`, DeepSeek V3.1's default
+mode). Under structured output (which constrains the whole output from its first token) nothing is split.
 
     http: {reasoning_parser: qwen3}       # deploy/local.yaml
 """
@@ -20,7 +21,7 @@ START, END = "<think>", "</think>"
 
 @dataclass(frozen=True)
 class ReasoningParser:
-    opens_reasoning: bool       # the output begins as reasoning without <think> (deepseek_r1)
+    opens_reasoning: bool       # the prompt opened the thinking: the output begins as reasoning without <think>
 
     def split(self, text: str) -> tuple[str | None, str]:
         """(the reasoning, None where the output does not reason; the content) of a whole output."""
@@ -38,7 +39,15 @@ class ReasoningParser:
         return text if self.opens_reasoning else None
 
 
-PARSERS = {"deepseek_r1": ReasoningParser(opens_reasoning=True), "qwen3": ReasoningParser(opens_reasoning=False)}
+NAMES = ("deepseek_r1", "qwen3")       # both the <think> format, as vLLM names its parsers for it
+
+
+def for_request(name: str, prompt: str, constrained: bool) -> ReasoningParser | None:
+    """How a request's output splits: not at all without a parser or under structured output; else as its prompt
+    leaves the thinking (open: the output begins as reasoning)."""
+    if name not in NAMES or constrained:
+        return None
+    return ReasoningParser(opens_reasoning=prompt.rstrip().endswith(START))
 
 
 class ReasoningStream:
@@ -49,32 +58,44 @@ class ReasoningStream:
         self.parser = parser
         self.state = "opening"      # opening (not known yet whether it reasons), reasoning, content
         self.held = ""
+        self.said = False           # some reasoning was sent
 
-    def feed(self, piece: str) -> tuple[str, str]:
+    def feed(self, piece: str) -> tuple[str | None, str]:
+        """(the reasoning to send, None: none; the content to send)."""
         self.held += piece
         if self.state == "opening":
             opened = self.held.lstrip()
             if START.startswith(opened) and opened != START:      # blank, or a part of <think>: not known yet
-                return "", ""
-            body = self.parser._body(self.held)
-            self.state, self.held = ("content", self.held) if body is None else ("reasoning", body)
+                return None, ""
+            self._decided()
         return self._sent(final=False)
 
-    def finish(self) -> tuple[str, str]:
+    def finish(self) -> tuple[str | None, str]:
         """What is still held, at the end of the output."""
         if self.state == "opening":
-            body = self.parser._body(self.held)
-            self.state, self.held = ("content", self.held) if body is None else ("reasoning", body)
+            self._decided()
         return self._sent(final=True)
 
-    def _sent(self, final: bool) -> tuple[str, str]:
-        reasoning = ""
+    def _decided(self) -> None:
+        body = self.parser._body(self.held)
+        self.state, self.held = ("content", self.held) if body is None else ("reasoning", body)
+
+    def _sent(self, final: bool) -> tuple[str | None, str]:
+        """What can be sent now: reasoning up to </think> (or all at the end), holding a tail that may begin it;
+        an empty reasoning once, where it ends without any (the whole answer's `reasoning` is "")."""
+        reasoning = None
         if self.state == "reasoning":
             at = self.held.find(END)
-            if at < 0:
-                keep = 0 if final else max((n for n in range(1, len(END)) if self.held.endswith(END[:n])), default=0)
+            if at < 0 and not final:
+                keep = max((n for n in range(1, len(END)) if self.held.endswith(END[:n])), default=0)
                 reasoning, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
-                return reasoning, ""
+                return self._said(reasoning or None), ""
+            at = len(self.held) if at < 0 else at
             reasoning, self.held, self.state = self.held[:at], self.held[at + len(END):], "content"
+            reasoning = self._said(reasoning if reasoning or not self.said else None)
         content, self.held = self.held, ""
         return reasoning, content
+
+    def _said(self, reasoning: str | None) -> str | None:
+        self.said = self.said or reasoning is not None
+        return reasoning

@@ -22,8 +22,9 @@ class Stored:
 
 
 def without_logprobs(response: dict) -> dict:
-    output = [{**item, "content": [{**part, "logprobs": []} for part in item["content"]]} if "content" in item
-              else item for item in response["output"]]
+    output = [{**item, "content": [{**part, "logprobs": []} if part["type"] == "output_text" else part
+                                   for part in item["content"]]} if "content" in item else item
+              for item in response["output"]]
     return {**response, "output": output}
 
 

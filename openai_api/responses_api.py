@@ -446,7 +446,8 @@ class ResponseObjects(ChatCompletions):
         message, status = choices[0]["message"], status_of(choices[0]["finish_reason"])
         logprobs = (choices[0]["logprobs"] or {}).get("content", [])
         calls, reasoning = message.get("tool_calls") or [], message.get("reasoning")
-        items = [reasoning_item(new_id("rs"), status, reasoning)] if reasoning else []
+        answered = message["content"] is not None or calls          # reasoning that ended before the answer
+        items = [reasoning_item(new_id("rs"), "completed" if answered else status, reasoning)] if reasoning else []
         if message["content"] is not None or not (calls or reasoning):
             items.append(message_item(new_id("msg"), status, [output_text(message["content"] or "", logprobs)]))
         items += [call_item(new_id("fc"), status, call) for call in calls]
@@ -516,7 +517,8 @@ class ResponseEvents:
         return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
 
     def _opened(self, item: dict) -> list[str]:
-        events = self._close()
+        ended = self.open and self.items[-1]["type"] == "reasoning"     # reasoning the answer follows: completed
+        events = self._close("completed" if ended else None)
         self.items.append(item)
         self.open = True
         return events + [self._event("response.output_item.added", output_index=len(self.items) - 1, item=item)]
@@ -563,12 +565,13 @@ class ResponseEvents:
             events.append(self._event("response.function_call_arguments.delta", **self._at(), delta=piece))
         return events
 
-    def _close(self) -> list[str]:
-        """The done events of the open item, if any (a message's logprobs not yet sent in a last delta first)."""
+    def _close(self, status: str | None = None) -> list[str]:
+        """The done events of the open item, if any (a message's logprobs not yet sent in a last delta first), its
+        status `status` or as the output ended."""
         if not self.open:
             return []
         item, at = self.items[-1], self._at()
-        item["status"] = status_of(self.finish)
+        item["status"] = status or status_of(self.finish)
         if item["type"] == "function_call":
             self.open = False
             return [self._event("response.function_call_arguments.done", **at, name=item["name"],

@@ -238,7 +238,6 @@ def qwen3_coder_calls(text: str) -> Found | None:
 DS_CALLS, DS_CALLS_END = "<\uff5ctool\u2581calls\u2581begin\uff5c>", "<\uff5ctool\u2581calls\u2581end\uff5c>"
 DS_CALL, DS_SEP, DS_CALL_END = ("<\uff5ctool\u2581call\u2581begin\uff5c>", "<\uff5ctool\u2581sep\uff5c>",
                                 "<\uff5ctool\u2581call\u2581end\uff5c>")
-_DS_BLOCK = re.compile(f"{DS_CALL}(.*?){DS_SEP}(.*?)(?:{DS_CALL_END}|\\Z)", flags=re.DOTALL)
 _DS_V3_CALL = re.compile(r"function\n?(.*?)\n```json\n(.*)\n```\s*\Z", flags=re.DOTALL)   # after the sep: name, arguments
 
 
@@ -251,13 +250,19 @@ def deepseek_calls(text: str, v3: bool = False) -> Found | None:
     if start < 0:
         return None
     body, _, after = text[start + len(DS_CALLS):].partition(DS_CALLS_END)
-    blocks = _DS_BLOCK.findall(body)
-    if not blocks or _DS_BLOCK.sub("", body).strip():
+    before, *blocks = body.split(DS_CALL)
+    if before.strip() or not blocks:
         return None
-    return _found(text[:start] + after, [_deepseek_call(*block, v3) for block in blocks])
+    return _found(text[:start] + after, [_deepseek_call(block, v3) for block in blocks])
 
 
-def _deepseek_call(head: str, tail: str, v3: bool) -> Call | None:
+def _deepseek_call(block: str, v3: bool) -> Call | None:
+    """The call of one block (what follows `<｜tool▁call▁begin｜>`): NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜>
+    (the end left out at EOS) and nothing but blank space after it; None where it is not one."""
+    head, sep, tail = block.partition(DS_SEP)
+    tail, _, rest = tail.partition(DS_CALL_END)
+    if not sep or rest.strip():
+        return None
     if v3:
         fenced = _DS_V3_CALL.match(head.strip() + "\n" + tail) if head.strip() == "function" else None
         head, tail = fenced.groups() if fenced else ("", "")

@@ -29,7 +29,7 @@ POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # http.tool_call_parser's names (openai_api/tools.py PARSERS)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v31", "deepseek_v3")
-REASONING_PARSERS = ("deepseek_r1", "qwen3")      # http.reasoning_parser's names (openai_api/reasoning.py PARSERS)
+REASONING_PARSERS = ("deepseek_r1", "qwen3")      # http.reasoning_parser's names (openai_api/reasoning.py NAMES)
 BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)
 # Upper bounds of the counts that size a round's work. Speculating past a few dozen tokens never pays (E[K] grows
 # at most by the product of the acceptance rates, which falls geometrically, while the draft's time grows with K),

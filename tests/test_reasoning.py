@@ -1,35 +1,50 @@
 """Reasoning parsers (openai_api/reasoning.py, http.reasoning_parser): a thinking model's output split into its
-reasoning and its content as vLLM's deepseek_r1 and qwen3 parsers split it, the same whole and at every split of a
-stream, the content's tool calls read after the split; reasoning sent back on an assistant message reaches the chat
-template; and through a served demo pair, chat answers carry the reasoning in `reasoning` and `reasoning_content`."""
+reasoning and its content (the <think> format), opened by the prompt or by the output's own <think>, the same whole
+and at every split of a stream, the content's tool calls read after the split, nothing split under structured
+output; reasoning sent back on an assistant message reaches the chat template; and through a served demo pair whose
+template opens the thinking, chat and Responses answers carry the reasoning."""
 import json
 
 import pytest
 
 from openai_api.choices import ChatCompletions
-from openai_api.reasoning import PARSERS, ReasoningStream
+from openai_api.reasoning import ReasoningParser, ReasoningStream, for_request
 from tests.test_tool_calls import HERMES_OUTPUT, plan
 
 THOUGHT = "<think>\nThe user wants a point.\n</think>\n\n"
+# the output begins as reasoning (the prompt ended with <think>), or only after an opening <think> of its own
+PARSERS = {"opened": ReasoningParser(opens_reasoning=True), "unopened": ReasoningParser(opens_reasoning=False)}
 
 
 @pytest.mark.parametrize("parser, text, expected", [
-    ("deepseek_r1", "It is 4.</think>\n\nFour.", ("It is 4.", "\n\nFour.")),      # <think> opened by the template
-    ("deepseek_r1", " <think>It is 4.</think>Four.", ("It is 4.", "Four.")),        # ... or written by the model
-    ("deepseek_r1", "Still thinking", ("Still thinking", "")),                      # cut before </think>
-    ("deepseek_r1", "a</think>b</think>c", ("a", "b</think>c")),                   # the first </think> ends it
-    ("qwen3", THOUGHT + "Four.", ("\nThe user wants a point.\n", "\n\nFour.")),
-    ("qwen3", "Four.", (None, "Four.")),                                            # thinking off: all content
-    ("qwen3", "Four. <think>x</think>", (None, "Four. <think>x</think>")),          # <think> must open the output
-    ("qwen3", "<think>cut", ("cut", "")),
-    ("qwen3", "", (None, "")), ("deepseek_r1", "", ("", "")),
+    ("opened", "It is 4.</think>\n\nFour.", ("It is 4.", "\n\nFour.")),     # <think> opened by the template
+    ("opened", " <think>It is 4.</think>Four.", ("It is 4.", "Four.")),        # ... and written by the model too
+    ("opened", "Still thinking", ("Still thinking", "")),                      # cut before </think>
+    ("opened", "a</think>b</think>c", ("a", "b</think>c")),                   # the first </think> ends it
+    ("unopened", THOUGHT + "Four.", ("\nThe user wants a point.\n", "\n\nFour.")),
+    ("unopened", "Four.", (None, "Four.")),                                    # thinking off: all content
+    ("unopened", "Four. <think>x</think>", (None, "Four. <think>x</think>")),  # <think> must open the output
+    ("unopened", "<think>cut", ("cut", "")),
+    ("unopened", "", (None, "")), ("opened", "", ("", "")),
 ])
-def test_a_whole_output_splits_as_vllms_parser_of_that_name(parser, text, expected):
+def test_a_whole_output_splits_at_its_first_think_end(parser, text, expected):
     assert PARSERS[parser].split(text) == expected
 
 
+@pytest.mark.parametrize("name, prompt, constrained, opens", [
+    ("deepseek_r1", "<|Assistant|><think>\n", False, True),          # R1, Qwen3-Thinking: the template opens it
+    ("qwen3", "<|im_start|>assistant\n", False, False),               # Qwen3 thinking on: the model writes <think>
+    ("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n", False, False),     # enable_thinking false
+    ("deepseek_r1", "<|Assistant|></think>", False, False),           # DeepSeek V3.1's non-thinking mode
+    ("deepseek_r1", "<|Assistant|><think>\n", True, None),            # structured output: no split
+    ("", "<think>", False, None)])                                   # no parser
+def test_the_prompt_says_whether_the_output_opens_as_reasoning(name, prompt, constrained, opens):
+    parser = for_request(name, prompt, constrained)
+    assert (parser.opens_reasoning if parser else None) == opens
+
+
 TEXTS = ["It is 4.</think>\n\nFour.", "  <think>a</think>b", "plain", "<thi", " <think", "a</thin", "<think></think>",
-         "x</think>y</think>z", ""]
+         "x</think>y</think>z", "", "<think>", "</think>x"]
 
 
 @pytest.mark.parametrize("parser", sorted(PARSERS))
@@ -43,7 +58,8 @@ def test_every_split_of_a_stream_sends_the_whole_outputs_reasoning_and_content(p
             stream, sent = ReasoningStream(PARSERS[parser]), []
             sent += [stream.feed(piece) for piece in pieces]
             sent.append(stream.finish())
-            assert ("".join(r for r, _ in sent), "".join(c for _, c in sent)) == (reasoning or "", content)
+            said = [r for r, _ in sent if r is not None]       # none sent: no reasoning field at all
+            assert ("".join(said) if said else None, "".join(c for _, c in sent)) == (reasoning, content)
 
 
 def chat_kind(parser: str, tools: str | None = None) -> ChatCompletions:
@@ -57,14 +73,14 @@ def test_a_chat_answer_carries_the_reasoning_and_reads_calls_in_the_content_only
     """The message's `reasoning` and `reasoning_content`, and the content after `</think>`, out of which the tool
     parser reads the calls; the stream's deltas, at every split, put together to the same."""
     text = THOUGHT + (HERMES_OUTPUT if tools else "Four.")
-    message = chat_kind("qwen3", tools).choice(0, text, None, "stop")["message"]
+    message = chat_kind("unopened", tools).choice(0, text, None, "stop")["message"]
     assert message["reasoning"] == message["reasoning_content"] == "\nThe user wants a point.\n"
     if tools:
         assert message["content"].strip() == "Let me look." and len(message["tool_calls"]) == 2
     else:
         assert message["content"] == "\n\nFour."
     for cut in range(0, len(text) + 1, 3):
-        kind = chat_kind("qwen3", tools)
+        kind = chat_kind("unopened", tools)
         deltas = [kind.chunk_choice(0, piece, None, finish)["delta"]
                   for piece, finish in ((text[:cut], None), (text[cut:], "stop"))]
         assert "".join(d.get("reasoning", "") for d in deltas) == message["reasoning"]
@@ -76,9 +92,11 @@ def test_a_chat_answer_carries_the_reasoning_and_reads_calls_in_the_content_only
 
 
 def test_an_answer_that_does_not_reason_has_no_reasoning_and_one_all_reasoning_no_content():
-    assert "reasoning" not in chat_kind("qwen3").choice(0, "Four.", None, "stop")["message"]
-    message = chat_kind("deepseek_r1").choice(0, "Still thinking", None, "length")["message"]
+    assert "reasoning" not in chat_kind("unopened").choice(0, "Four.", None, "stop")["message"]
+    message = chat_kind("opened").choice(0, "Still thinking", None, "length")["message"]
     assert (message["reasoning"], message["content"]) == ("Still thinking", None)
+    deltas = [chat_kind("unopened").chunk_choice(0, "<think></think>Four.", None, "stop")["delta"]]
+    assert deltas[0]["reasoning"] == "" and deltas[0]["content"] == "Four."     # an empty reasoning is sent too
 
 
 def test_reasoning_sent_back_on_an_assistant_message_reaches_the_chat_template():
@@ -91,30 +109,40 @@ def test_reasoning_sent_back_on_an_assistant_message_reaches_the_chat_template()
     body = ChatRequest.model_validate({"model": "m", "messages": [
         {"role": "user", "content": "q", "reasoning": "no"},
         {"role": "assistant", "content": "a", "reasoning": "r1"},
-        {"role": "assistant", "content": "b", "reasoning": "old", "reasoning_content": "r2"}]})
-    assert template.render(body.messages) == "[user||][assistant|r1|r1][assistant|r2|r2]"
+        {"role": "assistant", "content": "b", "reasoning": "old", "reasoning_content": "r2"},
+        {"role": "assistant", "content": None, "reasoning": "only"}]})      # an answer that only reasoned
+    assert template.render(body.messages) == "[user||][assistant|r1|r1][assistant|r2|r2][assistant|only|only]"
 
 
 def test_the_config_names_the_reasoning_parsers():
+    from openai_api.reasoning import NAMES
     from settings.schema import REASONING_PARSERS, ConfigError, config_from_dict
-    assert tuple(sorted(PARSERS)) == tuple(sorted(REASONING_PARSERS))
+    assert NAMES == REASONING_PARSERS
     with pytest.raises(ConfigError, match=r"^http\.reasoning_parser: one of deepseek_r1, qwen3 or \"\" \(got 'x'\)$"):
         config_from_dict({"http": {"reasoning_parser": "x"}})
 
 
+# A chat template that opens the thinking in the generation prompt, as DeepSeek-R1's does
+THINKING_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")
+
+
 @pytest.fixture(scope="module")
-def served(start_service):
+def served(start_service, tmp_path_factory):
     from tests.test_openai_http import served_over_http
-    return served_over_http(start_service, http={"reasoning_parser": "deepseek_r1"})
+    template = tmp_path_factory.mktemp("thinking") / "template.jinja"
+    template.write_text(THINKING_TEMPLATE)
+    return served_over_http(start_service, http={"reasoning_parser": "deepseek_r1", "chat_template": str(template)})
 
 
 def test_a_served_chat_answers_the_reasoning_whole_and_streamed(served):
-    """The demo target writes no </think>, so under deepseek_r1 (whose template would open <think>) all of its
-    output is reasoning: the target alone's greedy text in `reasoning` and `reasoning_content`, content null; the
-    stream's deltas put together to the same."""
+    """The template opens <think> and the demo target writes no </think>, so all of its output is reasoning: the
+    target alone's greedy text in `reasoning` and `reasoning_content`, content null; the stream's deltas put
+    together to the same; with a JSON schema nothing is split (the grammar constrains the whole output)."""
     from tests.test_openai_http import CHAT, demo_target, greedy_alone
     model, tokenizer = demo_target()
-    prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False,
+                                           chat_template=THINKING_TEMPLATE)
     answer = served.client.chat.completions.create(model=served.model, messages=CHAT, max_tokens=12, temperature=0)
     message = answer.choices[0].message
     expected = tokenizer.decode(greedy_alone((model, tokenizer), prompt, 12), skip_special_tokens=True)
@@ -128,6 +156,9 @@ def test_a_served_chat_answers_the_reasoning_whole_and_streamed(served):
     raw = json.loads(served.client.chat.completions.with_raw_response.create(
         model=served.model, messages=CHAT, max_tokens=4, temperature=0).text)
     assert set(raw["choices"][0]["message"]) >= {"reasoning", "reasoning_content", "content"}
+    structured = served.client.chat.completions.create(model=served.model, messages=CHAT, max_tokens=12,
+                                                       temperature=0, response_format={"type": "json_object"})
+    assert structured.choices[0].message.content and "reasoning" not in structured.choices[0].message.model_extra
 
 
 # ---- the Responses API: a reasoning item before the message ----------------------------------------------------
@@ -147,9 +178,11 @@ def response_kinds(parser: str, tools: str | None = None):
 
 
 @pytest.mark.parametrize("parser, text", [
-    ("qwen3", THOUGHT + "Four."), ("qwen3", "Four."), ("deepseek_r1", "Still thinking"),
-    ("deepseek_r1", "x</think>\n\n"), ("qwen3", THOUGHT + HERMES_OUTPUT), ("qwen3", "<think></think>Four.")])
-def test_a_response_has_a_reasoning_item_before_its_message_whole_and_streamed(parser, text):
+    ("unopened", THOUGHT + "Four."), ("unopened", "Four."), ("opened", "Still thinking"),
+    ("opened", "x</think>\n\n"), ("unopened", THOUGHT + HERMES_OUTPUT), ("unopened", "<think></think>Four."),
+    ("opened", "Still thinking</think>" + HERMES_OUTPUT)])
+@pytest.mark.parametrize("finish", [2, 1], ids=["stop", "length"])
+def test_a_response_has_a_reasoning_item_before_its_message_whole_and_streamed(parser, text, finish):
     """The reasoning is a `reasoning` item (one reasoning_text part) before the message (none when nothing follows
     the reasoning); the stream's events, at every split, build the same items and validate against the SDK's types."""
     from pydantic import TypeAdapter
@@ -158,7 +191,7 @@ def test_a_response_has_a_reasoning_item_before_its_message_whole_and_streamed(p
     tools = "hermes" if "<tool_call>" in text else None
     adapter = TypeAdapter(ResponseStreamEvent)
     whole_kind, _ = response_kinds(parser, tools)
-    whole = whole_kind.whole("r", "m", [whole_kind.choice(0, text, None, "stop")])
+    whole = whole_kind.whole("r", "m", [whole_kind.choice(0, text, None, {2: "stop", 1: "length"}[finish])])
     Response.model_validate(whole)
     reasoning, _ = PARSERS[parser].split(text)
     assert [item["type"] for item in whole["output"]][:1] == (["reasoning"] if reasoning else ["message"])
@@ -168,7 +201,7 @@ def test_a_response_has_a_reasoning_item_before_its_message_whole_and_streamed(p
         _, stream_kind = response_kinds(parser, tools)
         events = stream_kind.events("r", "m")
         frames = events.start() + events.chunk(0, Chunk([1], text[:cut], [], 0)) + \
-            events.chunk(0, Chunk([2], text[cut:], [], 2)) + events.end()
+            events.chunk(0, Chunk([2], text[cut:], [], finish)) + events.end()
         payloads = [json.loads(frame.split("\ndata: ")[1]) for frame in frames]
         for payload in payloads:
             adapter.validate_python(payload, strict=False)
@@ -194,8 +227,8 @@ def test_reasoning_items_sent_back_go_with_the_assistant_message_after_them():
 
 
 def test_a_served_response_reasons_and_continues_with_its_reasoning(served):
-    """Under deepseek_r1 the demo target's output is all reasoning: a reasoning item and no message, whole and
-    streamed; sent back (its output as input, and by previous_response_id) the conversation goes on."""
+    """The demo target's output is all reasoning here: a reasoning item and no message, whole and streamed; sent
+    back (its output as input, and by previous_response_id) the conversation goes on."""
     whole = served.client.responses.create(model=served.model, input="a point", max_output_tokens=8, temperature=0)
     assert [item.type for item in whole.output] == ["reasoning"] and whole.output_text == ""
     events = list(served.client.responses.create(model=served.model, input="a point", max_output_tokens=8,
