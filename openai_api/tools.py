@@ -238,7 +238,7 @@ def qwen3_coder_calls(text: str) -> Found | None:
 DS_CALLS, DS_CALLS_END = "<\uff5ctool\u2581calls\u2581begin\uff5c>", "<\uff5ctool\u2581calls\u2581end\uff5c>"
 DS_CALL, DS_SEP, DS_CALL_END = ("<\uff5ctool\u2581call\u2581begin\uff5c>", "<\uff5ctool\u2581sep\uff5c>",
                                 "<\uff5ctool\u2581call\u2581end\uff5c>")
-_DS_V3_CALL = re.compile(r"function\n?(.*?)\n```json\n(.*)\n```\s*\Z", flags=re.DOTALL)   # after the sep: name, arguments
+_DS_V3_CALL = re.compile(r"function\n?(.*?)\n```json\n(.*)\n```\s*\Z", flags=re.DOTALL)   # name, arguments
 
 
 def deepseek_calls(text: str, v3: bool = False) -> Found | None:

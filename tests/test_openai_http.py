@@ -1388,7 +1388,7 @@ def test_the_request_log_a_reload_turns_on_has_one_line_per_request_grpc_and_htt
                                                                      "max_tokens": -1})
         assert refused.status_code == 400
         too_many = httpx.post(f"{served.base_url}/completions", headers={"X-Request-Id": "trace-n"},
-                              json={"model": served.model, "prompt": PROMPT, "n": 3})    # over the 2 slots: refused
+                              json={"model": served.model, "prompt": PROMPT, "max_tokens": 10 ** 6})     # by the router
         assert too_many.status_code == 400
         lines = logged_requests(capsys.readouterr().out)
     finally:

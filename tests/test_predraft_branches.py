@@ -121,11 +121,11 @@ class EngineClient:
 
 class DraftClient(EngineClient):
     async def propose(self, session_id, tokens, synced, k, start, mode, timeout, runner_ups=False, branches=(),
-                      hand_to=("", 0)):
+                      hand_to=("", 0), committed=0):
         await asyncio.sleep(0)              # sent beside the verify: it runs after the verify was sent
         points = [worker_pb2.BranchPoint(at=at, token_id=t) for at, t in branches]
         return self.engine.propose(worker_pb2.ProposeRequest(
-            session_id=session_id, k=k, mode=mode, runner_ups=runner_ups, branches=points,
+            session_id=session_id, k=k, mode=mode, runner_ups=runner_ups, branches=points, committed=committed,
             **self.fields(tokens, synced, start))), 0
 
 
