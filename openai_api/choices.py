@@ -176,22 +176,28 @@ class ChatCompletions(Completions):
                 "finish_reason": finish_reason}
 
     def chunk_choice(self, index: int, text: str, entries: list | None, finish_reason: str | None) -> dict:
-        reasoning = None
-        if self.reasoning:
-            thoughts = self.thoughts.setdefault(index, ReasoningStream(self.reasoning))
-            reasoning, text = thoughts.feed(text)
-            if finish_reason is not None:
-                more, rest = thoughts.finish()
-                reasoning, text = reasoning if more is None else (reasoning or "") + more, text + rest
+        reasoning, text = self._thought(index, text, finish_reason is not None)
         if not self.tools:
             delta = {"content": text} if text else {}
-            return self._message_choice(index, "delta", with_reasoning(delta, reasoning), entries, finish_reason)
-        stream = self.streams.setdefault(index, ToolStream(self.tools))
-        delta = stream.feed(text)
-        if finish_reason is not None:
-            last, finish_reason = stream.finish(finish_reason)
-            delta = tools.merged(delta, last)
+        else:
+            stream = self.streams.setdefault(index, ToolStream(self.tools))
+            delta = stream.feed(text)
+            if finish_reason is not None:
+                last, finish_reason = stream.finish(finish_reason)
+                delta = tools.merged(delta, last)
         return self._message_choice(index, "delta", with_reasoning(delta, reasoning), entries, finish_reason)
+
+    def _thought(self, index: int, text: str, last: bool) -> tuple[str | None, str]:
+        """A streamed piece of choice `index` split into its reasoning (None: none to send) and content (all of it
+        without a reasoning parser); at the `last` piece, with what the split still held."""
+        if not self.reasoning:
+            return None, text
+        thoughts = self.thoughts.setdefault(index, ReasoningStream(self.reasoning))
+        reasoning, text = thoughts.feed(text)
+        if last:
+            more, rest = thoughts.finish()
+            reasoning, text = reasoning if more is None else (reasoning or "") + more, text + rest
+        return reasoning, text
 
     def opening(self, index: int) -> list[dict]:
         return [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

@@ -25,13 +25,13 @@ class ReasoningParser:
 
     def split(self, text: str) -> tuple[str | None, str]:
         """(the reasoning, None where the output does not reason; the content) of a whole output."""
-        body = self._body(text)
+        body = self.body(text)
         if body is None:
             return None, text
         reasoning, _, content = body.partition(END)
         return reasoning, content
 
-    def _body(self, text: str) -> str | None:
+    def body(self, text: str) -> str | None:
         """What follows an opening <think> (the output itself where it opens as reasoning), None: no reasoning."""
         opened = text.lstrip()
         if opened.startswith(START):
@@ -77,7 +77,7 @@ class ReasoningStream:
         return self._sent(final=True)
 
     def _decided(self) -> None:
-        body = self.parser._body(self.held)
+        body = self.parser.body(self.held)
         self.state, self.held = ("content", self.held) if body is None else ("reasoning", body)
 
     def _sent(self, final: bool) -> tuple[str | None, str]:
