@@ -133,7 +133,11 @@ class Completions:
     def whole(self, request_id: str, model: str, choices: list) -> dict:
         """The answer read whole."""
         return {**envelope(self, request_id, model, choices), **self.response_fields(),
-                "usage": usage(self.states, self.per_prompt), "specpool": spec_stats(self.states)}
+                "usage": self.usage(self.states, self.per_prompt), "specpool": spec_stats(self.states)}
+
+    def usage(self, states: list, per_prompt: int = 1) -> dict:
+        """OpenAI's usage of these choices (module `usage`)."""
+        return usage(states, per_prompt)
 
     def events(self, request_id: str, model: str, usage_on: str = "") -> "ChoiceEvents":
         return ChoiceEvents(self, request_id, model, usage_on)
@@ -206,6 +210,15 @@ class ChatCompletions(Completions):
     def response_fields(self) -> dict:
         return {} if self.prompt_top is None else {"prompt_logprobs": self.vllm_prompt_logprobs()}
 
+    def usage(self, states: list, per_prompt: int = 1) -> dict:
+        """With a reasoning parser, `completion_tokens_details.reasoning_tokens` too: the output tokens that reason."""
+        counted = super().usage(states, per_prompt)
+        if not self.reasoning:
+            return counted
+        thought = sum(self.reasoning.reasoning_tokens([self.text_of([token]) for token in state.tokens[
+            state.prompt_len:]]) for state in states)
+        return {**counted, "completion_tokens_details": {"reasoning_tokens": thought}}
+
 
 def with_reasoning(message: dict, reasoning: str | None) -> dict:
     """A message (or delta) with its reasoning, if any: as `reasoning` (vLLM's) and `reasoning_content` (DeepSeek's)."""
@@ -233,7 +246,8 @@ class ChoiceEvents:
         self.kind, self.request_id, self.model, self.usage_on = kind, request_id, model, usage_on
 
     def _chunk(self, choice: dict) -> str:          # vLLM's continuous usage: the chunk's choice's so far
-        usage_field = {"usage": usage([self.kind.states[choice["index"]]]) if self.usage_on == "every chunk" else None}
+        usage_field = {"usage": self.kind.usage([self.kind.states[choice["index"]]])
+                       if self.usage_on == "every chunk" else None}
         return event({**envelope(self.kind, self.request_id, self.model, [choice], chunk=True),
                       **(usage_field if self.usage_on else {})})
 
@@ -250,5 +264,5 @@ class ChoiceEvents:
     def end(self) -> list[str]:
         states = self.kind.states
         last = [event({**envelope(self.kind, self.request_id, self.model, [], chunk=True),
-                       "usage": usage(states, self.kind.per_prompt), "specpool": spec_stats(states)})]
+                       "usage": self.kind.usage(states, self.kind.per_prompt), "specpool": spec_stats(states)})]
         return (last if self.usage_on else []) + [event("[DONE]")]

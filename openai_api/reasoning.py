@@ -14,6 +14,7 @@ mode). Under structured output (which constrains the whole output from its first
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 START, END = "<think>", "</think>"
@@ -30,6 +31,23 @@ class ReasoningParser:
             return None, text
         reasoning, _, content = body.partition(END)
         return reasoning, content
+
+    def span(self, text: str) -> tuple[int, int] | None:
+        """Where the reasoning lies in a whole output, (start, end) in characters; None where it does not reason."""
+        body = self.body(text)
+        if body is None:
+            return None
+        start, end = len(text) - len(body), body.find(END)
+        return start, start + (len(body) if end < 0 else end)
+
+    def reasoning_tokens(self, pieces: list[str]) -> int:
+        """How many of an output's tokens (`pieces`: each one's text) reason: those with text in the reasoning, as
+        vLLM counts them (the <think> and </think> markers left out); 0 where the output does not reason."""
+        span = self.span("".join(pieces))
+        if span is None:
+            return 0
+        starts = itertools.accumulate(map(len, pieces), initial=0)
+        return sum(at < span[1] and at + max(len(piece), 1) > span[0] for at, piece in zip(starts, pieces))
 
     def body(self, text: str) -> str | None:
         """What follows an opening <think> (the output itself where it opens as reasoning), None: no reasoning."""

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Callable, Literal, Optional, Union
 from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
-from openai_api.choices import FINISH, ChatCompletions, spec_stats, usage
+from openai_api.choices import FINISH, ChatCompletions, spec_stats
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, Body, ChatRequest, Flag, MaxTokens, Message,
                                  SamplingBody, TemplateOptions, Text, TopLogprobs, neutral_only, one_of)
 from openai_api.structured import JsonSchema, ResponseFormat, SchemaSpec
@@ -376,11 +376,12 @@ def call_item(item_id: str, status: str, call: dict) -> dict:
             "name": call["function"]["name"], "arguments": call["function"].get("arguments", "")}
 
 
-def responses_usage(states: list) -> dict:
-    chat = usage(states)
+def responses_usage(chat: dict) -> dict:
+    """A chat answer's usage as a Response counts it."""
+    thought = chat.get("completion_tokens_details", {}).get("reasoning_tokens", 0)
     return {"input_tokens": chat["prompt_tokens"],
             "input_tokens_details": {**chat["prompt_tokens_details"], "cache_write_tokens": 0},
-            "output_tokens": chat["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": chat["completion_tokens"], "output_tokens_details": {"reasoning_tokens": thought},
             "total_tokens": chat["total_tokens"]}
 
 
@@ -437,7 +438,7 @@ class ResponseObjects(ChatCompletions):
                 "status": status, "background": self.body.background, "error": error,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "model": model, "output": output, **echoed(self.body, self.keeps(status)),
-                "usage": responses_usage(self.states) if done else None,
+                "usage": responses_usage(self.usage(self.states)) if done else None,
                 **({"specpool": spec_stats(self.states)} if done else {})}
 
     def whole(self, request_id: str, model: str, choices: list) -> dict:

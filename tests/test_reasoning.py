@@ -122,6 +122,31 @@ def test_the_config_names_the_reasoning_parsers():
         config_from_dict({"http": {"reasoning_parser": "x"}})
 
 
+@pytest.mark.parametrize("parser, pieces, thought", [
+    ("unopened", ["<think>", "\nA", " b", "</think>", "Four", "."], 2),      # the markers are not counted
+    ("unopened", ["<th", "ink>A", " b</th", "ink>", "Four"], 2),             # tokens sharing text with them count
+    ("opened", ["A", " b", "</think>", "\n\nFour"], 2),
+    ("opened", ["A", " b", " c"], 3),                                       # cut before </think>: all of it
+    ("opened", ["</think>", "Four"], 0), ("unopened", ["Four", "."], 0), ("unopened", [], 0),
+    ("unopened", ["<think>", "", "A", "</think>"], 2),                       # a token with no text inside counts
+])
+def test_the_reasoning_tokens_are_the_output_tokens_with_text_in_the_reasoning(parser, pieces, thought):
+    assert PARSERS[parser].reasoning_tokens(pieces) == thought
+
+
+def test_usage_counts_each_choices_reasoning_tokens():
+    """chat's completion_tokens_details.reasoning_tokens, summed over the choices; none without a parser."""
+    import types
+    words = ["<think>", "x", "y", "</think>", "Four"]
+    states = [types.SimpleNamespace(prompt_len=1, tokens=[9, *output], generated=len(output),
+                                    stats=types.SimpleNamespace(cached_prompt_tokens=0))
+              for output in ([0, 1, 2, 3, 4], [0, 1, 3, 4], [4])]
+    kind = ChatCompletions(words.__getitem__, reasoning=PARSERS["unopened"])
+    assert kind.usage(states, 3)["completion_tokens_details"] == {"reasoning_tokens": 3}
+    assert kind.usage(states, 3)["completion_tokens"] == 10
+    assert "completion_tokens_details" not in ChatCompletions(words.__getitem__).usage(states)
+
+
 # A chat template that opens the thinking in the generation prompt, as DeepSeek-R1's does
 THINKING_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
                      "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}")
@@ -148,6 +173,7 @@ def test_a_served_chat_answers_the_reasoning_whole_and_streamed(served):
     expected = tokenizer.decode(greedy_alone((model, tokenizer), prompt, 12), skip_special_tokens=True)
     assert (message.content, message.model_extra["reasoning"], message.model_extra["reasoning_content"]) == (
         None, expected, expected)
+    assert answer.usage.completion_tokens_details.reasoning_tokens == answer.usage.completion_tokens == 12
     streamed = served.client.chat.completions.create(model=served.model, messages=CHAT, max_tokens=12,
                                                      temperature=0, stream=True)
     deltas = [chunk.choices[0].delta for chunk in streamed if chunk.choices]
@@ -169,7 +195,8 @@ def response_kinds(parser: str, tools: str | None = None):
     from openai_api.responses_api import ResponseObjects, ResponsesRequest
     from protos.specpool.v1 import generation_pb2
     body = ResponsesRequest.model_validate({"model": "m", "input": "x"})
-    state = types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=4, stats=generation_pb2.GenerationStats())
+    state = types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=4, tokens=[7] * 7,
+                                  stats=generation_pb2.GenerationStats())
     kinds = [ResponseObjects(str, plan("auto", tools) if tools else plan("none"), body, reasoning=PARSERS[parser])
              for _ in range(2)]
     for kind in kinds:
@@ -231,6 +258,7 @@ def test_a_served_response_reasons_and_continues_with_its_reasoning(served):
     back (its output as input, and by previous_response_id) the conversation goes on."""
     whole = served.client.responses.create(model=served.model, input="a point", max_output_tokens=8, temperature=0)
     assert [item.type for item in whole.output] == ["reasoning"] and whole.output_text == ""
+    assert whole.usage.output_tokens_details.reasoning_tokens == whole.usage.output_tokens == 8
     events = list(served.client.responses.create(model=served.model, input="a point", max_output_tokens=8,
                                                  temperature=0, stream=True))
     text = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
