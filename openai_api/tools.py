@@ -11,7 +11,8 @@ The tools reach the model through its chat template (`tools`, as transformers pa
   `mistral` (the output a JSON array of `{"name": ..., "arguments": ...}`, after `[TOOL_CALLS]`) or `pythonic`
   (the output a Python list of calls, `[get_weather(city="Oslo")]`: Llama 3.2 and 4) or `qwen3_coder`
   (`<tool_call><function=get_weather><parameter=city>Oslo</parameter></function></tool_call>`, values typed by the
-  tool's schema).
+  tool's schema), `deepseek_v31`, `deepseek_v3` or `glm45` (`<tool_call>get_weather<arg_key>city</arg_key>
+  <arg_value>Oslo</arg_value></tool_call>`: GLM-4.5 to 4.7, values typed as qwen3_coder's).
 - `"none"`: free text, no calls read.
 
     {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
@@ -283,6 +284,33 @@ def _xml_calls(block: str) -> list[Call | None]:
         r"<parameter=([^<>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", body, re.DOTALL)})) for name, body in calls]
 
 
+def glm45_calls(text: str) -> Found | None:
+    """GLM-4.5's (and 4.6's, 4.7's) calls: `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>value</arg_value>...
+    </tool_call>` blocks, blank space between their parts (the last block, and its last value, may be unclosed
+    at EOS); the text around them content. Each value is its text, stripped, which ToolPlan types by the tool's
+    schema (typed_arguments)."""
+    pieces = re.split(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, flags=re.DOTALL)    # text, block, text, ...
+    return _found("".join(pieces[0::2]), [_glm_call(block) for block in pieces[1::2]])
+
+
+_GLM_KEY = re.compile(r"\s*<arg_key>([^<]*)</arg_key>\s*<arg_value>")
+
+
+def _glm_call(block: str) -> Call | None:
+    """The call of one block: its name, then KEY/value pairs and nothing else (read in one pass, whatever the
+    block holds); None where it is not one."""
+    name = block.partition("<arg_key>")[0]
+    arguments, at = {}, len(name)
+    while key := _GLM_KEY.match(block, at):
+        end = block.find("</arg_value>", key.end())
+        end = len(block) if end < 0 else end
+        arguments[key[1].strip()] = block[key.end():end].strip()
+        at = end + len("</arg_value>")
+    if not re.fullmatch(r"[^\s<>]+", name.strip()) or block[at:].strip():      # a name is one word
+        return None
+    return name.strip(), json.dumps(arguments)
+
+
 def _trimmed(value: str) -> str:
     """A value as Qwen3-Coder's template writes it, on lines of its own: one line end off each side."""
     value = value[1:] if value.startswith("\n") else value
@@ -377,7 +405,8 @@ PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
            "pythonic": Parser(pythonic_calls, whole_output_held_from("[", "<|python_start|>")),
            "qwen3_coder": Parser(qwen3_coder_calls, hermes_held_from, typed=True),
            "deepseek_v31": Parser(deepseek_calls, held_from_opening(DS_CALLS)),
-           "deepseek_v3": Parser(functools.partial(deepseek_calls, v3=True), held_from_opening(DS_CALLS))}
+           "deepseek_v3": Parser(functools.partial(deepseek_calls, v3=True), held_from_opening(DS_CALLS)),
+           "glm45": Parser(glm45_calls, hermes_held_from, typed=True)}
 
 
 @dataclass(frozen=True)

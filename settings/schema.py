@@ -28,7 +28,8 @@ DRAFT_METHODS = ("model", "ngram", "model+ngram")
 POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # http.tool_call_parser's names (openai_api/tools.py PARSERS)
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v31", "deepseek_v3")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v31", "deepseek_v3",
+                     "glm45")
 REASONING_PARSERS = ("deepseek_r1", "qwen3")      # http.reasoning_parser's names (openai_api/reasoning.py NAMES)
 BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)
 # Upper bounds of the counts that size a round's work. Speculating past a few dozen tokens never pays (E[K] grows
@@ -358,7 +359,7 @@ class HttpConfig:
     chat_template: str = ""          # a Jinja chat template file, for a model whose tokenizer has none
     model_name: str = ""             # the model's id in /v1/models ("": the target model folder's name)
     tool_call_parser: str = ""       # how tool_choice "auto" reads calls in the output: hermes | llama3_json |
-                                     # mistral | pythonic | qwen3_coder | deepseek_v31 | deepseek_v3
+                                     # mistral | pythonic | qwen3_coder | deepseek_v31 | deepseek_v3 | glm45
                                      # ("": "auto" is refused; "required" and named functions need none)
     reasoning_parser: str = ""       # how chat answers split a thinking model's reasoning from its content:
                                      # deepseek_r1 | qwen3 ("": no split, the reasoning is content)

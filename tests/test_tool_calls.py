@@ -33,7 +33,8 @@ def test_the_config_names_every_parser_and_refuses_another():
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
     assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
     with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral, pythonic, "
-                                          r"qwen3_coder, deepseek_v31, deepseek_v3 or \"\" \(got 'xml'\)$"):
+                                          r"qwen3_coder, deepseek_v31, deepseek_v3, glm45 or \"\" "
+                                          r"\(got 'xml'\)$"):
         config_from_dict({"http": {"tool_call_parser": "xml"}})
 
 
@@ -140,6 +141,30 @@ def test_deepseek_parsers_find_the_calls_or_none(parser, text, expected):
     assert PARSERS[parser].calls(text) == expected
 
 
+GLM45_OUTPUT = ("I'll check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n"
+                "</tool_call>\n<tool_call>get_time\n</tool_call>")
+
+
+@pytest.mark.parametrize("text, expected", [
+    (GLM45_OUTPUT, ("I'll check.\n\n", CALLS)),
+    ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>",      # GLM-4.7: no
+     ("", [("get_weather", '{"city": "Oslo"}')])),                                              # line ends
+    ("<tool_call>f\n<arg_key>code</arg_key>\n<arg_value>def f():\n    return 1\n</arg_value>\n<arg_key>n</arg_key>"
+     "<arg_value>2", ("", [("f", json.dumps({"code": "def f():\n    return 1", "n": "2"}))])),   # unclosed at EOS
+    ("no calls", None), ('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', None),      # hermes' JSON
+    ("<tool_call>\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", None),                # no name
+    ("<tool_call>f<arg_key>a</arg_key>text<arg_value>1</arg_value></tool_call>", None),             # text inside
+    ("<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>text</tool_call>", None),
+    ("<tool_call>f" + "<arg_key>" * 20000, None),                                  # hostile: no quadratic scan
+    ("<tool_call>f" + "<arg_key>a</arg_key><arg_value>" * 20000, ("", [("f", json.dumps({"a": "<arg_key>a</arg_key>"
+                                                                 "<arg_value>" * 19999}))])),
+])
+def test_glm45_parser_finds_the_calls_or_none(text, expected):
+    """GLM-4.5's `<tool_call>NAME` blocks of `<arg_key>`/`<arg_value>` pairs (GLM-4.7's without line ends too), as
+    vLLM's glm45 and glm47 parsers read them, each value its text stripped."""
+    assert PARSERS["glm45"].calls(text) == expected
+
+
 def test_qwen3_coder_values_are_typed_by_the_tools_schema():
     """As vLLM types them: a value reads as its property's type where it is one (a Python literal too for objects
     and arrays), else stays text; a property the schema does not list is text."""
@@ -159,6 +184,10 @@ def test_qwen3_coder_values_are_typed_by_the_tools_schema():
     weather = plan(parser="qwen3_coder").calls("<tool_call><function=get_weather><parameter=city>7</parameter>"
                                                "</function></tool_call>")
     assert weather == ("", [("get_weather", '{"city": "7"}')])          # the weather tool's city is a string
+    typed = chat(tools=[{"type": "function", "function": {"name": "f", "parameters": schema}}]).tool_plan(
+        PARSERS["glm45"]).calls("<tool_call>f<arg_key>n</arg_key><arg_value>3</arg_value><arg_key>s</arg_key>"
+                                "<arg_value>42</arg_value></tool_call>")
+    assert typed == ("", [("f", '{"n": 3, "s": "42"}')])                # glm45's values typed the same way
 
 
 def test_an_auto_message_has_the_content_before_the_calls_and_finishes_with_tool_calls():
@@ -198,7 +227,7 @@ def test_call_ids_are_what_the_models_template_takes_back():
     ("auto", "mistral", "[not a call] after all"), ("auto", "pythonic", '[get_weather(city="Oslo"), get_time()]'),
     ("auto", "pythonic", "[not, a, call]"), ("auto", "qwen3_coder", QWEN3_CODER_OUTPUT),
     ("auto", "deepseek_v31", DEEPSEEK_V31_OUTPUT), ("auto", "deepseek_v3", DEEPSEEK_V3_OUTPUT),
-    ("auto", "deepseek_v31", "plain <｜tool no call"),
+    ("auto", "deepseek_v31", "plain <｜tool no call"), ("auto", "glm45", GLM45_OUTPUT),
     ("named", "hermes", '{"city": "Oslo"}'), ("required", "hermes", '[{"name": "get_time", "parameters": {}}]')])
 def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, parser, text):
     """Cut into two or three pieces at every place: the content and calls a client assembles from the deltas are
