@@ -246,8 +246,8 @@ class ChoiceEvents:
         self.kind, self.request_id, self.model, self.usage_on = kind, request_id, model, usage_on
 
     def _chunk(self, choice: dict) -> str:          # vLLM's continuous usage: the chunk's choice's so far
-        usage_field = {"usage": self.kind.usage([self.kind.states[choice["index"]]])
-                       if self.usage_on == "every chunk" else None}
+        usage_field = {"usage": usage([self.kind.states[choice["index"]]])      # its counts only: no per-chunk
+                       if self.usage_on == "every chunk" else None}                 # pass over the output's text
         return event({**envelope(self.kind, self.request_id, self.model, [choice], chunk=True),
                       **(usage_field if self.usage_on else {})})
 

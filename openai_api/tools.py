@@ -286,28 +286,28 @@ def _xml_calls(block: str) -> list[Call | None]:
 
 def glm45_calls(text: str) -> Found | None:
     """GLM-4.5's (and 4.6's, 4.7's) calls: `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>value</arg_value>...
-    </tool_call>` blocks, blank space between their parts (the last block, and its last value, may be unclosed
-    at EOS); the text around them content. Each value is its text, stripped, which ToolPlan types by the tool's
-    schema (typed_arguments)."""
+    </tool_call>` blocks, blank space (or a written `\\n`) between a key and its value (the last block, and its
+    last value, may be unclosed at EOS); the text around the blocks content, other text inside one ignored, as vLLM
+    reads them. Each value is its text as written, which ToolPlan types by the tool's schema (typed_arguments)."""
     pieces = re.split(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, flags=re.DOTALL)    # text, block, text, ...
     return _found("".join(pieces[0::2]), [_glm_call(block) for block in pieces[1::2]])
 
 
-_GLM_KEY = re.compile(r"\s*<arg_key>([^<]*)</arg_key>\s*<arg_value>")
+_GLM_KEY = re.compile(r"<arg_key>([^<]*)</arg_key>(?:\\n|\s)*<arg_value>")
 
 
 def _glm_call(block: str) -> Call | None:
-    """The call of one block: its name, then KEY/value pairs and nothing else (read in one pass, whatever the
-    block holds); None where it is not one."""
+    """The call of one block: its name (one word), then its KEY/value pairs, read in one pass whatever the block
+    holds; None where the name is not one."""
     name = block.partition("<arg_key>")[0]
+    if not re.fullmatch(r"[^\s<>]+", name.strip()):
+        return None
     arguments, at = {}, len(name)
-    while key := _GLM_KEY.match(block, at):
+    while (start := block.find("<arg_key>", at)) >= 0 and (key := _GLM_KEY.match(block, start)):
         end = block.find("</arg_value>", key.end())
         end = len(block) if end < 0 else end
-        arguments[key[1].strip()] = block[key.end():end].strip()
+        arguments[key[1].strip()] = block[key.end():end]
         at = end + len("</arg_value>")
-    if not re.fullmatch(r"[^\s<>]+", name.strip()) or block[at:].strip():      # a name is one word
-        return None
     return name.strip(), json.dumps(arguments)
 
 

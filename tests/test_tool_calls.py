@@ -149,19 +149,21 @@ GLM45_OUTPUT = ("I'll check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<
     (GLM45_OUTPUT, ("I'll check.\n\n", CALLS)),
     ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>",      # GLM-4.7: no
      ("", [("get_weather", '{"city": "Oslo"}')])),                                              # line ends
-    ("<tool_call>f\n<arg_key>code</arg_key>\n<arg_value>def f():\n    return 1\n</arg_value>\n<arg_key>n</arg_key>"
-     "<arg_value>2", ("", [("f", json.dumps({"code": "def f():\n    return 1", "n": "2"}))])),   # unclosed at EOS
+    ("<tool_call>f\n<arg_key>code</arg_key>\n<arg_value>    return 1\n</arg_value>\n<arg_key>n</arg_key>"
+     "<arg_value>2", ("", [("f", json.dumps({"code": "    return 1\n", "n": "2"}))])),    # as written; unclosed
+    ("<tool_call>f\n<arg_key>a</arg_key>\\n<arg_value>1</arg_value></tool_call>", ("", [("f", '{"a": "1"}')])),
     ("no calls", None), ('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', None),      # hermes' JSON
     ("<tool_call>\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", None),                # no name
-    ("<tool_call>f<arg_key>a</arg_key>text<arg_value>1</arg_value></tool_call>", None),             # text inside
-    ("<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>text</tool_call>", None),
-    ("<tool_call>f" + "<arg_key>" * 20000, None),                                  # hostile: no quadratic scan
+    ("<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>\nstray</tool_call>",                  # text inside:
+     ("", [("f", '{"a": "1"}')])),                                                                # ignored
+    ("<tool_call>f<arg_key>a</arg_key>text<arg_value>1</arg_value></tool_call>", ("", [("f", "{}")])),
+    ("<tool_call>f" + "<arg_key>" * 20000, ("", [("f", "{}")])),                     # hostile: no quadratic scan
     ("<tool_call>f" + "<arg_key>a</arg_key><arg_value>" * 20000, ("", [("f", json.dumps({"a": "<arg_key>a</arg_key>"
                                                                  "<arg_value>" * 19999}))])),
 ])
 def test_glm45_parser_finds_the_calls_or_none(text, expected):
     """GLM-4.5's `<tool_call>NAME` blocks of `<arg_key>`/`<arg_value>` pairs (GLM-4.7's without line ends too), as
-    vLLM's glm45 and glm47 parsers read them, each value its text stripped."""
+    vLLM's glm45 and glm47 parsers read them: each value its text as written, other text in a block ignored."""
     assert PARSERS["glm45"].calls(text) == expected
 
 
