@@ -96,7 +96,8 @@ class Api:
         prompts = completion_prompts(body)
         generates = [generate_request(body, prompt, body.max_tokens, body.logprobs) for prompt in prompts]
         echo = [prompt if isinstance(prompt, str) else True for prompt in prompts for _ in range(body.n)]
-        kind = Completions(_decoder(router), _text_of(router), echo if body.echo else False, body.logprobs)
+        kind = Completions(_decoder(router), _text_of(router, body.skip_special_tokens), echo if body.echo else False,
+                           body.logprobs)
         return await answer(request, router, body, generates, kind, model)
 
     async def chat(self, body: ChatRequest, request: Request) -> Response:
@@ -399,9 +400,9 @@ def _decoder(router: Router) -> Callable[[int], str]:
     return lambda token_id: router.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def _text_of(router: Router) -> Callable[[list[int]], str]:
-    """Token IDs -> the text they add to an output (special tokens left out, as the router's text leaves them)."""
-    return lambda ids: router.tokenizer.decode(ids, skip_special_tokens=True)
+def _text_of(router: Router, skip_special: bool = True) -> Callable[[list[int]], str]:
+    """Token IDs -> the text they add to an output (special tokens left out where the router's text leaves them)."""
+    return lambda ids: router.tokenizer.decode(ids, skip_special_tokens=skip_special)
 
 
 def check_model(body: SamplingBody, served: str) -> str:

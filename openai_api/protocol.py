@@ -195,7 +195,7 @@ REFUSED: dict[str, Any] = {
     "use_beam_search": False,
     "length_penalty": 1,
     "logits_processors": None,
-    "truncate_prompt_tokens": None, "skip_special_tokens": True, "spaces_between_special_tokens": True,
+    "truncate_prompt_tokens": None, "spaces_between_special_tokens": True,
     "detokenize": True, "return_tokens_as_token_ids": False, "guided_whitespace_pattern": None,
     "chat_template": None, "documents": None,      # a request's own template, RAG documents for the template
     "echo": False,                                  # chat's (a completion's is served)
@@ -268,6 +268,7 @@ class SamplingFields(Body):
     logit_bias: Optional[LogitBias] = None
     stop: Optional[Stop] = None
     include_stop_str_in_output: Flag = False                    # vLLM's: the text keeps the stop string
+    skip_special_tokens: Flag = True                            # vLLM's: false keeps special tokens in the text
     bad_words: Optional[list[Text]] = None                      # vLLM's: words the output never completes
     n: strict(int, ge=1, le=MAX_N) = 1
     stop_token_ids: Optional[list[StopTokenId]] = None
@@ -505,6 +506,7 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
     request = generation_pb2.GenerateRequest(max_new_tokens=max_tokens or 0, ignore_eos=body.ignore_eos,
                                              min_new_tokens=body.min_tokens,
                                              include_stop_str_in_output=body.include_stop_str_in_output,
+                                             keep_special_tokens=not body.skip_special_tokens,
                                              bad_words=body.bad_words or [],
                                              stop=[body.stop] if isinstance(body.stop, str) else body.stop or [],
                                              stop_token_ids=body.stop_token_ids or [])

@@ -47,6 +47,7 @@ class RequestState:
                                            # even as the fallback while the draft worker is down)
     stop_strings: tuple = ()               # matched on the decoded output by router.stopping
     include_stop: bool = False             # ... the text keeping the one that ended it
+    keep_special: bool = False             # the text keeps special tokens (vLLM's skip_special_tokens false)
     top_logprobs: int | None = None        # set: the target answers each committed token's logprobs
     streamed: bool = True                  # the client reads the output as it comes (False: whole, at the end)
     target_sessions: int = 1               # sessions open on its target replica when its last round was planned

@@ -188,6 +188,7 @@ class Router:
                             method=self.config.draft.method,
                             ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max),
                             stop_strings=tuple(request.stop), include_stop=request.include_stop_str_in_output,
+                            keep_special=request.keep_special_tokens,
                             top_logprobs=request.logprobs if request.HasField("logprobs") else None,
                             streamed=streamed, min_new_tokens=request.min_new_tokens, grammar=grammar,
                             bad_words=word_sequences(self.tokenizer, request.bad_words),

@@ -81,8 +81,8 @@ async def output_chunks(rounds: AsyncIterator[list[int]], state, tokenizer) -> A
     """A request's committed tokens (`rounds`: Router.run) as chunks of output with its stop strings
     applied. A stop string ends the request: state.finish_reason becomes STOP and the tokens after the one
     that completed it are dropped, so the loop stops at its next round and frees the workers' caches."""
-    output = StopStrings(IncrementalDetokenizer(tokenizer), tuple(state.stop_strings), state.min_new_tokens,
-                         state.include_stop)
+    output = StopStrings(IncrementalDetokenizer(tokenizer, not state.keep_special), tuple(state.stop_strings),
+                         state.min_new_tokens, state.include_stop)
     async for tokens in rounds:
         start = state.generated - len(tokens)
         piece = output.push(tokens, final=bool(state.finish_reason))

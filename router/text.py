@@ -52,8 +52,9 @@ class IncrementalDetokenizer:
     (plus the ones before them, for context), so a long stream costs O(length), not O(length^2). A delta
     that would end inside a multi-byte character (decoded as U+FFFD) is held back until it completes."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
         self._tokenizer = tokenizer
+        self._skip = skip_special     # special tokens left out of the text
         self._tokens: list[int] = []
         self._prefix = 0          # tokens before this are done with
         self._read = 0            # tokens before this have been emitted as text
@@ -61,8 +62,8 @@ class IncrementalDetokenizer:
     def push(self, token_ids: list[int], final: bool = False) -> str:
         self._tokens.extend(token_ids)
         decode = self._tokenizer.decode
-        emitted = decode(self._tokens[self._prefix:self._read], skip_special_tokens=True)
-        text = decode(self._tokens[self._prefix:], skip_special_tokens=True)
+        emitted = decode(self._tokens[self._prefix:self._read], skip_special_tokens=self._skip)
+        text = decode(self._tokens[self._prefix:], skip_special_tokens=self._skip)
         if len(text) <= len(emitted) or (text.endswith("\ufffd") and not final):
             return ""
         self._prefix, self._read = self._read, len(self._tokens)

@@ -439,7 +439,6 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ("/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/chat/completions", {"logits_processors": ["x"]}, "logits_processors"),
     ("/completions", {"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
-    ("/chat/completions", {"skip_special_tokens": False}, "skip_special_tokens"),
     ("/completions", {"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
     ("/completions", {"detokenize": False}, "detokenize"),
     ("/chat/completions", {"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
@@ -568,6 +567,30 @@ def test_ignore_eos_is_a_json_boolean_that_reaches_the_generate_request(served):
     answer = httpx.post(served.base_url + "/completions", json={"model": served.model, "prompt": PROMPT,
                                                                  "max_tokens": 4, "ignore_eos": True})
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+
+
+def test_skip_special_tokens_false_keeps_the_special_tokens_text_on_both_apis(served, target):
+    """vLLM's skip_special_tokens false (GenerateRequest.keep_special_tokens): EOS forced by logit_bias and gone past
+    with ignore_eos is in the text as its tokenizer writes it, in a completion's text and logprob offsets and a
+    chat message; by default it is left out. The token IDs are the same either way."""
+    assert_refused_naming(served, "/completions", {"skip_special_tokens": 0}, "skip_special_tokens")
+    tokenizer = target[1]
+    eos = tokenizer.eos_token_id
+    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 3, "ignore_eos": True, "temperature": 0,
+            "logit_bias": {str(eos): 100}, "logprobs": 0}
+    kept = httpx.post(served.base_url + "/completions", json={**body, "skip_special_tokens": False}).json()
+    left_out = httpx.post(served.base_url + "/completions", json=body).json()
+    assert kept["choices"][0]["text"] == tokenizer.eos_token * 3 and left_out["choices"][0]["text"] == ""
+    assert kept["choices"][0]["logprobs"]["text_offset"] == [0, len(tokenizer.eos_token), 2 * len(tokenizer.eos_token)]
+    chat = served.client.chat.completions.create(model=served.model, messages=CHAT, max_tokens=2, temperature=0,
+                                                 logit_bias={str(eos): 100},
+                                                 extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert chat.choices[0].message.content == tokenizer.eos_token * 2
+    grpc_request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=3, ignore_eos=True,
+                                                  keep_special_tokens=True)
+    grpc_request.sampling.logit_bias[eos] = 100
+    answer = served.stub.Generate(grpc_request)
+    assert (list(answer.token_ids), answer.text) == ([eos] * 3, tokenizer.eos_token * 3)
 
 
 def test_sdk_completion_with_penalties_and_logit_bias_matches_the_target_alone_with_them(served, target):

@@ -24,6 +24,18 @@ def test_deltas_concatenate_to_the_full_text(chunk):
     assert not any("\ufffd" in delta for delta in deltas)
 
 
+def test_deltas_keep_special_tokens_when_asked():
+    """skip_special=False (vLLM's skip_special_tokens false): the deltas are the decode with special tokens."""
+    tokenizer = load_tokenizer(str(DEMO_TARGET))
+    eos = tokenizer.token_to_id(tokenizer.decode([0], skip_special_tokens=False))
+    ids = tokenizer.encode(TEXT).ids[:20] + [eos] + tokenizer.encode(TEXT).ids[:5] + [eos]
+    for skip in (True, False):
+        detokenizer = IncrementalDetokenizer(tokenizer, skip_special=skip)
+        deltas = [detokenizer.push([token], final=at == len(ids) - 1) for at, token in enumerate(ids)]
+        assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=skip)
+    assert tokenizer.decode(ids, skip_special_tokens=False) != tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def test_a_short_prompt_is_encoded_on_the_event_loop_and_a_long_one_on_a_thread():
     tokenizer = load_tokenizer(str(DEMO_TARGET))
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#protos/specpool/v1/generation.proto\x12\x0bspecpool.v1\"\xf7\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x19\n\x11\x66requency_penalty\x18\x05 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12>\n\nlogit_bias\x18\x08 \x03(\x0b\x32*.specpool.v1.SamplingParams.LogitBiasEntry\x12\r\n\x05min_p\x18\t \x01(\x02\x12\x19\n\x11\x61llowed_token_ids\x18\n \x03(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\":\n\x11SpeculationParams\x12\x0e\n\x01k\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07\x64isable\x18\x02 \x01(\x08\x42\x04\n\x02_k\"\xe4\x03\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.specpool.v1.SamplingParams\x12\x33\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x1e.specpool.v1.SpeculationParams\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x15\n\x08logprobs\x18\t \x01(\rH\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x16\n\x0emin_new_tokens\x18\x0b \x01(\r\x12\x38\n\x11structured_output\x18\x0c \x01(\x0b\x32\x1d.specpool.v1.StructuredOutput\x12\"\n\x1ainclude_stop_str_in_output\x18\r \x01(\x08\x12\x11\n\tbad_words\x18\x0e \x03(\t\x12\x1c\n\x0fprompt_logprobs\x18\x0f \x01(\rH\x01\x88\x01\x01\x42\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x94\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12&\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x14.specpool.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"\x1a\n\x07\x43hoices\x12\x0f\n\x07options\x18\x01 \x03(\t\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"e\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12$\n\x03top\x18\x03 \x03(\x0b\x32\x17.specpool.v1.TopLogprob\x12\x0c\n\x04rank\x18\x04 \x01(\r\"\xbd\x04\n\x0fGenerationStats\x12\x15\n\rtarget_passes\x18\x01 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\r\x12\x13\n\x0bk_per_round\x18\x04 \x03(\r\x12\x12\n\nwire_bytes\x18\x05 \x01(\x04\x12\x11\n\tpredrafts\x18\x06 \x01(\r\x12\x15\n\rpredraft_hits\x18\x07 \x01(\r\x12\x35\n\x10source_per_round\x18\x08 \x03(\x0e\x32\x1b.specpool.v1.ProposalSource\x12)\n\x07sources\x18\t \x03(\x0b\x32\x18.specpool.v1.SourceStats\x12\x14\n\x0ctarget_calls\x18\n \x01(\r\x12\x1c\n\x14predraft_branch_hits\x18\x0b \x01(\r\x12\x16\n\x0etarget_answers\x18\x0c \x01(\r\x12\x15\n\rstaged_rounds\x18\r \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x0e \x01(\r\x12:\n\x13target_prefix_cache\x18\x0f \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x39\n\x12\x64raft_prefix_cache\x18\x10 \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x19\n\x11handed_off_rounds\x18\x11 \x01(\r\x12\x1c\n\x14handoffs_from_router\x18\x12 \x01(\r\"4\n\x10PrefixCacheStats\x12\x11\n\tlooked_up\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\r\"\xb7\x01\n\x0bSourceStats\x12+\n\x06source\x18\x01 \x01(\x0e\x32\x1b.specpool.v1.ProposalSource\x12\x0e\n\x06rounds\x18\x02 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\r\x12\x1d\n\x15proposed_per_position\x18\x05 \x03(\r\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x06 \x03(\r\"\x87\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.specpool.v1.FinishReason\x12+\n\x05stats\x18\x04 \x01(\x0b\x32\x1c.specpool.v1.GenerationStats\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.specpool.v1.TokenLogprob\x12\x32\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x19.specpool.v1.TokenLogprob*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03*`\n\x0eProposalSource\x12\x18\n\x14PROPOSAL_SOURCE_NONE\x10\x00\x12\x19\n\x15PROPOSAL_SOURCE_MODEL\x10\x01\x12\x19\n\x15PROPOSAL_SOURCE_NGRAM\x10\x02\x32\xa6\x01\n\nGeneration\x12G\n\x08Generate\x12\x1c.specpool.v1.GenerateRequest\x1a\x1d.specpool.v1.GenerateResponse\x12O\n\x0eGenerateStream\x12\x1c.specpool.v1.GenerateRequest\x1a\x1d.specpool.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#protos/specpool/v1/generation.proto\x12\x0bspecpool.v1\"\xf7\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x19\n\x11\x66requency_penalty\x18\x05 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12>\n\nlogit_bias\x18\x08 \x03(\x0b\x32*.specpool.v1.SamplingParams.LogitBiasEntry\x12\r\n\x05min_p\x18\t \x01(\x02\x12\x19\n\x11\x61llowed_token_ids\x18\n \x03(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\":\n\x11SpeculationParams\x12\x0e\n\x01k\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07\x64isable\x18\x02 \x01(\x08\x42\x04\n\x02_k\"\x81\x04\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12-\n\x08sampling\x18\x04 \x01(\x0b\x32\x1b.specpool.v1.SamplingParams\x12\x33\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x1e.specpool.v1.SpeculationParams\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x15\n\x08logprobs\x18\t \x01(\rH\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x16\n\x0emin_new_tokens\x18\x0b \x01(\r\x12\x38\n\x11structured_output\x18\x0c \x01(\x0b\x32\x1d.specpool.v1.StructuredOutput\x12\"\n\x1ainclude_stop_str_in_output\x18\r \x01(\x08\x12\x11\n\tbad_words\x18\x0e \x03(\t\x12\x1c\n\x0fprompt_logprobs\x18\x0f \x01(\rH\x01\x88\x01\x01\x12\x1b\n\x13keep_special_tokens\x18\x10 \x01(\x08\x42\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"\x94\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12&\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x14.specpool.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x06\n\x04kind\"\x1a\n\x07\x43hoices\x12\x0f\n\x07options\x18\x01 \x03(\t\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"e\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12$\n\x03top\x18\x03 \x03(\x0b\x32\x17.specpool.v1.TopLogprob\x12\x0c\n\x04rank\x18\x04 \x01(\r\"\xbd\x04\n\x0fGenerationStats\x12\x15\n\rtarget_passes\x18\x01 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\r\x12\x13\n\x0bk_per_round\x18\x04 \x03(\r\x12\x12\n\nwire_bytes\x18\x05 \x01(\x04\x12\x11\n\tpredrafts\x18\x06 \x01(\r\x12\x15\n\rpredraft_hits\x18\x07 \x01(\r\x12\x35\n\x10source_per_round\x18\x08 \x03(\x0e\x32\x1b.specpool.v1.ProposalSource\x12)\n\x07sources\x18\t \x03(\x0b\x32\x18.specpool.v1.SourceStats\x12\x14\n\x0ctarget_calls\x18\n \x01(\r\x12\x1c\n\x14predraft_branch_hits\x18\x0b \x01(\r\x12\x16\n\x0etarget_answers\x18\x0c \x01(\r\x12\x15\n\rstaged_rounds\x18\r \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x0e \x01(\r\x12:\n\x13target_prefix_cache\x18\x0f \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x39\n\x12\x64raft_prefix_cache\x18\x10 \x01(\x0b\x32\x1d.specpool.v1.PrefixCacheStats\x12\x19\n\x11handed_off_rounds\x18\x11 \x01(\r\x12\x1c\n\x14handoffs_from_router\x18\x12 \x01(\r\"4\n\x10PrefixCacheStats\x12\x11\n\tlooked_up\x18\x01 \x01(\r\x12\r\n\x05\x66ound\x18\x02 \x01(\r\"\xb7\x01\n\x0bSourceStats\x12+\n\x06source\x18\x01 \x01(\x0e\x32\x1b.specpool.v1.ProposalSource\x12\x0e\n\x06rounds\x18\x02 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\r\x12\x1d\n\x15proposed_per_position\x18\x05 \x03(\r\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x06 \x03(\r\"\x87\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x30\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x19.specpool.v1.FinishReason\x12+\n\x05stats\x18\x04 \x01(\x0b\x32\x1c.specpool.v1.GenerationStats\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.specpool.v1.TokenLogprob\x12\x32\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x19.specpool.v1.TokenLogprob*v\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03*`\n\x0eProposalSource\x12\x18\n\x14PROPOSAL_SOURCE_NONE\x10\x00\x12\x19\n\x15PROPOSAL_SOURCE_MODEL\x10\x01\x12\x19\n\x15PROPOSAL_SOURCE_NGRAM\x10\x02\x32\xa6\x01\n\nGeneration\x12G\n\x08Generate\x12\x1c.specpool.v1.GenerateRequest\x1a\x1d.specpool.v1.GenerateResponse\x12O\n\x0eGenerateStream\x12\x1c.specpool.v1.GenerateRequest\x1a\x1d.specpool.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=2390
-  _globals['_FINISHREASON']._serialized_end=2508
-  _globals['_PROPOSALSOURCE']._serialized_start=2510
-  _globals['_PROPOSALSOURCE']._serialized_end=2606
+  _globals['_FINISHREASON']._serialized_start=2419
+  _globals['_FINISHREASON']._serialized_end=2537
+  _globals['_PROPOSALSOURCE']._serialized_start=2539
+  _globals['_PROPOSALSOURCE']._serialized_end=2635
   _globals['_SAMPLINGPARAMS']._serialized_start=53
   _globals['_SAMPLINGPARAMS']._serialized_end=428
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=338
@@ -44,23 +44,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SPECULATIONPARAMS']._serialized_start=430
   _globals['_SPECULATIONPARAMS']._serialized_end=488
   _globals['_GENERATEREQUEST']._serialized_start=491
-  _globals['_GENERATEREQUEST']._serialized_end=975
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=978
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=1126
-  _globals['_CHOICES']._serialized_start=1128
-  _globals['_CHOICES']._serialized_end=1154
-  _globals['_TOPLOGPROB']._serialized_start=1156
-  _globals['_TOPLOGPROB']._serialized_end=1203
-  _globals['_TOKENLOGPROB']._serialized_start=1205
-  _globals['_TOKENLOGPROB']._serialized_end=1306
-  _globals['_GENERATIONSTATS']._serialized_start=1309
-  _globals['_GENERATIONSTATS']._serialized_end=1882
-  _globals['_PREFIXCACHESTATS']._serialized_start=1884
-  _globals['_PREFIXCACHESTATS']._serialized_end=1936
-  _globals['_SOURCESTATS']._serialized_start=1939
-  _globals['_SOURCESTATS']._serialized_end=2122
-  _globals['_GENERATERESPONSE']._serialized_start=2125
-  _globals['_GENERATERESPONSE']._serialized_end=2388
-  _globals['_GENERATION']._serialized_start=2609
-  _globals['_GENERATION']._serialized_end=2775
+  _globals['_GENERATEREQUEST']._serialized_end=1004
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=1007
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1155
+  _globals['_CHOICES']._serialized_start=1157
+  _globals['_CHOICES']._serialized_end=1183
+  _globals['_TOPLOGPROB']._serialized_start=1185
+  _globals['_TOPLOGPROB']._serialized_end=1232
+  _globals['_TOKENLOGPROB']._serialized_start=1234
+  _globals['_TOKENLOGPROB']._serialized_end=1335
+  _globals['_GENERATIONSTATS']._serialized_start=1338
+  _globals['_GENERATIONSTATS']._serialized_end=1911
+  _globals['_PREFIXCACHESTATS']._serialized_start=1913
+  _globals['_PREFIXCACHESTATS']._serialized_end=1965
+  _globals['_SOURCESTATS']._serialized_start=1968
+  _globals['_SOURCESTATS']._serialized_end=2151
+  _globals['_GENERATERESPONSE']._serialized_start=2154
+  _globals['_GENERATERESPONSE']._serialized_end=2417
+  _globals['_GENERATION']._serialized_start=2638
+  _globals['_GENERATION']._serialized_end=2804
 # @@protoc_insertion_point(module_scope)
