@@ -49,6 +49,17 @@ class ReasoningParser:
         starts = itertools.accumulate(map(len, pieces), initial=0)
         return sum(at < span[1] and at + max(len(piece), 1) > span[0] for at, piece in zip(starts, pieces))
 
+    def leading_thought(self, pieces: list[str]) -> int:
+        """How many of an output's first tokens (`pieces`: each one's text) hold only its reasoning and markers:
+        those that end before its answer begins (after the first </think>; all of them where it is cut before
+        one); 0 where the output does not reason."""
+        text = "".join(pieces)
+        span = self.span(text)
+        if span is None:
+            return 0
+        start = span[1] + len(END) if text.startswith(END, span[1]) else len(text)
+        return sum(1 for end in itertools.accumulate(map(len, pieces)) if end <= start)
+
     def body(self, text: str) -> str | None:
         """What follows an opening <think> (the output itself where it opens as reasoning), None: no reasoning."""
         opened = text.lstrip()

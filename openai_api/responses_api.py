@@ -445,7 +445,7 @@ class ResponseObjects(ChatCompletions):
         """The reasoning item (with a reasoning parser, if the answer reasons), the message item (unless the answer
         is only calls or only reasoning; its logprobs all the output's tokens'), then a function_call item per call."""
         message, status = choices[0]["message"], status_of(choices[0]["finish_reason"])
-        logprobs = (choices[0]["logprobs"] or {}).get("content", [])
+        logprobs = (choices[0]["logprobs"] or {}).get("content", [])[self.thought_tokens():]
         calls, reasoning = message.get("tool_calls") or [], message.get("reasoning")
         answered = message["content"] is not None or calls          # reasoning that ended before the answer
         items = [reasoning_item(new_id("rs"), "completed" if answered else status, reasoning)] if reasoning else []
@@ -456,6 +456,14 @@ class ResponseObjects(ChatCompletions):
 
     def events(self, request_id: str, model: str, usage_on: str = "") -> "ResponseEvents":
         return ResponseEvents(self, model)
+
+    def thought_tokens(self) -> int:
+        """How many of the output's first tokens hold only its reasoning (and its markers): their logprobs are
+        not the message's."""
+        if not self.reasoning:
+            return 0
+        state = self.states[0]
+        return self.reasoning.leading_thought([self.text_of([token]) for token in state.tokens[state.prompt_len:]])
 
 
 class ResponseEvents:
@@ -478,6 +486,8 @@ class ResponseEvents:
         self.text, self.logprobs = "", []   # the message's text and logprobs so far
         self.thought = ""                   # the reasoning item's text so far
         self.pending: list = []             # logprobs not yet sent (tokens without text, or held by the tool parser)
+        self.counted = 0                    # logprobs that have left `pending`, sent or not
+        self.thought_tokens: int | None = None      # the reasoning's tokens, known once the message begins
         self.space = ""                     # whitespace not yet sent, before any message
         self.finish: str | None = None
 
@@ -551,11 +561,17 @@ class ResponseEvents:
 
     def _delta(self, piece: str) -> list[str]:
         self.text += piece
-        self.logprobs += self.pending
-        event = self._event("response.output_text.delta", **self._at(), content_index=0, delta=piece,
-                            logprobs=self.pending)
-        self.pending = []
-        return [event]
+        sent = self._answer_logprobs()
+        self.logprobs += sent
+        return [self._event("response.output_text.delta", **self._at(), content_index=0, delta=piece, logprobs=sent)]
+
+    def _answer_logprobs(self) -> list:
+        """The pending logprobs less the reasoning tokens' (which come before the message's)."""
+        if self.thought_tokens is None:
+            self.thought_tokens = self.kind.thought_tokens()
+        skip = max(0, min(len(self.pending), self.thought_tokens - self.counted))
+        sent, self.counted, self.pending = self.pending[skip:], self.counted + len(self.pending), []
+        return sent
 
     def _call(self, call: dict) -> list[str]:
         events = self._opened(call_item(new_id("fc"), "in_progress", {**call, "function": {

@@ -239,6 +239,40 @@ def test_a_response_has_a_reasoning_item_before_its_message_whole_and_streamed(p
             [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in whole["output"]]
 
 
+@pytest.mark.parametrize("pieces, answered", [
+    (["<think>", "Hmm", " ok", "</think>", "\n\nFour", "."], 2),       # the markers' logprobs go with the reasoning
+    (["<think>", "Hmm", " ok</think>\n\nFo", "ur."], 2),              # a token across the end: the answer's
+    (["Four", "."], 2), (["<think>", "Hmm"], 0)])
+def test_a_responses_message_carries_only_its_own_tokens_logprobs_whole_and_streamed(pieces, answered):
+    """The reasoning's tokens (up to its </think>) have no logprobs in the message's output_text, read whole and
+    streamed at every split (reasoning_text parts carry none)."""
+    import types
+    from openai_api.responses_api import ResponseObjects, ResponsesRequest
+    from protos.specpool.v1 import generation_pb2
+    from router.stopping import Chunk
+    entries = [generation_pb2.TokenLogprob(token_id=i, logprob=-0.5 * i) for i in range(len(pieces))]
+    state = types.SimpleNamespace(top_logprobs=0, prompt_len=1, generated=len(pieces), logprobs=entries,
+                                  tokens=[99, *range(len(pieces))], stats=generation_pb2.GenerationStats())
+
+    def kind():
+        made = ResponseObjects(pieces.__getitem__, plan("none"), ResponsesRequest.model_validate(
+            {"model": "m", "input": "x"}), reasoning=PARSERS["unopened"])
+        made.bind([state])
+        return made
+    whole_kind = kind()
+    whole = whole_kind.whole("r", "m", [whole_kind.choice(0, "".join(pieces), entries, "stop")])
+    messages = [item for item in whole["output"] if item["type"] == "message"]
+    logprobs = messages[0]["content"][0]["logprobs"] if messages else []
+    assert [entry["logprob"] for entry in logprobs] == [-0.5 * i for i in range(len(pieces) - answered, len(pieces))]
+    for cut in range(len(pieces) + 1):
+        events = kind().events("r", "m")
+        chunks = [Chunk(list(range(len(pieces)))[at:to], "".join(pieces[at:to]), entries[at:to], finish)
+                  for at, to, finish in ((0, cut, 0), (cut, len(pieces), 2))]
+        frames = events.start() + [frame for chunk in chunks for frame in events.chunk(0, chunk)] + events.end()
+        final = json.loads(frames[-1].split("\ndata: ")[1])["response"]["output"]
+        assert [item.get("content") for item in final] == [item.get("content") for item in whole["output"]]
+
+
 def test_reasoning_items_sent_back_go_with_the_assistant_message_after_them():
     from openai_api.responses_api import ResponsesRequest, input_items, messages
     body = ResponsesRequest.model_validate({"model": "m", "input": [
