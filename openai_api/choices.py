@@ -215,9 +215,12 @@ class ChatCompletions(Completions):
         counted = super().usage(states, per_prompt)
         if not self.reasoning:
             return counted
-        thought = sum(self.reasoning.reasoning_tokens([self.text_of([token]) for token in state.tokens[
-            state.prompt_len:]]) for state in states)
+        thought = sum(self.reasoning.reasoning_tokens(self.output_pieces(state)) for state in states)
         return {**counted, "completion_tokens_details": {"reasoning_tokens": thought}}
+
+    def output_pieces(self, state) -> list[str]:
+        """Each output token's text, as the reasoning parser counts tokens over it."""
+        return [self.text_of([token]) for token in state.tokens[state.prompt_len:]]
 
 
 def with_reasoning(message: dict, reasoning: str | None) -> dict:

@@ -443,7 +443,8 @@ class ResponseObjects(ChatCompletions):
 
     def whole(self, request_id: str, model: str, choices: list) -> dict:
         """The reasoning item (with a reasoning parser, if the answer reasons), the message item (unless the answer
-        is only calls or only reasoning; its logprobs all the output's tokens'), then a function_call item per call."""
+        is only calls or only reasoning; its logprobs those of the output's tokens after the reasoning), then a
+        function_call item per call."""
         message, status = choices[0]["message"], status_of(choices[0]["finish_reason"])
         logprobs = (choices[0]["logprobs"] or {}).get("content", [])[self.thought_tokens():]
         calls, reasoning = message.get("tool_calls") or [], message.get("reasoning")
@@ -462,8 +463,7 @@ class ResponseObjects(ChatCompletions):
         not the message's."""
         if not self.reasoning:
             return 0
-        state = self.states[0]
-        return self.reasoning.leading_thought([self.text_of([token]) for token in state.tokens[state.prompt_len:]])
+        return self.reasoning.leading_thought(self.output_pieces(self.states[0]))
 
 
 class ResponseEvents:
