@@ -43,6 +43,7 @@ class RequestState:
     deadline: float | None = None          # time.monotonic() by which the client wants its answer
     stats: generation_pb2.GenerationStats = field(default_factory=generation_pb2.GenerationStats)
     method: str = "model"                  # draft.method: model | ngram | model+ngram
+    lookup_alone: bool = False             # model+ngram: this request drafts by prompt lookup alone (KSelector.attach)
     ngram: NgramIndex | None = None        # the request's prompt-lookup index (None: no n-gram proposals, not
                                            # even as the fallback while the draft worker is down)
     stop_strings: tuple = ()               # matched on the decoded output by router.stopping

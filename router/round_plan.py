@@ -6,8 +6,10 @@ lookup (engine/ngram.py: the continuation of an earlier occurrence of the contex
 the router with no call, or by the target itself in a decode run). An n-gram proposal is deterministic, so it is
 verified exactly as a greedy draft (q one-hot: no hidden states travel, and the target verifies any request whose
 drafts come without them that way, whatever the pool's draft mode). With `model+ngram` the policy picks, each
-round that has a match, the source its statistics model faster; n-gram rounds send no pre-draft. While the draft
-worker is unreachable, rounds use n-gram proposals where the context has a match (instead of plain decoding).
+round that has a match, the source its statistics model faster; n-gram rounds send no pre-draft. A model+ngram
+request may run on prompt lookup alone, where that has delivered more than both sources together (KSelector). While
+the draft worker is unreachable, rounds use n-gram proposals where the context has a match (instead of plain
+decoding).
 """
 from __future__ import annotations
 
@@ -54,8 +56,9 @@ def ngram_round_k(state: RequestState, policy: KPolicy, k: int) -> int:
 
 
 def model_allowed(state: RequestState, draft: DraftClient | None) -> bool:
-    """Whether rounds may take the draft model's drafts: methods model and model+ngram, while it is reachable."""
-    return state.method != "ngram" and draft is not None and draft.healthy
+    """Whether rounds may take the draft model's drafts: methods model and model+ngram (but not a model+ngram
+    request the policy runs on prompt lookup alone, RequestState.lookup_alone), while it is reachable."""
+    return state.method != "ngram" and not state.lookup_alone and draft is not None and draft.healthy
 
 
 def lookup_allowed(state: RequestState, draft: DraftClient | None) -> bool:

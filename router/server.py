@@ -299,6 +299,7 @@ class Router:
         return {"k": self.k_selector.k_now, "k_from": self.k_selector.k_from,   # what greedy rounds get now (the
                                                                                 # `k` gauge), from which controller
                 "pool": self.k_selector.pool.snapshot(), "pools": self.k_selector.snapshot(),
+                "delivered": self.k_selector.delivery(),       # model+ngram: both sources against lookup alone
                 "active_requests": len(self.k_selector.active), "queued_requests": self.queued,
                 "draining": self.draining,                                  # shutting down: new requests refused
                 "outstanding_sessions": {"draft": [c.outstanding for c in self.drafts],

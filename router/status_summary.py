@@ -14,7 +14,8 @@ FOOTER = "all of the config and statistics: specpool status --full (the statisti
 def summary(config: dict, stats: dict) -> str:
     """The summary of a running server's `config` (Admin.GetStatus config_yaml, parsed) and `stats` (stats_json)."""
     return "\n".join([serving_line(stats), k_line(config, stats), *acceptance_lines(stats["pools"]),
-                      prefix_line(config, stats), "workers:", *worker_lines(stats), FOOTER])
+                      *delivery_lines(config, stats), prefix_line(config, stats), "workers:", *worker_lines(stats),
+                      FOOTER])
 
 
 def serving_line(stats: dict) -> str:
@@ -64,6 +65,21 @@ def goodput_line(pool: dict, which: str) -> list[str]:
     best = max(curve, key=curve.get)
     shown = ", ".join(f"K={k} {tokens:.0f}{' (best)' if k == best else ''}" for k, tokens in curve.items())
     return [f"modelled tokens/s, {which}: {shown}"]
+
+
+def delivery_lines(config: dict, stats: dict) -> list[str]:
+    """Under draft.method model+ngram, per regime with both kinds measured: what requests drafting from both
+    sources and those on prompt lookup alone have delivered, and which way new requests run (random_probe aside)."""
+    if config.get("draft", {}).get("method") != "model+ngram":
+        return []
+    lines = []
+    for name, seen in (stats.get("delivered") or {}).items():
+        both, alone = seen.get("both_tokens_per_s"), seen.get("lookup_alone_tokens_per_s")
+        if both and alone:
+            way = "lookup alone" if alone > both else "both sources"
+            lines.append(f"model+ngram, {name}: both sources delivered {both:.0f} tokens/s, lookup alone "
+                         f"{alone:.0f}: new requests draft from {way}")
+    return lines
 
 
 def prefix_line(config: dict, stats: dict) -> str:

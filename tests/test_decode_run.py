@@ -386,6 +386,24 @@ def test_an_ngram_run_of_model_plus_ngram_ends_at_a_miss_only_while_the_draft_mo
     assert ends == [True, False, True]
 
 
+def test_a_model_plus_ngram_request_run_on_lookup_alone_plans_its_rounds_as_ngram_does():
+    """KSelector runs a model+ngram request on prompt lookup alone where that has delivered more: its rounds never
+    go to the draft model, its lookup runs do not end at a miss, nor are they short probes of plain decoding while
+    the model's controller holds K > 0, and their matches are weighed against plain decoding, not the model."""
+    from router.request_state import MODEL, NGRAM
+    from router.round_plan import plan_round, run_plan
+    state, policy = router_state("model+ngram"), Policy()
+    state.lookup_alone = True
+    assert plan_round(state, Draft(), policy) == (MODEL, 0)              # no match: K = 0, as for ngram
+    assert run_plan(state, Draft(), policy, MODEL, 0)[0] == policy.decode_steps
+    state.tokens += PROMPT[:3]
+    assert plan_round(state, Draft(), policy) == (NGRAM, 5)
+    tokens, lookup = run_plan(state, Draft(), policy, NGRAM, 5)
+    assert (tokens, lookup.end_on_miss, policy.against_model) == (policy.decode_steps, False, False)
+    state.lookup_alone = False
+    assert run_plan(state, Draft(), policy, NGRAM, 5)[1].end_on_miss and policy.against_model
+
+
 @pytest.mark.parametrize("method, draft, policy_says, expected", [
     ("model+ngram", Draft(), 3, (3, True)),          # against the draft model: matches of 3 or 4 tokens
     ("model+ngram", Draft(), 5, (4, True)),          # none pays, but this round was planned on a 4-token match

@@ -14,7 +14,11 @@ def stats(targets: list[dict], drafts: list[dict], samples=(12, 7, 0, 0)) -> dic
                       "ngram/greedy/match 2": {"acceptance": [0.2], "samples": [9]}},
             "outstanding_sessions": {"target": [3] * len(targets), "draft": [2] * len(drafts)},
             "workers": {"target": targets, "draft": drafts},
-            "prefix_cache": {"target": {"looked_up": 12345, "found": 4096}, "draft": {"looked_up": 0, "found": 0}}}
+            "prefix_cache": {"target": {"looked_up": 12345, "found": 4096}, "draft": {"looked_up": 0, "found": 0}},
+            "delivered": {"greedy": {"both_tokens_per_s": 187.4, "both_rounds": 240.0,
+                                     "lookup_alone_tokens_per_s": 234.9, "lookup_alone_rounds": 255.1},
+                          "sampled": {"both_tokens_per_s": 90.0, "both_rounds": 12.0,
+                                      "lookup_alone_tokens_per_s": None, "lookup_alone_rounds": 0.0}}}
 
 
 READY = {"name": "target 0", "state": "ready", "address": "10.0.0.5:40001", "cpus": [0, 1, 2, 3]}
@@ -29,6 +33,8 @@ def test_a_serving_router_in_a_dozen_lines():
         "acceptance by draft position (recent drafts), model drafts, greedy: 0.75 (12) 0.50 (7)",
         "modelled tokens/s, model drafts, greedy: K=0 338, K=1 301, K=2 350 (best)",
         "acceptance by draft position (recent drafts), ngram drafts, greedy: 0.90 (4)",
+        "model+ngram, greedy: both sources delivered 187 tokens/s, lookup alone 235: new requests draft from lookup "
+        "alone",
         "prefix cache, context tokens found of those looked up at session starts: target 4,096 of 12,345 (33 %), "
         "draft 0 of 0",
         "workers:",
@@ -47,8 +53,8 @@ def test_no_ready_target_reads_not_serving_and_says_why_each_worker_is_out():
     assert lines[0] == "NOT_SERVING (no target replica is ready): 0 of 1 target replica(s) ready; 3 request(s) " \
                        "generating, 1 queued"
     assert lines[2] == "acceptance: no drafts verified yet"
-    assert lines[5] == "  target 0: down for 12.5 s (since 2026-11-25 16:00:00): UNAVAILABLE: Socket closed"
-    assert lines[6] == "  draft 0: failed to load, out of the pool until a restart: OSError: no model folder"
+    assert lines[6] == "  target 0: down for 12.5 s (since 2026-11-25 16:00:00): UNAVAILABLE: Socket closed"
+    assert lines[7] == "  draft 0: failed to load, out of the pool until a restart: OSError: no model folder"
 
 
 def test_a_draining_router_reads_not_serving_as_health_does():
