@@ -36,8 +36,9 @@ whole requests have delivered, as the client sees it (committed tokens over the 
 regime, exponentially weighted over `cost_window` rounds: requests drafting from both sources (model+ngram), and
 requests drafting by prompt lookup alone (draft.method ngram, or a model+ngram request run so). A model+ngram
 request runs on lookup alone (RequestState.lookup_alone: its rounds never call the draft model) where lookup
-alone has delivered more; with chance random_probe the other way round, and while either has fewer than
-`warmup_rounds` behind it, the less measured one, so both stay measured. A request with its own K is left out of
+alone has delivered more; with chance random_probe the other way round (when probing is on), and while either
+has fewer than `warmup_rounds` behind it, the less measured one, so both stay measured. Requests that fell back to
+lookup while the draft worker was unreachable count towards neither. A request with its own K is left out of
 both and drafts from both sources by its rule of tokens alone. On the demo pair's input-grounded set, where the
 draft model's controller settled on K = 2 (modeled at 153 tokens/s, plain decoding at 124), model+ngram delivered
 0.71-0.88 of lookup alone, though its model rounds cost no more per token than plain decoding.
@@ -82,8 +83,9 @@ class Delivered:
 
 def delivery_kind(state: RequestState) -> str | None:
     """Which delivery a request's rounds count towards: "both" (model+ngram drafting from both sources), "lookup"
-    (prompt lookup alone) or None (method model, a request with its own K, or no n-gram index)."""
-    if state.fixed_k is not None or state.ngram is None or state.method == "model":
+    (prompt lookup alone) or None (method model, a request with its own K, no n-gram index, or a model+ngram one
+    that fell back to lookup alone while the draft worker was unreachable: RequestState.fell_back)."""
+    if state.fixed_k is not None or state.ngram is None or state.method == "model" or state.fell_back:
         return None
     return "lookup" if state.method == "ngram" or state.lookup_alone else "both"
 
@@ -241,23 +243,31 @@ class KSelector:
         return k if self._probe_drawn() else min(k, self._best_drafting(state, size)[0])
 
     def _lookup_alone(self, state: RequestState) -> bool:
-        """Whether a model+ngram request (not one with its own K) runs on prompt lookup alone: where lookup alone
-        has delivered more tokens per second than both sources together, in its regime; the other way round with
-        chance random_probe; the less measured way while either has fewer than warmup_rounds behind it."""
+        """Whether a model+ngram request (not one with its own K) runs on prompt lookup alone: lookup_way, the
+        other way round with chance random_probe once both are measured (when probing is on)."""
         if state.method != "model+ngram" or delivery_kind(state) is None:
             return False
-        both, alone = (self.delivered[(kind, regime(state))] for kind in ("both", "lookup"))
-        if min(both.rounds, alone.rounds) < max(self.config.warmup_rounds, 1):
-            return alone.rounds < both.rounds
-        return (alone.rate > both.rate) != self._probe_drawn()
+        alone, measured = self.lookup_way(regime(state))
+        return alone != (measured and self._probe_drawn())
+
+    def lookup_way(self, name: str) -> tuple[bool, bool]:
+        """(whether new model+ngram requests of regime `name` run on prompt lookup alone, whether both ways are
+        measured): where lookup alone has delivered more tokens per second than both sources together; the less
+        measured way while either has rounds of weight below warmup_rounds (at most half of cost_window, the most
+        weight the decayed sums approach)."""
+        both, alone = self.delivered[("both", name)], self.delivered[("lookup", name)]
+        if min(both.rounds, alone.rounds) < min(max(self.config.warmup_rounds, 1), self.config.cost_window / 2):
+            return alone.rounds < both.rounds, False
+        return alone.rate > both.rate, True
 
     def delivery(self) -> dict:
         """Per regime, what requests drafting from both sources and those on prompt lookup alone have delivered
-        (tokens per second to 1 decimal, null before any round) and the weight of rounds behind each: status's
-        "delivered", why model+ngram requests run on lookup alone or not."""
-        return {name: {f"{label}_{key}": value for kind, label in (("both", "both"), ("lookup", "lookup_alone"))
-                       for key, value in (("tokens_per_s", round(self.delivered[(kind, name)].rate, 1) or None),
-                                          ("rounds", round(self.delivered[(kind, name)].rounds, 1)))}
+        (tokens per second to 1 decimal, null before any round), the weight of rounds behind each, and which way
+        new model+ngram requests run (lookup_way; random_probe aside): status's "delivered"."""
+        return {name: {**{f"{label}_{key}": value for kind, label in (("both", "both"), ("lookup", "lookup_alone"))
+                          for key, value in (("tokens_per_s", round(self.delivered[(kind, name)].rate, 1) or None),
+                                             ("rounds", round(self.delivered[(kind, name)].rounds, 1)))},
+                       "new_requests": "lookup alone" if self.lookup_way(name)[0] else "both sources"}
                 for name in REGIMES}
 
     def _probe_drawn(self) -> bool:

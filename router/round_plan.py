@@ -32,7 +32,8 @@ def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
     draft worker is reachable) and prompt lookup (methods ngram and model+ngram, or as the fallback while the
     draft worker is not), when the context's suffix occurred before. `planned`: a model K already chosen."""
     model, lookup = model_allowed(state, draft), lookup_allowed(state, draft)
-    found = state.ngram.match(state.tokens) if lookup else None
+    state.fell_back |= state.method != "ngram" and not state.lookup_alone and not model   # its rounds count towards
+    found = state.ngram.match(state.tokens) if lookup else None                            # no delivery (KSelector)
     candidates = [s for s, ok in ((MODEL, model), (NGRAM, found is not None)) if ok]
     if not candidates:
         return (MODEL if state.method != "ngram" else NGRAM), 0

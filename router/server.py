@@ -202,12 +202,14 @@ class Router:
         self.in_flight += 1
         try:
             async with self.admission(state.reservation):
-                draft = self.affinity["draft"].choose(self.drafts, state.tokens) if self.drafts else None
-                target = self.affinity["target"].choose(self.targets, state.tokens)
-                workers = [w for w in (draft, target) if w]
-                self._count_sessions(workers, +1)
                 self.k_selector.attach(state)
-                try:
+                workers = []
+                try:                           # a request on prompt lookup alone takes no draft replica
+                    draft = (self.affinity["draft"].choose(self.drafts, state.tokens)
+                             if self.drafts and not state.lookup_alone else None)
+                    target = self.affinity["target"].choose(self.targets, state.tokens)
+                    workers = [w for w in (draft, target) if w]
+                    self._count_sessions(workers, +1)
                     async with contextlib.aclosing(generate(state, draft, target, self.k_selector,
                                                             self.config.router.target_recovery_s)) as rounds:
                         async for tokens in rounds:

@@ -68,17 +68,17 @@ def goodput_line(pool: dict, which: str) -> list[str]:
 
 
 def delivery_lines(config: dict, stats: dict) -> list[str]:
-    """Under draft.method model+ngram, per regime with both kinds measured: what requests drafting from both
-    sources and those on prompt lookup alone have delivered, and which way new requests run (random_probe aside)."""
+    """Under draft.method model+ngram, per regime with both kinds timed: what requests drafting from both sources
+    and those on prompt lookup alone have delivered, and which way new requests run (random_probe aside; the less
+    measured way while either has fewer than warmup_rounds behind it)."""
     if config.get("draft", {}).get("method") != "model+ngram":
         return []
     lines = []
     for name, seen in (stats.get("delivered") or {}).items():
         both, alone = seen.get("both_tokens_per_s"), seen.get("lookup_alone_tokens_per_s")
         if both and alone:
-            way = "lookup alone" if alone > both else "both sources"
             lines.append(f"model+ngram, {name}: both sources delivered {both:.0f} tokens/s, lookup alone "
-                         f"{alone:.0f}: new requests draft from {way}")
+                         f"{alone:.0f}: new requests draft from {seen['new_requests']}")
     return lines
 
 

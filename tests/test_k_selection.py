@@ -259,13 +259,15 @@ def method_run(method: str, rounds: int = 3000, cost=None, match_alpha: dict | N
 def test_model_plus_ngram_at_least_as_fast_as_the_better_source():
     """The draft model does not pay here (alpha 0.55: plain decoding beats every K on these costs) and lookup
     does where it matches. model+ngram must keep up with ngram alone (lookup where it matches, plain decoding
-    elsewhere): its model controller has to fall to K = 0 on the rounds with no match. Measured: 0.936 of
-    ngram; the old controller (T(0) extrapolated from drafting rounds) reached 0.913. The gap left is the price of the model's probes, which ngram alone never pays."""
+    elsewhere): its model controller has to fall to K = 0 on the rounds with no match, or its requests run on
+    lookup alone. Measured: 0.991 of ngram (55 of its 60 requests on lookup alone); mixing the sources in every
+    request, 0.936; the old controller (T(0) extrapolated from drafting rounds), 0.913. The gap left is the price
+    of the probes of both sources, which ngram alone never pays."""
     rates = {method: method_run(method) for method in ("model", "ngram", "model+ngram")}
     for method, (rate, used) in rates.items():
         print(f"{method}: {rate:.4f} tokens/ms, rounds by (source, drafting): {used}")
     better = max(rates["model"][0], rates["ngram"][0])
-    assert rates["model+ngram"][0] >= 0.93 * better
+    assert rates["model+ngram"][0] >= 0.97 * better
     drafted_by_model = rates["model+ngram"][1].get((MODEL, True), 0)
     assert drafted_by_model < 0.2 * 3000
 
@@ -316,7 +318,13 @@ def test_a_model_plus_ngram_request_runs_on_lookup_alone_where_that_has_delivere
     rounds(second, 10, 0.002)                     # lookup alone: 500 tokens/s, not yet warmup_rounds
     assert request().lookup_alone
     rounds(request("ngram"), 10, 0.002)           # method ngram counts as lookup alone
-    rounds(request(fixed_k=3), 50, 0.001)         # a request with its own K counts towards neither
+    rounds(request(fixed_k=3), 50, 0.001)         # a request with its own K counts towards neither, and so does
+    fell_back = request()                         # ... one that fell back to lookup while the draft was down
+    fell_back.fell_back = True
+    rounds(fell_back, 50, 0.001)
+    assert selector.delivery()["greedy"] == {"both_tokens_per_s": 250.0, "both_rounds": 19.3,
+                                             "lookup_alone_tokens_per_s": 500.0, "lookup_alone_rounds": 19.3,
+                                             "new_requests": "lookup alone"}
     chosen = [request().lookup_alone for _ in range(1000)]
     assert 0.85 < sum(chosen) / 1000 < 0.95       # lookup alone, but for random_probe's 10 %
     assert not request(fixed_k=3).lookup_alone and not request("model").lookup_alone
@@ -326,6 +334,22 @@ def test_a_model_plus_ngram_request_runs_on_lookup_alone_where_that_has_delivere
     rounds(both, 200, 0.001)                      # ... now at 1000 tokens/s
     chosen = [request().lookup_alone for _ in range(1000)]
     assert 0.05 < sum(chosen) / 1000 < 0.15
+    assert selector.delivery()["greedy"]["new_requests"] == "both sources"
+
+
+def test_the_lookup_way_is_decided_once_both_have_half_a_cost_window_behind_them_whatever_warmup_rounds_says():
+    """The decayed weight of rounds approaches cost_window and never reaches it: a warm-up as long as the window
+    must still end."""
+    from engine.ngram import NgramIndex
+    selector = KSelector(sequential(k_max=K_MAX, warmup_rounds=64, cost_window=64), Metrics(), random.Random(2))
+    for alone, seconds in ((False, 0.002), (True, 0.001)):
+        state = request_state(0, worker_pb2.DRAFT_MODE_GREEDY)
+        state.ngram, state.method, state.lookup_alone = NgramIndex(2, 4), "model+ngram", alone
+        for _ in range(45):                       # weight 64 * (1 - (63/64) ** 45) = 32.5
+            round_ = Round([0], 1, [0, 0], RoundTimings())
+            round_.parts = {"verify_compute": seconds}
+            selector.observe(state, round_)
+    assert selector.lookup_way("greedy") == (True, True)
 
 
 def test_model_plus_ngram_drafts_by_lookup_after_long_matches_and_by_the_model_after_short_ones():

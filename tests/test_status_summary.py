@@ -16,9 +16,11 @@ def stats(targets: list[dict], drafts: list[dict], samples=(12, 7, 0, 0)) -> dic
             "workers": {"target": targets, "draft": drafts},
             "prefix_cache": {"target": {"looked_up": 12345, "found": 4096}, "draft": {"looked_up": 0, "found": 0}},
             "delivered": {"greedy": {"both_tokens_per_s": 187.4, "both_rounds": 240.0,
-                                     "lookup_alone_tokens_per_s": 234.9, "lookup_alone_rounds": 255.1},
+                                     "lookup_alone_tokens_per_s": 234.9, "lookup_alone_rounds": 255.1,
+                                     "new_requests": "lookup alone"},
                           "sampled": {"both_tokens_per_s": 90.0, "both_rounds": 12.0,
-                                      "lookup_alone_tokens_per_s": None, "lookup_alone_rounds": 0.0}}}
+                                      "lookup_alone_tokens_per_s": None, "lookup_alone_rounds": 0.0,
+                                      "new_requests": "lookup alone"}}}
 
 
 READY = {"name": "target 0", "state": "ready", "address": "10.0.0.5:40001", "cpus": [0, 1, 2, 3]}
