@@ -44,7 +44,7 @@ class RequestState:
     stats: generation_pb2.GenerationStats = field(default_factory=generation_pb2.GenerationStats)
     method: str = "model"                  # draft.method: model | ngram | model+ngram
     lookup_alone: bool = False             # model+ngram: this request drafts by prompt lookup alone (KSelector.attach)
-    fell_back: bool = False                # ... no: but the draft worker was unreachable when a round was planned
+    fell_back: bool = False                # a round was planned while its draft worker was unreachable
     ngram: NgramIndex | None = None        # the request's prompt-lookup index (None: no n-gram proposals, not
                                            # even as the fallback while the draft worker is down)
     stop_strings: tuple = ()               # matched on the decoded output by router.stopping
