@@ -258,8 +258,10 @@ class Api:
         structured = plan.structured_output()
         if structured is not None:
             generate.structured_output.CopyFrom(structured)
-        constrained = generate.HasField("structured_output")
-        return generate, plan, reasoning_for(self.http.reasoning_parser, prompt, constrained)
+        reasoning = reasoning_for(self.http.reasoning_parser, prompt, generate.HasField("structured_output"))
+        if reasoning is not None and reasoning.keeps_markers:      # harmony's markers are special tokens
+            generate.keep_special_tokens = True
+        return generate, plan, reasoning
 
     async def tokenize(self, body: TokenizeRequest) -> dict:
         """vLLM's /tokenize: the prompt's token IDs (a chat's: the ones its chat request is given, `usage`'s

@@ -3,9 +3,11 @@ file named by `http.chat_template`. A model without either answers chat requests
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from openai_api.protocol import ApiError, Message, TemplateOptions
@@ -34,13 +36,17 @@ def _tojson(value, ensure_ascii: bool = False, indent: int | None = None, separa
 
 
 class ChatTemplate:
-    """A compiled chat template; render() gives the prompt that asks the model for the assistant's turn."""
+    """A compiled chat template; render() gives the prompt that asks the model for the assistant's turn. Its
+    functions are transformers': raise_exception, and strftime_now (today's date, as gpt-oss's and Llama 3's
+    templates write it), read from `now`."""
 
-    def __init__(self, source: str, eos_token: str = ""):
+    def __init__(self, source: str, eos_token: str = "", now: Callable[[], datetime] = datetime.now):
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         environment.globals["raise_exception"] = _raise
+        environment.globals["strftime_now"] = lambda form: now().strftime(form)
         environment.filters["tojson"] = _tojson
         self._template = environment.from_string(source)
+        self._reads = meta.find_undeclared_variables(environment.parse(source))     # the variables it reads
         self._eos = eos_token
         # what a client's chat_template_kwargs may not set: what specpool passes, what the request refuses
         # (documents), and the template's own functions (raise_exception, namespace, range, ...)
@@ -58,6 +64,11 @@ class ChatTemplate:
         if reserved:
             raise ApiError(400, f"chat_template_kwargs: {reserved[0]!r} is set by specpool or the template",
                            "chat_template_kwargs")
+        if options.reasoning_effort is not None:
+            if "reasoning_effort" not in self._reads:
+                raise ApiError(400, "reasoning_effort: this model's chat template does not read it (gpt-oss's "
+                               "does), so it would change nothing", "reasoning_effort")
+            variables = {**variables, "reasoning_effort": options.reasoning_effort}
         turns = [m.for_template() for m in messages]
         if options.continue_final_message:
             if messages[-1].content is None:

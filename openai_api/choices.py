@@ -9,7 +9,7 @@ import time
 
 from openai_api import tools
 from openai_api.functions import deprecated_message
-from openai_api.reasoning import ReasoningParser, ReasoningStream
+from openai_api.reasoning import HarmonyParser, HarmonyStream, ReasoningParser, ReasoningStream
 from openai_api.tools import ToolPlan, ToolStream
 from protos.specpool.v1 import generation_pb2
 
@@ -150,13 +150,13 @@ class ChatCompletions(Completions):
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl-"
 
     def __init__(self, decode, tool_plan: ToolPlan | None = None, deprecated: bool = False,
-                 reasoning: ReasoningParser | None = None):
+                 reasoning: ReasoningParser | HarmonyParser | None = None):
         super().__init__(decode)
         self.tools = tool_plan
         self.deprecated = deprecated     # asked with `functions`: calls answered as `function_call`
         self.reasoning = reasoning
         self.streams: dict[int, ToolStream] = {}     # choice index -> its stream's tool calls so far
-        self.thoughts: dict[int, ReasoningStream] = {}     # choice index -> its stream's reasoning split
+        self.thoughts: dict[int, ReasoningStream | HarmonyStream] = {}   # choice index -> its stream's split
 
     def _token(self, token_id: int, logprob: float) -> dict:
         text = self.decode(token_id)
@@ -196,7 +196,7 @@ class ChatCompletions(Completions):
         without a reasoning parser); at the `last` piece, with what the split still held."""
         if not self.reasoning:
             return None, text
-        thoughts = self.thoughts.setdefault(index, ReasoningStream(self.reasoning))
+        thoughts = self.thoughts.setdefault(index, self.reasoning.stream())
         reasoning, text = thoughts.feed(text)
         if last:
             more, rest = thoughts.finish()

@@ -367,8 +367,8 @@ class Message(Body):
                 for call in self.tool_calls]
         message.update({key: getattr(self, key) for key in ("tool_call_id", "name") if getattr(self, key)})
         reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
-        if reasoning is not None and self.role == "assistant":      # as the templates that keep it read it
-            message["reasoning_content"] = message["reasoning"] = reasoning
+        if reasoning is not None and self.role == "assistant":      # under each name templates read it by
+            message["reasoning_content"] = message["reasoning"] = message["thinking"] = reasoning    # (gpt-oss's)
         return message
 
 
@@ -379,13 +379,18 @@ def _not_with_a_generation_prompt(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
+Effort = Optional[Literal["low", "medium", "high"]]       # OpenAI's reasoning_effort, as gpt-oss takes it
+
+
 class TemplateOptions(Body):
     """vLLM's chat-template parameters: a new assistant turn asked for (add_generation_prompt), or the final
     message continued (continue_final_message: its text is the start of the answer), and the template's own
-    variables (chat_template_kwargs: Qwen3's enable_thinking, for one)."""
+    variables (chat_template_kwargs: Qwen3's enable_thinking, for one); OpenAI's reasoning_effort, passed to a
+    template that reads it (gpt-oss's)."""
     add_generation_prompt: Flag = True
     continue_final_message: Annotated[Flag, AfterValidator(_not_with_a_generation_prompt)] = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    reasoning_effort: Effort = None
 
 
 DeprecatedChoice = string_or_named(Literal["none", "auto"], FunctionName, '"none", "auto" or {"name": ...}')
@@ -393,6 +398,7 @@ DeprecatedChoice = string_or_named(Literal["none", "auto"], FunctionName, '"none
 
 class ChatRequest(SamplingBody, TemplateOptions):     # TemplateOptions' fields first: its validators read them
     messages: list[Message] = Field(min_length=1)
+    reasoning_effort: Effort = None         # TemplateOptions' (SamplingBody's refuses it, for completions)
     max_completion_tokens: MaxTokens = None
     logprobs: Flag = False
     top_logprobs: Annotated[TopLogprobs, only_when_true("logprobs")] = None     # as OpenAI and vLLM: not ignored

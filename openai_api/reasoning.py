@@ -11,18 +11,26 @@ all content: thinking turned off closes it in the prompt (Qwen3's `enable_thinki
 mode). Under structured output (which constrains the whole output from its first token) nothing is split.
 
     http: {reasoning_parser: qwen3}       # deploy/local.yaml
+
+`openai_gptoss` reads gpt-oss's harmony format (openai_api/harmony.py): the reasoning is its `analysis` messages,
+the content its other messages' text, each call in it written back as one message, out of which the `openai`
+tool-call parser reads the calls. Its markers are special tokens, so its requests keep them in their text.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
 
+from openai_api import harmony
+
 START, END = "<think>", "</think>"
 
 
 @dataclass(frozen=True)
 class ReasoningParser:
+    """The <think> format's (`deepseek_r1`, `qwen3`)."""
     opens_reasoning: bool       # the prompt opened the thinking: the output begins as reasoning without <think>
+    keeps_markers = False       # <think> and </think> are text the request's output keeps anyway
 
     def split(self, text: str) -> tuple[str | None, str]:
         """(the reasoning, None where the output does not reason; the content) of a whole output."""
@@ -44,10 +52,7 @@ class ReasoningParser:
         """How many of an output's tokens (`pieces`: each one's text) reason: those with text in the reasoning, as
         vLLM counts them (the <think> and </think> markers left out); 0 where the output does not reason."""
         span = self.span("".join(pieces))
-        if span is None:
-            return 0
-        starts = itertools.accumulate(map(len, pieces), initial=0)
-        return sum(at < span[1] and at + max(len(piece), 1) > span[0] for at, piece in zip(starts, pieces))
+        return tokens_within(pieces, [span] if span else [])
 
     def leading_thought(self, pieces: list[str]) -> int:
         """How many of an output's first tokens (`pieces`: each one's text) hold only its reasoning and markers:
@@ -57,8 +62,10 @@ class ReasoningParser:
         span = self.span(text)
         if span is None:
             return 0
-        start = span[1] + len(END) if text.startswith(END, span[1]) else len(text)
-        return sum(1 for end in itertools.accumulate(map(len, pieces)) if end <= start)
+        return tokens_ending_by(pieces, span[1] + len(END) if text.startswith(END, span[1]) else len(text))
+
+    def stream(self) -> "ReasoningStream":
+        return ReasoningStream(self)
 
     def body(self, text: str) -> str | None:
         """What follows an opening <think> (the output itself where it opens as reasoning), None: no reasoning."""
@@ -68,14 +75,64 @@ class ReasoningParser:
         return text if self.opens_reasoning else None
 
 
-NAMES = ("deepseek_r1", "qwen3")       # both the <think> format, as vLLM names its parsers for it
+def tokens_within(pieces: list[str], spans: list[tuple[int, int]]) -> int:
+    """How many tokens (`pieces`: each one's text) have text in one of the (start, end) character spans (a token
+    with no text counts where it stands inside one)."""
+    starts = itertools.accumulate(map(len, pieces), initial=0)
+    return sum(any(at < end and at + max(len(piece), 1) > start for start, end in spans)
+               for at, piece in zip(starts, pieces))
 
 
-def for_request(name: str, prompt: str, constrained: bool) -> ReasoningParser | None:
-    """How a request's output splits: not at all without a parser or under structured output; else as its prompt
-    leaves the thinking (open: the output begins as reasoning)."""
+def tokens_ending_by(pieces: list[str], at: int) -> int:
+    """How many of the first tokens end at or before character `at`."""
+    return sum(1 for end in itertools.accumulate(map(len, pieces)) if end <= at)
+
+
+@dataclass(frozen=True)
+class HarmonyParser:
+    """gpt-oss's (`openai_gptoss`): the reasoning is the bodies of its `analysis` messages (None where it writes
+    none), the content the rest (openai_api/harmony.py)."""
+    keeps_markers = True            # its markers are special tokens: the request's text must keep them
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        found = harmony.messages(text)
+        thought = [m for m in found if _thought(m)]
+        content = "".join(harmony.call_block(m, text) if m.call else m.body(text) for m in found if not _thought(m))
+        return ("".join(m.body(text) for m in thought) if thought else None), content
+
+    def reasoning_tokens(self, pieces: list[str]) -> int:
+        """The tokens with text in an analysis message's body (its header and end left out, as vLLM counts)."""
+        text = "".join(pieces)
+        return tokens_within(pieces, [(m.start, m.stop) for m in harmony.messages(text) if _thought(m)])
+
+    def leading_thought(self, pieces: list[str]) -> int:
+        """The first tokens that end before the answer's text begins (all of them where it never does); 0 where
+        the output does not reason."""
+        text = "".join(pieces)
+        found = harmony.messages(text)
+        if not any(map(_thought, found)):
+            return 0
+        return tokens_ending_by(pieces, next((m.start for m in found if not _thought(m)), len(text)))
+
+    def stream(self) -> "HarmonyStream":
+        return HarmonyStream(self)
+
+
+def _thought(message: harmony.Message) -> bool:
+    return message.channel == "analysis" and not message.call
+
+
+NAMES = ("deepseek_r1", "qwen3", "openai_gptoss")     # the <think> format twice, and harmony, as vLLM names them
+HARMONY = HarmonyParser()
+
+
+def for_request(name: str, prompt: str, constrained: bool) -> ReasoningParser | HarmonyParser | None:
+    """How a request's output splits: not at all without a parser or under structured output; harmony as gpt-oss
+    writes it; else as its prompt leaves the thinking (open: the output begins as reasoning)."""
     if name not in NAMES or constrained:
         return None
+    if name == "openai_gptoss":
+        return HARMONY
     return ReasoningParser(opens_reasoning=prompt.rstrip().endswith(START))
 
 
@@ -128,3 +185,28 @@ class ReasoningStream:
     def _said(self, reasoning: str | None) -> str | None:
         self.said = self.said or reasoning is not None
         return reasoning
+
+
+class HarmonyStream:
+    """One streamed choice of harmony output split as the whole would be: each piece -> (its reasoning, None: none
+    to send; its content), holding back a tail that may still become a marker or open a header."""
+
+    def __init__(self, parser: HarmonyParser):
+        self.parser, self.text = parser, ""
+        self.reasoned, self.said = None, 0      # the reasoning sent (None: none yet), characters of content sent
+
+    def feed(self, piece: str) -> tuple[str | None, str]:
+        self.text += piece
+        return self._sent(self.text[:harmony.held(self.text)])
+
+    def finish(self) -> tuple[str | None, str]:
+        return self._sent(self.text)
+
+    def _sent(self, text: str) -> tuple[str | None, str]:
+        """What the split of `text` holds past what was sent: reasoning once it has begun (an empty one once)."""
+        reasoning, content = self.parser.split(text)
+        new = None if reasoning is None else reasoning[len(self.reasoned or ""):]
+        new = new if new or self.reasoned is None else None
+        self.reasoned = self.reasoned if new is None else (self.reasoned or "") + new
+        piece, self.said = content[self.said:], len(content)
+        return new, piece

@@ -21,7 +21,7 @@ from pydantic_core import PydanticCustomError
 
 from openai_api.choices import FINISH, ChatCompletions, spec_stats
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, Body, ChatRequest, Flag, MaxTokens, Message,
-                                 SamplingBody, TemplateOptions, Text, TopLogprobs, neutral_only, one_of)
+                                 Effort, SamplingBody, TemplateOptions, Text, TopLogprobs, neutral_only, one_of)
 from openai_api.structured import JsonSchema, ResponseFormat, SchemaSpec
 from openai_api.tools import CalledFunction, Function, FunctionName, NamedToolChoice, Tool, ToolCall, string_or_named
 
@@ -183,9 +183,26 @@ Includable = Literal["message.output_text.logprobs", "reasoning.encrypted_conten
                      "computer_call_output.output.image_url", "code_interpreter_call.outputs"]
 
 
+def _no_summary(value: Any) -> Any:
+    if value is not None:
+        raise PydanticCustomError("unsupported", "not supported by specpool (only null: it sends the reasoning "
+                                  "itself, as reasoning_text)")
+    return value
+
+
+class ReasoningOptions(Body):
+    """`reasoning`: the effort, as chat's reasoning_effort (for a chat template that reads it: gpt-oss's); no
+    summaries (specpool answers the reasoning itself, as reasoning_text)."""
+    model_config = ConfigDict(extra="forbid")
+    effort: Effort = None
+    summary: Annotated[Any, AfterValidator(_no_summary)] = None
+    generate_summary: Annotated[Any, AfterValidator(_no_summary)] = None      # summary's deprecated name
+
+
 class ResponsesFields(SamplingBody, TemplateOptions):
     """The Responses API's parameters specpool serves (and the sampling extensions chat takes, vLLM's too)."""
     input: Input
+    reasoning: Optional[ReasoningOptions] = None
     instructions: Optional[Text] = None
     max_output_tokens: MaxTokens = None
     include: Optional[list[Includable]] = None
@@ -207,14 +224,14 @@ class ResponsesFields(SamplingBody, TemplateOptions):
 
 
 # The Responses API's parameters that would change the output and that specpool lacks -> the neutral value:
-# truncation of the conversation, a reasoning model's effort, a stored prompt template or conversation; and chat's
+# truncation of the conversation, a stored prompt template or conversation; and chat's
 # n, a Response having one output
-RESPONSES_REFUSED = {"truncation": "disabled", "reasoning": None, "prompt": None, "conversation": None, "n": 1}
+RESPONSES_REFUSED = {"truncation": "disabled", "prompt": None, "conversation": None, "n": 1}
 ResponsesRequest = create_model("ResponsesRequest", __base__=ResponsesFields, __module__=__name__,
                                 **neutral_only(RESPONSES_REFUSED, {"n": 1}))
 # The chat request's fields a Responses request sends as they are (not those it sends otherwise, nor n)
 SHARED = (set(SamplingBody.model_fields) | set(TemplateOptions.model_fields)) - set(ResponsesFields.__annotations__) \
-    - set(RESPONSES_REFUSED)
+    - set(RESPONSES_REFUSED) - {"reasoning_effort"}        # sent as `reasoning.effort`
 
 
 def chat_request(body: ResponsesFields, items: list) -> ChatRequest:
@@ -229,7 +246,7 @@ def chat_request(body: ResponsesFields, items: list) -> ChatRequest:
         max_completion_tokens=body.max_output_tokens, logprobs=logprobs,
         top_logprobs=body.top_logprobs if logprobs else None, tool_choice=choice,
         tools=None if body.tools is None else [tool.as_chat() for tool in body.tools],
-        parallel_tool_calls=body.parallel_tool_calls,
+        parallel_tool_calls=body.parallel_tool_calls, reasoning_effort=body.reasoning and body.reasoning.effort,
         response_format=body.text.format.response_format() if body.text and body.text.format else None)
 
 
@@ -338,7 +355,7 @@ def messages(instructions: str | None, items: list) -> list[Message]:
 
 # chat's parameters -> the Responses API's, in the errors the chat pipeline raises
 RENAMED = {"messages": "input", "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
-           "response_format": "text.format"}
+           "response_format": "text.format", "reasoning_effort": "reasoning.effort"}
 
 
 def responses_error(error: ApiError) -> ApiError:

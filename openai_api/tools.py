@@ -12,7 +12,9 @@ The tools reach the model through its chat template (`tools`, as transformers pa
   (the output a Python list of calls, `[get_weather(city="Oslo")]`: Llama 3.2 and 4) or `qwen3_coder`
   (`<tool_call><function=get_weather><parameter=city>Oslo</parameter></function></tool_call>`, values typed by the
   tool's schema), `deepseek_v31`, `deepseek_v3` or `glm45` (`<tool_call>get_weather<arg_key>city</arg_key>
-  <arg_value>Oslo</arg_value></tool_call>`: GLM-4.5 to 4.7, values typed as qwen3_coder's).
+  <arg_value>Oslo</arg_value></tool_call>`: GLM-4.5 to 4.7, values typed as qwen3_coder's) or `openai` (gpt-oss's
+  harmony messages to `functions.NAME`, openai_api/harmony.py; with the `openai_gptoss` reasoning parser, which
+  hands it the content with each call written back as one message).
 - `"none"`: free text, no calls read.
 
     {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
@@ -31,6 +33,7 @@ from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from openai_api import harmony
 from protos.specpool.v1 import generation_pb2
 
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}   # no `parameters`: none
@@ -311,6 +314,20 @@ def _glm_call(block: str) -> Call | None:
     return name.strip(), json.dumps(arguments)
 
 
+def openai_calls(text: str) -> Found | None:
+    """gpt-oss's calls: its harmony messages to `functions.NAME`, whose bodies are the arguments (JSON, written
+    back as json.dumps writes it; a body that is not a JSON object as it is, a call cut short too); the other
+    messages' bodies and the text outside any message are the content."""
+    found = harmony.messages(text)
+    calls = [(m.call, _openai_arguments(m.body(text))) for m in found if m.call]
+    return _found("".join(m.body(text) for m in found if not m.call), calls)
+
+
+def _openai_arguments(body: str) -> str:
+    arguments = _json(body.strip())
+    return json.dumps(arguments) if isinstance(arguments, dict) else body.strip()
+
+
 def _trimmed(value: str) -> str:
     """A value as Qwen3-Coder's template writes it, on lines of its own: one line end off each side."""
     value = value[1:] if value.startswith("\n") else value
@@ -406,7 +423,8 @@ PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
            "qwen3_coder": Parser(qwen3_coder_calls, hermes_held_from, typed=True),
            "deepseek_v31": Parser(deepseek_calls, held_from_opening(DS_CALLS)),
            "deepseek_v3": Parser(functools.partial(deepseek_calls, v3=True), held_from_opening(DS_CALLS)),
-           "glm45": Parser(glm45_calls, hermes_held_from, typed=True)}
+           "glm45": Parser(glm45_calls, hermes_held_from, typed=True),
+           "openai": Parser(openai_calls, held_from_opening(harmony.START))}
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,9 @@ POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # http.tool_call_parser's names (openai_api/tools.py PARSERS)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v31", "deepseek_v3",
-                     "glm45")
-REASONING_PARSERS = ("deepseek_r1", "qwen3")      # http.reasoning_parser's names (openai_api/reasoning.py NAMES)
+                     "glm45", "openai")
+# http.reasoning_parser's names (openai_api/reasoning.py NAMES)
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
 BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)
 # Upper bounds of the counts that size a round's work. Speculating past a few dozen tokens never pays (E[K] grows
 # at most by the product of the acceptance rates, which falls geometrically, while the draft's time grows with K),
@@ -359,10 +360,11 @@ class HttpConfig:
     chat_template: str = ""          # a Jinja chat template file, for a model whose tokenizer has none
     model_name: str = ""             # the model's id in /v1/models ("": the target model folder's name)
     tool_call_parser: str = ""       # how tool_choice "auto" reads calls in the output: hermes | llama3_json |
-                                     # mistral | pythonic | qwen3_coder | deepseek_v31 | deepseek_v3 | glm45
+                                     # mistral | pythonic | qwen3_coder | deepseek_v31 | deepseek_v3 | glm45 |
+                                     # openai (gpt-oss; with reasoning_parser openai_gptoss)
                                      # ("": "auto" is refused; "required" and named functions need none)
     reasoning_parser: str = ""       # how chat answers split a thinking model's reasoning from its content:
-                                     # deepseek_r1 | qwen3 ("": no split, the reasoning is content)
+                                     # deepseek_r1 | qwen3 | openai_gptoss ("": no split, the reasoning is content)
     store_responses: int = 1000      # the Responses API's stored responses kept in memory, the last used
                                      # (previous_response_id, GET /v1/responses/{id}); 0: none stored
     store_responses_mb: int = 256    # ... and at most this much of their text, the last used kept
@@ -381,6 +383,9 @@ class HttpConfig:
         for key, names in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
             if getattr(self, key) not in ("", *names):
                 raise ConfigError(f"{section}.{key}: one of {', '.join(names)} or \"\" (got {getattr(self, key)!r})")
+        if self.tool_call_parser == "openai" and self.reasoning_parser != "openai_gptoss":
+            raise ConfigError(f"{section}.tool_call_parser: openai reads gpt-oss's harmony messages, which need "
+                              f"{section}.reasoning_parser: openai_gptoss as well (got {self.reasoning_parser!r})")
 
 
 @dataclass

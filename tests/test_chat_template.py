@@ -75,6 +75,26 @@ def test_a_variable_that_breaks_the_template_is_a_400_naming_chat_template_kwarg
     assert refused.value.param == "chat_template_kwargs" and refused.value.status == 400
 
 
+def test_reasoning_effort_reaches_a_template_that_reads_it_and_one_that_does_not_refuses_it():
+    """gpt-oss's template reads `reasoning_effort` (its default "medium"); a template that does not read it would
+    change nothing, so the request is a 400 naming it; a value outside low / medium / high is refused as read."""
+    template = ChatTemplate("Reasoning: {{ reasoning_effort | default('medium') }}")
+    assert template.render(chat().messages, None, chat(reasoning_effort="low")) == "Reasoning: low"
+    assert template.render(chat().messages, None, chat()) == "Reasoning: medium"
+    with pytest.raises(ApiError) as refused:
+        ChatTemplate(THINKING).render(chat().messages, None, chat(reasoning_effort="high"))
+    assert (refused.value.param, refused.value.status) == ("reasoning_effort", 400)
+    with pytest.raises(ValidationError) as refused:
+        chat(reasoning_effort="max")
+    assert refused.value.errors()[0]["loc"] == ("reasoning_effort",)
+
+
+def test_strftime_now_writes_the_date_of_the_clock_it_is_given():
+    from datetime import datetime
+    template = ChatTemplate('Current date: {{ strftime_now("%d %b %Y") }}', now=lambda: datetime(2026, 11, 27))
+    assert template.render(chat().messages) == "Current date: 27 Nov 2026"
+
+
 def test_continuing_a_final_message_without_text_is_refused():
     calls = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}

@@ -432,7 +432,6 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ("/completions", {"function_call": "auto"}, "function_call"),
     ("/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
     ("/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
-    ("/chat/completions", {"reasoning_effort": "low"}, "reasoning_effort"),
     ("/chat/completions", {"verbosity": "high"}, "verbosity"),
     ("/chat/completions", {"web_search_options": {}}, "web_search_options"),
     ("/chat/completions", {"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
@@ -453,6 +452,15 @@ def test_output_changing_parameters_specpool_lacks_are_refused_naming_them(serve
     value it takes, not silently ignored (a boolean is not 0, a float not n); the server keeps serving."""
     error = assert_refused_naming(served, path, body, param)
     assert error["message"].startswith(f"{param}: not supported by specpool (only ")
+
+
+def test_reasoning_effort_is_refused_in_a_completion_and_where_the_chat_template_does_not_read_it(served):
+    """Chat's reasoning_effort reaches a template that reads it (gpt-oss's; tests/test_chat_template.py); the demo
+    pair's does not, so there it would change nothing: a 400 naming it, as in a completion."""
+    error = assert_refused_naming(served, "/chat/completions", {"reasoning_effort": "low"}, "reasoning_effort")
+    assert "chat template does not read it" in error["message"]
+    error = assert_refused_naming(served, "/completions", {"reasoning_effort": "low"}, "reasoning_effort")
+    assert error["message"].startswith("reasoning_effort: not supported by specpool (only ")
 
 
 @pytest.mark.parametrize("path, body, param", [

@@ -8,12 +8,14 @@ import json
 import pytest
 
 from openai_api.choices import ChatCompletions
-from openai_api.reasoning import ReasoningParser, ReasoningStream, for_request
+from openai_api.reasoning import HARMONY, ReasoningParser, for_request
+from tests.test_harmony import ANALYSIS, FINAL, WEATHER_CALL
 from tests.test_tool_calls import HERMES_OUTPUT, plan
 
 THOUGHT = "<think>\nThe user wants a point.\n</think>\n\n"
 # the output begins as reasoning (the prompt ended with <think>), or only after an opening <think> of its own
-PARSERS = {"opened": ReasoningParser(opens_reasoning=True), "unopened": ReasoningParser(opens_reasoning=False)}
+PARSERS = {"opened": ReasoningParser(opens_reasoning=True), "unopened": ReasoningParser(opens_reasoning=False),
+           "harmony": HARMONY}
 
 
 @pytest.mark.parametrize("parser, text, expected", [
@@ -55,7 +57,7 @@ def test_every_split_of_a_stream_sends_the_whole_outputs_reasoning_and_content(p
     reasoning, content = PARSERS[parser].split(text)
     for cut in range(len(text) + 1):
         for pieces in ([text[:cut], text[cut:]], [text[:cut // 2], text[cut // 2:cut], text[cut:]]):
-            stream, sent = ReasoningStream(PARSERS[parser]), []
+            stream, sent = PARSERS[parser].stream(), []
             sent += [stream.feed(piece) for piece in pieces]
             sent.append(stream.finish())
             said = [r for r, _ in sent if r is not None]       # none sent: no reasoning field at all
@@ -118,7 +120,8 @@ def test_the_config_names_the_reasoning_parsers():
     from openai_api.reasoning import NAMES
     from settings.schema import REASONING_PARSERS, ConfigError, config_from_dict
     assert NAMES == REASONING_PARSERS
-    with pytest.raises(ConfigError, match=r"^http\.reasoning_parser: one of deepseek_r1, qwen3 or \"\" \(got 'x'\)$"):
+    with pytest.raises(ConfigError, match=r"^http\.reasoning_parser: one of deepseek_r1, qwen3, openai_gptoss or \"\" "
+                                          r"\(got 'x'\)$"):
         config_from_dict({"http": {"reasoning_parser": "x"}})
 
 
@@ -207,7 +210,9 @@ def response_kinds(parser: str, tools: str | None = None):
 @pytest.mark.parametrize("parser, text", [
     ("unopened", THOUGHT + "Four."), ("unopened", "Four."), ("opened", "Still thinking"),
     ("opened", "x</think>\n\n"), ("unopened", THOUGHT + HERMES_OUTPUT), ("unopened", "<think></think>Four."),
-    ("opened", "Still thinking</think>" + HERMES_OUTPUT)])
+    ("opened", "Still thinking</think>" + HERMES_OUTPUT), ("harmony", ANALYSIS + FINAL),
+    ("harmony", ANALYSIS + WEATHER_CALL), ("harmony", "<|channel|>analysis<|message|>Still thinking"),
+    ("harmony", "Four.")])
 @pytest.mark.parametrize("finish", [2, 1], ids=["stop", "length"])
 def test_a_response_has_a_reasoning_item_before_its_message_whole_and_streamed(parser, text, finish):
     """The reasoning is a `reasoning` item (one reasoning_text part) before the message (none when nothing follows
@@ -215,7 +220,7 @@ def test_a_response_has_a_reasoning_item_before_its_message_whole_and_streamed(p
     from pydantic import TypeAdapter
     from openai.types.responses import Response, ResponseStreamEvent
     from router.stopping import Chunk
-    tools = "hermes" if "<tool_call>" in text else None
+    tools = "hermes" if "<tool_call>" in text else "openai" if "to=functions." in text else None
     adapter = TypeAdapter(ResponseStreamEvent)
     whole_kind, _ = response_kinds(parser, tools)
     whole = whole_kind.whole("r", "m", [whole_kind.choice(0, text, None, {2: "stop", 1: "length"}[finish])])
@@ -239,11 +244,13 @@ def test_a_response_has_a_reasoning_item_before_its_message_whole_and_streamed(p
             [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in whole["output"]]
 
 
-@pytest.mark.parametrize("pieces, answered", [
-    (["<think>", "Hmm", " ok", "</think>", "\n\nFour", "."], 2),       # the markers' logprobs go with the reasoning
-    (["<think>", "Hmm", " ok</think>\n\nFo", "ur."], 2),              # a token across the end: the answer's
-    (["Four", "."], 2), (["<think>", "Hmm"], 0)])
-def test_a_responses_message_carries_only_its_own_tokens_logprobs_whole_and_streamed(pieces, answered):
+@pytest.mark.parametrize("parser, pieces, answered", [
+    ("unopened", ["<think>", "Hmm", " ok", "</think>", "\n\nFour", "."], 2),   # the markers' logprobs: the reasoning's
+    ("unopened", ["<think>", "Hmm", " ok</think>\n\nFo", "ur."], 2),          # a token across the end: the answer's
+    ("unopened", ["Four", "."], 2), ("unopened", ["<think>", "Hmm"], 0),
+    ("harmony", ["<|channel|>", "analysis", "<|message|>", "Hmm", "<|end|>", "<|start|>", "assistant", "<|channel|>",
+                 "final", "<|message|>", "Four", "."], 2)])        # the final message's header: not the answer's
+def test_a_responses_message_carries_only_its_own_tokens_logprobs_whole_and_streamed(parser, pieces, answered):
     """The reasoning's tokens (up to its </think>) have no logprobs in the message's output_text, read whole and
     streamed at every split (reasoning_text parts carry none)."""
     import types
@@ -256,7 +263,7 @@ def test_a_responses_message_carries_only_its_own_tokens_logprobs_whole_and_stre
 
     def kind():
         made = ResponseObjects(pieces.__getitem__, plan("none"), ResponsesRequest.model_validate(
-            {"model": "m", "input": "x"}), reasoning=PARSERS["unopened"])
+            {"model": "m", "input": "x"}), reasoning=PARSERS[parser])
         made.bind([state])
         return made
     whole_kind = kind()

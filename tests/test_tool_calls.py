@@ -33,9 +33,13 @@ def test_the_config_names_every_parser_and_refuses_another():
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
     assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
     with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral, pythonic, "
-                                          r"qwen3_coder, deepseek_v31, deepseek_v3, glm45 or \"\" "
+                                          r"qwen3_coder, deepseek_v31, deepseek_v3, glm45, openai or \"\" "
                                           r"\(got 'xml'\)$"):
         config_from_dict({"http": {"tool_call_parser": "xml"}})
+    with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: openai reads gpt-oss's harmony messages, which "
+                                          r"need http\.reasoning_parser: openai_gptoss as well \(got 'qwen3'\)$"):
+        config_from_dict({"http": {"tool_call_parser": "openai", "reasoning_parser": "qwen3"}})
+    assert config_from_dict({"http": {"tool_call_parser": "openai", "reasoning_parser": "openai_gptoss"}})
 
 
 @pytest.mark.parametrize("text, expected", [
