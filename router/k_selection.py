@@ -264,11 +264,15 @@ class KSelector:
         """Per regime, what requests drafting from both sources and those on prompt lookup alone have delivered
         (tokens per second to 1 decimal, null before any round), the weight of rounds behind each, and which way
         new model+ngram requests run (lookup_way; random_probe aside): status's "delivered"."""
-        return {name: {**{f"{label}_{key}": value for kind, label in (("both", "both"), ("lookup", "lookup_alone"))
-                          for key, value in (("tokens_per_s", round(self.delivered[(kind, name)].rate, 1) or None),
-                                             ("rounds", round(self.delivered[(kind, name)].rounds, 1)))},
-                       "new_requests": "lookup alone" if self.lookup_way(name)[0] else "both sources"}
-                for name in REGIMES}
+        delivered = {}
+        for name in REGIMES:
+            both, alone = self.delivered[("both", name)], self.delivered[("lookup", name)]
+            delivered[name] = {"both_tokens_per_s": round(both.rate, 1) or None,
+                               "both_rounds": round(both.rounds, 1),
+                               "lookup_alone_tokens_per_s": round(alone.rate, 1) or None,
+                               "lookup_alone_rounds": round(alone.rounds, 1),
+                               "new_requests": "lookup alone" if self.lookup_way(name)[0] else "both sources"}
+        return delivered
 
     def _probe_drawn(self) -> bool:
         """Whether this plan is a random probe (chance random_probe, when probing is on)."""

@@ -1,5 +1,7 @@
 """Trace-driven tests of router/k_selection.py: K statistics per sampling regime and per proposal source.
-No models, no Ray, no wall clock: the cost model and common-random-number traces of tests/test_controller.py.
+No models, no Ray, no wall clock: the cost model and common-random-number traces of tests/test_controller.py
+(but for one test of the Router that serves a request run on lookup alone, over a fake target:
+tests/fake_workers.py).
 
 Mixed traffic: requests alternate between greedy (the greedy draft often matches the target's argmax, α 0.8)
 and sampled at a high temperature (it rarely matches the target's sample, α 0.1), 40 rounds each. Each regime's
@@ -7,6 +9,7 @@ throughput (its tokens / its rounds' time) is compared with the best fixed K for
 """
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -14,9 +17,10 @@ import pytest
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from router import k_selection
 from router.controller import RoundTimings
-from router.k_selection import KSelector, regime, source_config
+from router.k_selection import Delivered, KSelector, regime, source_config
 from router.metrics import Metrics
 from router.request_state import MODEL, NGRAM, RequestState, Round
+from router.worker_client import DraftClient
 from tests.test_controller import K_MAX, CostModel, make_trace, sequential
 
 ALPHA = {"greedy": 0.8, "sampled": 0.1}
@@ -292,6 +296,16 @@ def test_model_plus_ngram_runs_on_lookup_alone_where_mixing_the_sources_delivers
     assert rates["model+ngram"][1]["lookup alone"] >= 0.85 * 3000 / REQUEST_ROUNDS
 
 
+def observe_timed_rounds(selector: KSelector, state: RequestState, n: int, seconds_per_token: float,
+                         drafts: int = 2) -> None:
+    """Have the selector observe n rounds of the request, each of `drafts` drafts with one accepted (two tokens
+    committed), timed as a whole (Round.parts) at `seconds_per_token` per token committed."""
+    for _ in range(n):
+        round_ = Round([0] * drafts, 1, [0, 0], RoundTimings())
+        round_.parts = {"verify_compute": 2 * seconds_per_token}
+        selector.observe(state, round_)
+
+
 def test_a_model_plus_ngram_request_runs_on_lookup_alone_where_that_has_delivered_more():
     """Per regime: the less measured way until both have warmup_rounds behind them, then the way that delivered
     more tokens per second, the other with chance random_probe; methods model and ngram, and a request with its own
@@ -305,23 +319,20 @@ def test_a_model_plus_ngram_request_runs_on_lookup_alone_where_that_has_delivere
         selector.attach(state)
         return state
 
-    def rounds(state, n, seconds_per_token):
-        for _ in range(n):
-            round_ = Round([0, 0], 1, [0, 0], RoundTimings())
-            round_.parts = {"verify_compute": 2 * seconds_per_token}
-            selector.observe(state, round_)
     first = request()
-    assert not first.lookup_alone                 # nothing measured: both sources
-    rounds(first, 20, 0.004)                      # both: 250 tokens/s
+    assert not first.lookup_alone                                 # nothing measured: both sources
+    observe_timed_rounds(selector, first, 20, 0.004)              # both: 250 tokens/s
     second = request()
-    assert second.lookup_alone                    # the less measured way
-    rounds(second, 10, 0.002)                     # lookup alone: 500 tokens/s, not yet warmup_rounds
+    assert second.lookup_alone                                    # the less measured way
+    observe_timed_rounds(selector, second, 10, 0.002)             # lookup alone: 500 tokens/s, not yet warmup_rounds
     assert request().lookup_alone
-    rounds(request("ngram"), 10, 0.002)           # method ngram counts as lookup alone
-    rounds(request(fixed_k=3), 50, 0.001)         # a request with its own K counts towards neither, and so does
-    fell_back = request()                         # ... one that fell back to lookup while the draft was down
+    observe_timed_rounds(selector, request("ngram"), 10, 0.002)   # method ngram counts as lookup alone
+    # A request with its own K counts towards neither, and so does one that fell back to lookup while the draft
+    # was down.
+    observe_timed_rounds(selector, request(fixed_k=3), 50, 0.001)
+    fell_back = request()
     fell_back.fell_back = True
-    rounds(fell_back, 50, 0.001)
+    observe_timed_rounds(selector, fell_back, 50, 0.001)
     assert selector.delivery()["greedy"] == {"both_tokens_per_s": 250.0, "both_rounds": 19.3,
                                              "lookup_alone_tokens_per_s": 500.0, "lookup_alone_rounds": 19.3,
                                              "new_requests": "lookup alone"}
@@ -330,8 +341,8 @@ def test_a_model_plus_ngram_request_runs_on_lookup_alone_where_that_has_delivere
     assert not request(fixed_k=3).lookup_alone and not request("model").lookup_alone
     assert not request("model+ngram", index=1).lookup_alone       # the sampled regime has measured nothing
     both = request()
-    both.lookup_alone = False                     # a probe of both sources ...
-    rounds(both, 200, 0.001)                      # ... now at 1000 tokens/s
+    both.lookup_alone = False                                     # a probe of both sources ...
+    observe_timed_rounds(selector, both, 200, 0.001)              # ... now at 1000 tokens/s
     chosen = [request().lookup_alone for _ in range(1000)]
     assert 0.05 < sum(chosen) / 1000 < 0.15
     assert selector.delivery()["greedy"]["new_requests"] == "both sources"
@@ -342,14 +353,71 @@ def test_the_lookup_way_is_decided_once_both_have_half_a_cost_window_behind_them
     must still end."""
     from engine.ngram import NgramIndex
     selector = KSelector(sequential(k_max=K_MAX, warmup_rounds=64, cost_window=64), Metrics(), random.Random(2))
-    for alone, seconds in ((False, 0.002), (True, 0.001)):
+    for alone, seconds_per_token in ((False, 0.001), (True, 0.0005)):
         state = request_state(0, worker_pb2.DRAFT_MODE_GREEDY)
         state.ngram, state.method, state.lookup_alone = NgramIndex(2, 4), "model+ngram", alone
-        for _ in range(45):                       # weight 64 * (1 - (63/64) ** 45) = 32.5
-            round_ = Round([0], 1, [0, 0], RoundTimings())
-            round_.parts = {"verify_compute": seconds}
-            selector.observe(state, round_)
+        # 45 rounds: weight 64 * (1 - (63/64) ** 45) = 32.5
+        observe_timed_rounds(selector, state, 45, seconds_per_token, drafts=1)
     assert selector.lookup_way("greedy") == (True, True)
+
+
+class DraftSpy(DraftClient):
+    """A draft replica that records each call the router makes to it and answers none: the call raises, failing
+    the request (a release's failure is only recorded: the router ignores it)."""
+
+    def __init__(self):
+        super().__init__("127.0.0.1:1", name="draft 0")
+        self.calls: list[str] = []
+
+    def _called(self, name: str) -> AssertionError:
+        self.calls.append(name)
+        return AssertionError(f"the draft got a {name} call")
+
+    async def propose(self, *args, **kwargs):
+        raise self._called("propose")
+
+    def propose_chained(self, *args, **kwargs):
+        raise self._called("propose_chained")
+
+    async def release(self, session_id: int) -> None:
+        raise self._called("release")
+
+
+async def serve_on_lookup_alone(new_tokens: int) -> tuple[RequestState, list[int], int, list[str]]:
+    """One greedy model+ngram request through Router.run, over a fake target and a DraftSpy, where lookup alone has
+    delivered twice what both sources have (probing off, so KSelector.attach runs it on lookup alone): (its state,
+    the draft's sessions at each chunk, the tokens it streamed, the calls the draft got)."""
+    from router.server import Router
+    from router.worker_client import TargetClient
+    from settings.schema import config_from_dict
+    from tests.fake_workers import VOCAB, FakeTarget, tokenizer
+    target, draft = FakeTarget(), DraftSpy()
+    config = config_from_dict({"router": {"host": "127.0.0.1", "port": 0}, "draft": {"method": "model+ngram"},
+                               "speculation": {"probe_every": 0}})
+    info = {"eos_token_ids": [0], "vocab_size": len(VOCAB), "max_context": 4096, "model_path": "fake"}
+    router = Router(config, [draft], [TargetClient(await target.start(), name="target 0")], info, tokenizer())
+    router.k_selector.delivered.update({("both", "greedy"): Delivered(100.0, 1.0, 64.0),
+                                        ("lookup", "greedy"): Delivered(200.0, 1.0, 64.0)})
+    state = await router.admit(generation_pb2.GenerateRequest(prompt_token_ids=[2, 3, 4, 2, 3, 4],
+                                                              max_new_tokens=new_tokens))
+    sessions, streamed = [], 0
+    try:
+        async for tokens in router.run(state):
+            sessions.append(draft.outstanding)
+            streamed += len(tokens)
+    finally:
+        await router.close()
+        await target.kill()
+    return state, sessions, streamed, draft.calls
+
+
+def test_a_request_run_on_lookup_alone_takes_no_draft_replica_and_never_calls_the_draft():
+    """Router.run gives a model+ngram request that KSelector.attach runs on prompt lookup alone no draft replica
+    (the draft's session count stays 0 while it runs), and none of its rounds, nor its end, calls the draft."""
+    state, sessions, streamed, calls = asyncio.run(serve_on_lookup_alone(100))
+    assert state.method == "model+ngram" and state.lookup_alone and streamed == 100
+    assert sessions and set(sessions) == {0}
+    assert calls == []
 
 
 def test_model_plus_ngram_drafts_by_lookup_after_long_matches_and_by_the_model_after_short_ones():
