@@ -259,8 +259,8 @@ class Api:
         if structured is not None:
             generate.structured_output.CopyFrom(structured)
         reasoning = reasoning_for(self.http.reasoning_parser, prompt, generate.HasField("structured_output"))
-        if reasoning is not None and reasoning.keeps_markers:      # harmony's markers are special tokens
-            generate.keep_special_tokens = True
+        if reasoning is not None:
+            reasoning.prepare(generate)
         return generate, plan, reasoning
 
     async def tokenize(self, body: TokenizeRequest) -> dict:

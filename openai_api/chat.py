@@ -65,10 +65,7 @@ class ChatTemplate:
             raise ApiError(400, f"chat_template_kwargs: {reserved[0]!r} is set by specpool or the template",
                            "chat_template_kwargs")
         if options.reasoning_effort is not None:
-            if "reasoning_effort" not in self._reads:
-                raise ApiError(400, "reasoning_effort: this model's chat template does not read it (gpt-oss's "
-                               "does), so it would change nothing", "reasoning_effort")
-            variables = {**variables, "reasoning_effort": options.reasoning_effort}
+            variables = {**variables, "reasoning_effort": self._effort(options.reasoning_effort, variables)}
         turns = [m.for_template() for m in messages]
         if options.continue_final_message:
             if messages[-1].content is None:
@@ -79,9 +76,20 @@ class ChatTemplate:
             prompt = self._template.render(**variables, messages=turns, tools=tools, bos_token="",
                                            eos_token=self._eos, add_generation_prompt=options.add_generation_prompt)
         except (TemplateError, TypeError, ValueError, ArithmeticError, LookupError) as exc:
-            param = "chat_template_kwargs" if variables else "messages"       # a variable of the client's broke it
+            param = "chat_template_kwargs" if options.chat_template_kwargs else "messages"    # a client's variable
             raise ApiError(400, f"{param}: the chat template refused them: {exc}", param) from exc
         return continued(prompt) if options.continue_final_message else prompt
+
+    def _effort(self, effort: str, variables: dict) -> str:
+        """reasoning_effort, for a template that reads it (else it would change nothing) and not set otherwise in
+        chat_template_kwargs."""
+        if "reasoning_effort" not in self._reads:
+            raise ApiError(400, "reasoning_effort: this model's chat template does not read it (gpt-oss's does), so "
+                           "it would change nothing", "reasoning_effort")
+        if variables.get("reasoning_effort", effort) != effort:
+            raise ApiError(400, f"reasoning_effort: {effort!r}, but chat_template_kwargs sets it to "
+                           f"{variables['reasoning_effort']!r}", "reasoning_effort")
+        return effort
 
 
 CONTINUE = "CONTINUE_FINAL_MESSAGE_TAG "    # marks where the final message's text ends (transformers' own mark)

@@ -14,8 +14,9 @@ reasoning; `final`: the answer; `commentary`: calls, and preambles before them) 
 tokens, so the output's last message usually has no end in the text. The markers are special tokens: a request
 read this way keeps them in its text (GenerateRequest.keep_special_tokens).
 
-Text outside any message (an output that writes no header) is read as it is written. A header cut off by the end of
-the output is no message yet; one that another header or an end interrupts before its `<|message|>` is dropped.
+Text outside any message (an output that writes no header, as one continuing a final message does) is read as a body
+of no channel, up to its end. A header cut off by the end of the output is no message yet; one that another header
+or an end interrupts before its `<|message|>` is dropped.
 """
 from __future__ import annotations
 
@@ -49,29 +50,37 @@ class Message:
 
 
 def opens_with_header(text: str) -> bool:
-    """Whether the output begins inside a message's header (as the generation prompt leaves it)."""
+    """Whether the output begins inside a message's header, as the generation prompt leaves it: with a channel, a
+    new message, or a recipient (`to=functions.NAME`) followed by a marker (else `to=` is only text)."""
     opened = text.lstrip()
-    return opened.startswith(("<|channel|>", "to=", START))
+    return opened.startswith(("<|channel|>", START)) or opened.startswith("to=") and "<|" in opened
 
 
-def messages(text: str) -> list[Message]:
-    """The output's messages and the text outside them, in order."""
+def messages(text: str, opened: bool | None = None) -> list[Message]:
+    """The output's messages in order, text outside any (no header) read as a body up to the next end or header.
+    `opened`: whether the text begins inside a header (None: as opens_with_header reads it; False for a text whose
+    headers all begin with <|start|>, such as a split's content)."""
     found, at = [], 0
-    header = 0 if opens_with_header(text) else None
-    while True:
-        if header is None:
-            header = text.find(START, at)
-            header = len(text) if header < 0 else header
-            if header > at:
-                found.append(Message(None, "", at, header, ""))
-            if header == len(text):
-                return found
-        read = _read(text, header)
-        if read is None:                # cut off by the end of the output: no message yet
-            return found
-        message, at = read
+    header = opens_with_header(text) if opened is None else opened
+    while at < len(text):
+        if header or text.startswith(START, at):
+            read = _read(text, at)
+            if read is None:                # cut off by the end of the output: no message yet
+                break
+            message, at = read
+        else:
+            message, at = _outside(text, at)
         found += [message] if message else []
-        header = None
+        header = False
+    return found
+
+
+def _outside(text: str, at: int) -> tuple[Message, int]:
+    """Text outside any header, read as a body of no channel up to the next end (its end) or header."""
+    stop = _STOPS.search(text, at)
+    stop_at = stop.start() if stop else len(text)
+    end = stop.group() if stop and stop.group() != START else ""
+    return Message(None, "", at, stop_at, end), stop_at + len(end)
 
 
 def _read(text: str, header: int) -> tuple[Message | None, int] | None:
@@ -85,26 +94,27 @@ def _read(text: str, header: int) -> tuple[Message | None, int] | None:
         return None, interrupted.start() if interrupted.group() == START else interrupted.end()
     if body < 0:
         return None
-    words, body = text[opened:body], body + len(MESSAGE)
-    stop = _STOPS.search(text, body)
-    stop_at = stop.start() if stop else len(text)
-    end = stop.group() if stop and stop.group() != START else ""
+    words = text[opened:body]
     channel, recipient = _CHANNEL.search(words), _RECIPIENT.search(words)
-    message = Message(channel[1] if channel else "", recipient[1] if recipient else "", body, stop_at, end)
-    return message, stop_at + len(end)
+    read, at = _outside(text, body + len(MESSAGE))
+    return Message(channel[1] if channel else "", recipient[1] if recipient else "", read.start, read.stop,
+                   read.end), at
 
 
 def held(text: str) -> int:
-    """How much of a streamed output reads now as it will whole: all but a tail that may still become a marker, or
-    all of it held while it may still open a header."""
+    """How much of a streamed output reads now as it will whole: all but a tail that may still become a marker; none
+    of it while it may still open a header (a recipient waits for its first marker)."""
     opened = text.lstrip()
     if any(opening.startswith(opened) for opening in ("<|channel|>", "to=", START)):
         return 0
     tails = [n for marker in MARKERS for n in range(1, len(marker)) if text.endswith(marker[:n])]
-    return len(text) - max(tails, default=0)
+    settled = len(text) - max(tails, default=0)
+    waiting = text[:settled].lstrip().startswith("to=") and not opens_with_header(text[:settled])
+    return 0 if waiting else settled
 
 
-def call_block(message: Message, text: str) -> str:
-    """A call written back as one message (the content the `openai` tool-call parser reads calls out of)."""
-    return f"{START}assistant to={message.recipient}<|channel|>{message.channel}{MESSAGE}{message.body(text)}" \
-           f"{message.end}"
+def call_block(message: Message, text: str, closed: bool) -> str:
+    """A call written back as one message (the content the `openai` tool-call parser reads calls out of), its end
+    written once it is `closed` (an end, or the next message's header, follows it)."""
+    end = message.end or ("<|call|>" if closed else "")
+    return f"{START}assistant to={message.recipient}<|channel|>{message.channel}{MESSAGE}{message.body(text)}{end}"

@@ -368,7 +368,9 @@ class Message(Body):
         message.update({key: getattr(self, key) for key in ("tool_call_id", "name") if getattr(self, key)})
         reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
         if reasoning is not None and self.role == "assistant":      # under each name templates read it by
-            message["reasoning_content"] = message["reasoning"] = message["thinking"] = reasoning    # (gpt-oss's)
+            message["reasoning_content"] = message["reasoning"] = reasoning
+            if not (self.tool_calls and message["content"]):        # gpt-oss's, which takes a call's analysis
+                message["thinking"] = reasoning                     # from its content or this, never both
         return message
 
 

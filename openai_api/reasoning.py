@@ -8,13 +8,14 @@ The output reasons when the prompt opened the thinking (its generation prompt en
 DeepSeek-R1's and Qwen3-Thinking's templates end it) or when the output opens with `<think>` itself (Qwen3 with
 thinking on); the reasoning runs to the first `</think>` (all of the output, cut before one). Any other output is
 all content: thinking turned off closes it in the prompt (Qwen3's `enable_thinking: false`, DeepSeek V3.1's default
-mode). Under structured output (which constrains the whole output from its first token) nothing is split.
+mode). Under structured output the structure follows the reasoning (StructuredOutput.reasoning_end), as vLLM has it.
 
     http: {reasoning_parser: qwen3}       # deploy/local.yaml
 
 `openai_gptoss` reads gpt-oss's harmony format (openai_api/harmony.py): the reasoning is its `analysis` messages,
 the content its other messages' text, each call in it written back as one message, out of which the `openai`
-tool-call parser reads the calls. Its markers are special tokens, so its requests keep them in their text.
+tool-call parser reads the calls. Its markers are special tokens, so its requests keep them in their text. Under
+structured output (which then constrains the whole output from its first token) nothing is split.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import itertools
 from dataclasses import dataclass
 
 from openai_api import harmony
+from protos.specpool.v1 import generation_pb2
 
 START, END = "<think>", "</think>"
 
@@ -30,7 +32,13 @@ START, END = "<think>", "</think>"
 class ReasoningParser:
     """The <think> format's (`deepseek_r1`, `qwen3`)."""
     opens_reasoning: bool       # the prompt opened the thinking: the output begins as reasoning without <think>
-    keeps_markers = False       # <think> and </think> are text the request's output keeps anyway
+
+    def prepare(self, generate: generation_pb2.GenerateRequest) -> None:
+        """A structure follows the reasoning: free text up to </think> (opened by <think> unless the prompt opened
+        it, and then optional)."""
+        if generate.HasField("structured_output"):
+            generate.structured_output.reasoning_end = END
+            generate.structured_output.reasoning_start = "" if self.opens_reasoning else START
 
     def split(self, text: str) -> tuple[str | None, str]:
         """(the reasoning, None where the output does not reason; the content) of a whole output."""
@@ -92,13 +100,23 @@ def tokens_ending_by(pieces: list[str], at: int) -> int:
 class HarmonyParser:
     """gpt-oss's (`openai_gptoss`): the reasoning is the bodies of its `analysis` messages (None where it writes
     none), the content the rest (openai_api/harmony.py)."""
-    keeps_markers = True            # its markers are special tokens: the request's text must keep them
+    def prepare(self, generate: generation_pb2.GenerateRequest) -> None:
+        """Its markers are special tokens: the request's text keeps them."""
+        generate.keep_special_tokens = True
 
     def split(self, text: str) -> tuple[str | None, str]:
+        return self.read(text)[:2]
+
+    def read(self, text: str) -> tuple[str | None, str, str | None]:
+        """split's (reasoning, content), and where more body text would go: "reasoning" or "content" where the
+        text ends inside a body, else None."""
         found = harmony.messages(text)
         thought = [m for m in found if _thought(m)]
-        content = "".join(harmony.call_block(m, text) if m.call else m.body(text) for m in found if not _thought(m))
-        return ("".join(m.body(text) for m in thought) if thought else None), content
+        content = "".join(_content(m, text) for m in found if not _thought(m))
+        last = found[-1] if found else None
+        going_on = last is not None and not last.end and last.stop == len(text)
+        return ("".join(m.body(text) for m in thought) if thought else None), content, \
+            ("reasoning" if _thought(last) else "content") if going_on else None
 
     def reasoning_tokens(self, pieces: list[str]) -> int:
         """The tokens with text in an analysis message's body (its header and end left out, as vLLM counts)."""
@@ -122,17 +140,26 @@ def _thought(message: harmony.Message) -> bool:
     return message.channel == "analysis" and not message.call
 
 
+def _content(message: harmony.Message, text: str) -> str:
+    """A message's part of the content: its body, or, a call's, the call written back (closed where anything
+    follows it)."""
+    if not message.call:
+        return message.body(text)
+    return harmony.call_block(message, text, closed=bool(message.end) or message.stop < len(text))
+
+
 NAMES = ("deepseek_r1", "qwen3", "openai_gptoss")     # the <think> format twice, and harmony, as vLLM names them
 HARMONY = HarmonyParser()
 
 
 def for_request(name: str, prompt: str, constrained: bool) -> ReasoningParser | HarmonyParser | None:
-    """How a request's output splits: not at all without a parser or under structured output; harmony as gpt-oss
-    writes it; else as its prompt leaves the thinking (open: the output begins as reasoning)."""
-    if name not in NAMES or constrained:
+    """How a request's output splits (its parser's prepare() readies the request for it): not at all without a
+    parser; harmony as gpt-oss writes it, but not under structured output; else as its prompt leaves the thinking
+    (open: the output begins as reasoning)."""
+    if name not in NAMES:
         return None
     if name == "openai_gptoss":
-        return HARMONY
+        return None if constrained else HARMONY
     return ReasoningParser(opens_reasoning=prompt.rstrip().endswith(START))
 
 
@@ -194,9 +221,12 @@ class HarmonyStream:
     def __init__(self, parser: HarmonyParser):
         self.parser, self.text = parser, ""
         self.reasoned, self.said = None, 0      # the reasoning sent (None: none yet), characters of content sent
+        self.going_on = None                    # the text sent ends inside a body of this kind (HarmonyParser.read)
 
     def feed(self, piece: str) -> tuple[str | None, str]:
         self.text += piece
+        if self.going_on and "<" not in piece:      # no marker can begin in it: it is the body's (no parse, so
+            return self._more(piece)                # that a long answer streams in linear time)
         return self._sent(self.text[:harmony.held(self.text)])
 
     def finish(self) -> tuple[str | None, str]:
@@ -204,9 +234,17 @@ class HarmonyStream:
 
     def _sent(self, text: str) -> tuple[str | None, str]:
         """What the split of `text` holds past what was sent: reasoning once it has begun (an empty one once)."""
-        reasoning, content = self.parser.split(text)
+        reasoning, content, going_on = self.parser.read(text)
+        self.going_on = going_on if text == self.text else None
         new = None if reasoning is None else reasoning[len(self.reasoned or ""):]
         new = new if new or self.reasoned is None else None
         self.reasoned = self.reasoned if new is None else (self.reasoned or "") + new
         piece, self.said = content[self.said:], len(content)
         return new, piece
+
+    def _more(self, piece: str) -> tuple[str | None, str]:
+        if self.going_on == "reasoning":
+            self.reasoned += piece
+            return piece or None, ""
+        self.said += len(piece)
+        return None, piece

@@ -203,6 +203,7 @@ class ResponsesFields(SamplingBody, TemplateOptions):
     """The Responses API's parameters specpool serves (and the sampling extensions chat takes, vLLM's too)."""
     input: Input
     reasoning: Optional[ReasoningOptions] = None
+    reasoning_effort: Annotated[Any, _elsewhere("send `reasoning.effort`")] = None       # chat's name
     instructions: Optional[Text] = None
     max_output_tokens: MaxTokens = None
     include: Optional[list[Includable]] = None
@@ -231,7 +232,7 @@ ResponsesRequest = create_model("ResponsesRequest", __base__=ResponsesFields, __
                                 **neutral_only(RESPONSES_REFUSED, {"n": 1}))
 # The chat request's fields a Responses request sends as they are (not those it sends otherwise, nor n)
 SHARED = (set(SamplingBody.model_fields) | set(TemplateOptions.model_fields)) - set(ResponsesFields.__annotations__) \
-    - set(RESPONSES_REFUSED) - {"reasoning_effort"}        # sent as `reasoning.effort`
+    - set(RESPONSES_REFUSED)
 
 
 def chat_request(body: ResponsesFields, items: list) -> ChatRequest:

@@ -318,7 +318,7 @@ def openai_calls(text: str) -> Found | None:
     """gpt-oss's calls: its harmony messages to `functions.NAME`, whose bodies are the arguments (JSON, written
     back as json.dumps writes it; a body that is not a JSON object as it is, a call cut short too); the other
     messages' bodies and the text outside any message are the content."""
-    found = harmony.messages(text)
+    found = harmony.messages(text, opened=False)      # the reasoning parser's content: headers at <|start|> only
     calls = [(m.call, _openai_arguments(m.body(text))) for m in found if m.call]
     return _found("".join(m.body(text) for m in found if not m.call), calls)
 

@@ -46,6 +46,26 @@ def llguidance_grammar(structured: generation_pb2.StructuredOutput) -> tuple[str
         raise RequestError(field, f"not a Lark or GBNF grammar: {exc}") from None
 
 
+def after_reasoning(grammar: str, end: str, start: str = "") -> str:
+    """`grammar` after a thinking model's reasoning: free text up to and including the first `end` (a lexeme with
+    that suffix: llguidance rolls it back, as rejected drafts need, which a `stop` lexeme it cannot), opened by
+    `start` where the reasoning is optional (else it is always there), then the structure at once, as a grammar of
+    its own."""
+    try:
+        inner = json.loads(grammar)["grammars"]            # llguidance's JSON form (a schema's, a regex's)
+    except (ValueError, TypeError, KeyError):
+        inner = [{"lark_grammar": grammar}]                # Lark text (a choice's, a grammar's)
+    name = inner[0].get("name") or "answer"
+    opening = f"({_literal(start)} thinking)?" if start else "thinking"
+    lark = f"start: {opening} @{name}\nthinking[suffix={_literal(end)}]: /(?s:.*)/\n"
+    return json.dumps({"grammars": [{"lark_grammar": lark}, {**inner[0], "name": name}, *inner[1:]]})
+
+
+def _literal(marker: str) -> str:
+    """A Lark string literal of the text."""
+    return json.dumps(marker, ensure_ascii=False)
+
+
 def matcher_tokenizer(tokenizer, vocab_size: int, eos_ids: frozenset):
     """llguidance's view of the router's tokenizer (a `tokenizers.Tokenizer`), to check grammars against the
     vocabulary; None where llguidance cannot read it (the workers then find what only the vocabulary shows)."""
@@ -61,7 +81,15 @@ def compiled(request: generation_pb2.GenerateRequest, eos_ids: frozenset,
     """The request's grammar for the workers, checked (with `tokenizer`, matcher_tokenizer's, also against the
     vocabulary: a regex no token can start is caught only there). None: no structured output. A grammar ends its
     output with EOS, so it is refused beside ignore_eos or min_new_tokens."""
-    if not request.HasField("structured_output") or request.structured_output.WhichOneof("kind") is None:
+    if not request.HasField("structured_output"):
+        return None
+    structured = request.structured_output
+    if structured.reasoning_start and not structured.reasoning_end:
+        raise RequestError("structured_output.reasoning_start", "needs reasoning_end (where the reasoning ends)")
+    if structured.WhichOneof("kind") is None:
+        if structured.reasoning_end:
+            raise RequestError("structured_output.reasoning_end", "needs a structure to follow the reasoning "
+                                                                  "(json_schema, json_object, regex, choice, grammar)")
         return None
     if request.ignore_eos:
         raise RequestError("ignore_eos", "cannot be combined with structured_output (its output ends with EOS)")
@@ -71,7 +99,9 @@ def compiled(request: generation_pb2.GenerateRequest, eos_ids: frozenset,
         raise RequestError("structured_output", f"at most {MAX_GRAMMAR_CHARS} bytes")
     if not eos_ids:
         raise RequestError("structured_output", "the model has no EOS token to end a structured output with")
-    field, grammar = llguidance_grammar(request.structured_output)
+    field, grammar = llguidance_grammar(structured)
+    if structured.reasoning_end:
+        grammar = after_reasoning(grammar, structured.reasoning_end, structured.reasoning_start)
     from llguidance import LLMatcher
     error = LLMatcher.validate_grammar(grammar)
     if not error and tokenizer is not None:

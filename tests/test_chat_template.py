@@ -87,6 +87,16 @@ def test_reasoning_effort_reaches_a_template_that_reads_it_and_one_that_does_not
     with pytest.raises(ValidationError) as refused:
         chat(reasoning_effort="max")
     assert refused.value.errors()[0]["loc"] == ("reasoning_effort",)
+    assert template.render(chat().messages, None, chat(reasoning_effort="low", chat_template_kwargs={
+        "reasoning_effort": "low"})) == "Reasoning: low"
+    with pytest.raises(ApiError) as refused:          # set two ways, differently: not silently one of them
+        template.render(chat().messages, None, chat(reasoning_effort="low", chat_template_kwargs={
+            "reasoning_effort": "high"}))
+    assert refused.value.param == "reasoning_effort"
+    with pytest.raises(ApiError) as refused:          # the template's own error names the messages, not kwargs
+        ChatTemplate("{{ raise_exception('no') }}{{ reasoning_effort }}").render(
+            chat().messages, None, chat(reasoning_effort="low"))
+    assert refused.value.param == "messages"
 
 
 def test_strftime_now_writes_the_date_of_the_clock_it_is_given():

@@ -39,13 +39,54 @@ FINAL = "<|start|>assistant<|channel|>final<|message|>It is sunny."
     ("<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>4", ("", "4")),
     ("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b", ("ab", "")),
     ("", (None, "")),
+    ('<|channel|>commentary to=functions.get_weather<|message|>{"city":"Oslo"}<|start|>assistant<|channel|>final'
+     "<|message|>Done", (None, WEATHER_BLOCK + "<|call|>Done")),         # a call closed by the next header
+    ("and so on.<|end|><|start|>assistant<|channel|>final<|message|>More.<|return|>",
+     (None, "and so on.More.")),                       # no header (continue_final_message): a body to its end
+    ("to=be or not", (None, "to=be or not")),          # a recipient only where a marker follows
 ])
 def test_an_output_splits_into_its_analysis_and_the_rest(text, expected):
     assert HARMONY.split(text) == expected
 
 
 TEXTS = [ANALYSIS + FINAL, ANALYSIS + WEATHER_CALL, " to=functions.get_time<|channel|>commentary json<|message|>{}",
-         "plain", "to", "tomato", "<|channel|>analysis<|message|><|end|>x", "<|channel|>final<|message|>a<|e", "<|"]
+         "plain", "to", "tomato", "to=be", "<|channel|>analysis<|message|><|end|>x", "<|channel|>final<|message|>a<|e",
+         "<|", '<|channel|>commentary to=functions.f<|message|>{}<|start|>assistant<|channel|>final<|message|>Done']
+PARTS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>", "assistant",
+         "analysis", "final", "commentary", " to=functions.get_time", " to=functions.f", "to=", "{}", "a", " ", "<|", "|>"]
+
+
+def random_outputs(n: int, seed: int = 0) -> list[str]:
+    """n texts of up to 7 parts drawn from the markers, headers' words and a little text (seeded)."""
+    import random
+    draw = random.Random(seed)
+    return ["".join(draw.choice(PARTS) for _ in range(draw.randint(1, 7))) for _ in range(n)]
+
+
+HEADERS = ["<|channel|>analysis", "<|channel|>final", "<|channel|>commentary", " to=functions.get_time<|channel|>"
+           "commentary json", "<|channel|>commentary to=functions.get_weather <|constrain|>json",
+           "<|channel|>analysis to=functions.get_time"]
+BODIES = ["", "Hmm, ok.", "{}", '{"city": "Oslo"}', "to=do", "a<b"]
+
+
+def random_conversations(n: int, seed: int = 0) -> list[str]:
+    """n outputs of one to three messages (seeded): headers of every kind, short bodies, any end or none, a third
+    of them cut off at a random character."""
+    import random
+    draw, texts = random.Random(seed), []
+    for _ in range(n):
+        text = "".join(("<|start|>assistant" if i else "") + draw.choice(HEADERS) + "<|message|>" +
+                       draw.choice(BODIES) + draw.choice(["<|end|>", "<|call|>", "<|return|>", ""])
+                       for i in range(draw.randint(1, 3)))
+        texts.append(text[:draw.randint(1, len(text))] if draw.random() < 1 / 3 else text)
+    return texts
+
+
+def assembled_split(pieces: list[str]) -> tuple[str | None, str]:
+    stream = HARMONY.stream()
+    sent = [stream.feed(piece) for piece in pieces] + [stream.finish()]
+    said = [reasoning for reasoning, _ in sent if reasoning is not None]
+    return "".join(said) if said else None, "".join(content for _, content in sent)
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -55,10 +96,19 @@ def test_every_split_of_a_stream_sends_the_whole_outputs_reasoning_and_content(t
     expected = HARMONY.split(text)
     for cut in range(len(text) + 1):
         for pieces in ([text[:cut], text[cut:]], [text[:cut // 2], text[cut // 2:cut], text[cut:]]):
-            stream = HARMONY.stream()
-            sent = [stream.feed(piece) for piece in pieces] + [stream.finish()]
-            said = [reasoning for reasoning, _ in sent if reasoning is not None]
-            assert ("".join(said) if said else None, "".join(content for _, content in sent)) == expected
+            assert assembled_split(pieces) == expected
+
+
+def test_random_outputs_stream_what_they_split_into_whole_at_every_split():
+    """400 seeded random texts of markers, header words and text, and 200 of whole messages: every two- and
+    three-piece split of each, and the text fed a character at a time (the path that appends to an open body
+    without parsing)."""
+    for text in random_outputs(400) + random_conversations(200):
+        expected = HARMONY.split(text)
+        assert assembled_split(list(text)) == expected, text
+        for cut in range(len(text) + 1):
+            for pieces in ([text[:cut], text[cut:]], [text[:cut // 2], text[cut // 2:cut], text[cut:]]):
+                assert assembled_split(pieces) == expected, (text, pieces)
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -72,8 +122,9 @@ def test_the_openai_parser_reads_the_calls_to_functions(text, expected):
     assert openai_calls(text) == expected
 
 
-def test_a_call_block_is_the_message_written_back():
-    assert call_block(messages(WEATHER_CALL)[0], WEATHER_CALL) == WEATHER_BLOCK
+def test_a_call_block_is_the_message_written_back_its_end_written_once_closed():
+    assert call_block(messages(WEATHER_CALL)[0], WEATHER_CALL, closed=False) == WEATHER_BLOCK
+    assert call_block(messages(WEATHER_CALL)[0], WEATHER_CALL, closed=True) == WEATHER_BLOCK + "<|call|>"
 
 
 def test_an_auto_answer_of_calls_only_has_null_content_and_finishes_with_tool_calls():
@@ -112,6 +163,31 @@ def test_a_chat_answer_carries_the_reasoning_the_content_and_the_calls_whole_and
                 for c in d.get("tool_calls", [])] == calls
 
 
+def chat_parts(text: str, pieces: list[str] | None) -> tuple:
+    """(reasoning, content, calls) of a chat answer read whole (pieces None) or streamed in `pieces`; content
+    that is only whitespace as "" (null whole, sent as it comes streamed)."""
+    kind = chat_kind()
+    if pieces is None:
+        message = kind.choice(0, text, None, "stop")["message"]
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+        return message.get("reasoning"), (message["content"] or "").strip() and message["content"], calls
+    deltas = [kind.chunk_choice(0, piece, None, "stop" if last else None)["delta"]
+              for last, piece in zip([False] * (len(pieces) - 1) + [True], pieces)]
+    said = [d["reasoning"] for d in deltas if "reasoning" in d]
+    content = "".join(d.get("content") or "" for d in deltas)
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for d in deltas for c in d.get("tool_calls", [])]
+    return "".join(said) if said else None, content.strip() and content, calls
+
+
+@pytest.mark.parametrize("text", random_conversations(150, seed=1) + [
+    "<|channel|>commentary<|message|>to=do: check<|end|><|start|>assistant to=functions.get_time<|channel|>"
+    "commentary json<|message|>{}<|call|>"])           # a preamble that begins like a recipient
+def test_a_chat_answer_streamed_at_every_split_is_the_answer_read_whole(text):
+    expected = chat_parts(text, None)
+    for cut in range(len(text) + 1):
+        assert chat_parts(text, [text[:cut], text[cut:]]) == expected, cut
+
+
 PIECES = ["<|channel|>", "analysis", "<|message|>", "Hmm", " ok", "<|end|>", "<|start|>", "assistant", "<|channel|>",
           "final", "<|message|>", "Four", "."]
 
@@ -125,10 +201,13 @@ def test_the_reasoning_tokens_are_the_analysis_bodies_and_the_answer_begins_at_t
     assert (HARMONY.reasoning_tokens(pieces), HARMONY.leading_thought(pieces)) == (thought, leading)
 
 
-def test_only_an_unconstrained_request_is_read_as_harmony():
-    assert for_request("openai_gptoss", "<|start|>assistant", False) is HARMONY and HARMONY.keeps_markers
-    assert for_request("openai_gptoss", "<|start|>assistant", True) is None
-    assert not for_request("qwen3", "", False).keeps_markers
+def test_only_an_unconstrained_request_is_read_as_harmony_and_it_keeps_special_tokens():
+    from protos.specpool.v1 import generation_pb2
+    assert for_request("openai_gptoss", "<|start|>assistant", False) is HARMONY
+    assert for_request("openai_gptoss", "<|start|>assistant", True) is None     # structured: from the first token
+    generate = generation_pb2.GenerateRequest()
+    HARMONY.prepare(generate)
+    assert generate.keep_special_tokens
 
 
 def test_an_assistant_messages_reasoning_reaches_the_template_as_thinking():
@@ -170,11 +249,14 @@ def test_a_served_harmony_chat_keeps_special_tokens_and_answers_plain_text_as_co
 
 
 # A harmony chat template in the shape of gpt-oss's own (written for this test): the date from strftime_now, an
-# earlier answer's reasoning read as `thinking`, its calls as messages to functions.NAME, a tool's answer from it
+# earlier answer's calls as messages to functions.NAME after their analysis, which is the message's content or its
+# `thinking` (both refused, as gpt-oss's refuses them), a tool's answer from the function
 HARMONY_TEMPLATE = """<|start|>system<|message|>Current date: {{ strftime_now("%Y-%m-%d") }}<|end|>
 {%- for m in messages %}
 {%- if m.role == "assistant" and "tool_calls" in m %}
-{%- if "thinking" in m and not m.content %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>
+{%- if m.content and m.thinking %}{{ raise_exception("a call's analysis is its content or its thinking") }}
+{%- elif m.content or m.thinking %}<|start|>assistant<|channel|>analysis<|message|>{{ m.content or m.thinking }}\
+<|end|>
 {%- endif %}
 {%- for call in m.tool_calls %}<|start|>assistant to=functions.{{ call.function.name }}<|channel|>commentary json\
 <|message|>{{ call.function.arguments | tojson }}<|call|>{% endfor %}
@@ -187,22 +269,28 @@ HARMONY_TEMPLATE = """<|start|>system<|message|>Current date: {{ strftime_now("%
 {%- if add_generation_prompt %}<|start|>assistant{% endif %}"""
 
 
-def test_an_answers_calls_and_reasoning_sent_back_render_as_the_model_wrote_them():
-    """The tool-call round trip: an answer read from harmony (reasoning, calls, null content), sent back as the SDK
-    sends it with the tool's result, renders as the model's own messages again, with the date strftime_now gives."""
+@pytest.mark.parametrize("preamble", ["", "Let me look."])
+def test_an_answers_calls_and_reasoning_sent_back_render_as_its_analysis_and_calls(preamble):
+    """The tool-call round trip: an answer read from harmony (reasoning, calls; content null, or a preamble), sent
+    back as the SDK sends it with the tool's result, renders its analysis (the reasoning; where a preamble was the
+    content, the template takes that instead, since gpt-oss's takes one or the other) and its call as messages
+    again, with the date strftime_now gives."""
     from datetime import datetime
     from openai_api.chat import ChatTemplate
     from openai_api.protocol import ChatRequest
-    answer = chat_kind().choice(0, ANALYSIS + WEATHER_CALL, None, "stop")["message"]
+    said = f"<|start|>assistant<|channel|>commentary<|message|>{preamble}<|end|>" if preamble else ""
+    answer = chat_kind().choice(0, ANALYSIS + said + WEATHER_CALL, None, "stop")["message"]
+    assert answer["content"] == (preamble or None)
     body = ChatRequest.model_validate({"model": "m", "messages": [
         {"role": "user", "content": "Weather in Oslo?"}, answer,
         {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": "sunny"}]})
     prompt = ChatTemplate(HARMONY_TEMPLATE, now=lambda: datetime(2026, 11, 27)).render(body.messages)
+    analysis = f"<|start|>assistant<|channel|>analysis<|message|>{preamble or THOUGHT}<|end|>"
     assert prompt == ("<|start|>system<|message|>Current date: 2026-11-27<|end|>"
-                      "<|start|>user<|message|>Weather in Oslo?<|end|>" + ANALYSIS.replace("<|channel|>",
-                      "<|start|>assistant<|channel|>") + '<|start|>assistant to=functions.get_weather<|channel|>'
-                      'commentary json<|message|>{"city": "Oslo"}<|call|><|start|>functions.get_weather to=assistant'
-                      '<|channel|>commentary<|message|>"sunny"<|end|><|start|>assistant')
+                      "<|start|>user<|message|>Weather in Oslo?<|end|>" + analysis +
+                      '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
+                      '{"city": "Oslo"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary'
+                      '<|message|>"sunny"<|end|><|start|>assistant')
 
 
 def test_a_responses_requests_reasoning_effort_is_chats():

@@ -1,7 +1,7 @@
 """Reasoning parsers (openai_api/reasoning.py, http.reasoning_parser): a thinking model's output split into its
 reasoning and its content (the <think> format), opened by the prompt or by the output's own <think>, the same whole
-and at every split of a stream, the content's tool calls read after the split, nothing split under structured
-output; reasoning sent back on an assistant message reaches the chat template; and through a served demo pair whose
+and at every split of a stream, the content's tool calls read after the split, under structured output the structure
+after the reasoning; reasoning sent back on an assistant message reaches the chat template; and through a served demo pair whose
 template opens the thinking, chat and Responses answers carry the reasoning."""
 import json
 
@@ -38,7 +38,7 @@ def test_a_whole_output_splits_at_its_first_think_end(parser, text, expected):
     ("qwen3", "<|im_start|>assistant\n", False, False),               # Qwen3 thinking on: the model writes <think>
     ("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n", False, False),     # enable_thinking false
     ("deepseek_r1", "<|Assistant|></think>", False, False),           # DeepSeek V3.1's non-thinking mode
-    ("deepseek_r1", "<|Assistant|><think>\n", True, None),            # structured output: no split
+    ("deepseek_r1", "<|Assistant|><think>\n", True, True),            # structured output: after the reasoning
     ("", "<think>", False, None)])                                   # no parser
 def test_the_prompt_says_whether_the_output_opens_as_reasoning(name, prompt, constrained, opens):
     parser = for_request(name, prompt, constrained)
@@ -93,6 +93,32 @@ def test_a_chat_answer_carries_the_reasoning_and_reads_calls_in_the_content_only
                                                              for c in message.get("tool_calls", [])]
 
 
+@pytest.mark.parametrize("choice", ["named", "required"])
+def test_a_constrained_call_after_the_reasoning_is_read_from_the_content(choice):
+    """Named and "required" calls constrain the output after the reasoning (the structure follows </think>): the
+    message has the reasoning and the calls, whole and at every split of a stream."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    call = '{"city": "Oslo"}' if choice == "named" else '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'
+    text = THOUGHT.rstrip() + call
+
+    def kind():
+        made = ChatCompletions(str, plan(named if choice == "named" else choice), reasoning=PARSERS["unopened"])
+        made.bind([type("State", (), {"top_logprobs": None})()])
+        return made
+    message = kind().choice(0, text, None, "stop")["message"]
+    assert (message["reasoning"], message["content"]) == ("\nThe user wants a point.\n", None)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        ("get_weather", '{"city": "Oslo"}')]
+    for cut in range(len(text) + 1):
+        made = kind()
+        deltas = [made.chunk_choice(0, piece, None, finish)["delta"]
+                  for piece, finish in ((text[:cut], None), (text[cut:], "stop"))]
+        assert "".join(d.get("reasoning", "") for d in deltas) == message["reasoning"]
+        assert not "".join(d.get("content") or "" for d in deltas)
+        assert "".join(c["function"]["arguments"] for d in deltas for c in d.get("tool_calls", [])) == \
+            message["tool_calls"][0]["function"]["arguments"]
+
+
 def test_an_answer_that_does_not_reason_has_no_reasoning_and_one_all_reasoning_no_content():
     assert "reasoning" not in chat_kind("unopened").choice(0, "Four.", None, "stop")["message"]
     message = chat_kind("opened").choice(0, "Still thinking", None, "length")["message"]
@@ -114,6 +140,20 @@ def test_reasoning_sent_back_on_an_assistant_message_reaches_the_chat_template()
         {"role": "assistant", "content": "b", "reasoning": "old", "reasoning_content": "r2"},
         {"role": "assistant", "content": None, "reasoning": "only"}]})      # an answer that only reasoned
     assert template.render(body.messages) == "[user||][assistant|r1|r1][assistant|r2|r2][assistant|only|only]"
+
+
+@pytest.mark.parametrize("opens, start", [(True, ""), (False, "<think>")])
+def test_a_structure_asked_for_follows_the_reasoning(opens, start):
+    """Under structured output the grammar lets the reasoning run free to </think> (opened by <think> and optional
+    where the prompt did not open it), as vLLM applies structured output after the reasoning; free text is left
+    as it is."""
+    from protos.specpool.v1 import generation_pb2
+    generate = generation_pb2.GenerateRequest(structured_output=generation_pb2.StructuredOutput(json_object=True))
+    ReasoningParser(opens_reasoning=opens).prepare(generate)
+    assert (generate.structured_output.reasoning_end, generate.structured_output.reasoning_start) == ("</think>", start)
+    free = generation_pb2.GenerateRequest()
+    ReasoningParser(opens_reasoning=opens).prepare(free)
+    assert not free.HasField("structured_output") and not free.keep_special_tokens
 
 
 def test_the_config_names_the_reasoning_parsers():
@@ -166,7 +206,8 @@ def served(start_service, tmp_path_factory):
 def test_a_served_chat_answers_the_reasoning_whole_and_streamed(served):
     """The template opens <think> and the demo target writes no </think>, so all of its output is reasoning: the
     target alone's greedy text in `reasoning` and `reasoning_content`, content null; the stream's deltas put
-    together to the same; with a JSON schema nothing is split (the grammar constrains the whole output)."""
+    together to the same; with a JSON object asked for the reasoning runs free before it (the grammar allows every
+    token but EOS until `</think>`, and the target alone writes neither in 12 tokens), so it is the same."""
     from tests.test_openai_http import CHAT, demo_target, greedy_alone
     model, tokenizer = demo_target()
     prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False,
@@ -187,7 +228,8 @@ def test_a_served_chat_answers_the_reasoning_whole_and_streamed(served):
     assert set(raw["choices"][0]["message"]) >= {"reasoning", "reasoning_content", "content"}
     structured = served.client.chat.completions.create(model=served.model, messages=CHAT, max_tokens=12,
                                                        temperature=0, response_format={"type": "json_object"})
-    assert structured.choices[0].message.content and "reasoning" not in structured.choices[0].message.model_extra
+    assert (structured.choices[0].message.content, structured.choices[0].message.model_extra["reasoning"]) == (
+        None, expected)
 
 
 # ---- the Responses API: a reasoning item before the message ----------------------------------------------------

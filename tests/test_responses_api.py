@@ -203,7 +203,8 @@ def test_included_logprobs_are_chats_whole_and_streamed(served):
     ({"input": [{"role": "user", "content": "a", "id": "m"}, {"role": "user", "content": "b", "id": "m"}]}, "input"),
     ({"truncation": "auto"}, "truncation"),
     ({"reasoning": {"effort": "high"}}, "reasoning.effort"),         # the demo's chat template does not read it
-    ({"reasoning": {"summary": "auto"}}, "reasoning.summary"), ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
+    ({"reasoning_effort": "low"}, "reasoning_effort"),             # chat's name: "send `reasoning.effort`"
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": [{"type": "web_search"}]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
     ({"input": []}, "input"), ({"input": 3}, "input"), ({"input": [{"type": "item_reference", "id": "r"}]}, "input"),

@@ -77,6 +77,44 @@ def assert_schema_greedy(draft, target, model, tokenizer, k: int) -> None:
     assert set(value) == {"name", "n"} and isinstance(value["name"], str) and isinstance(value["n"], int)
 
 
+@pytest.mark.parametrize("k", [0, 4])
+def test_greedy_rounds_match_the_target_alone_under_a_schema_after_free_reasoning(demo, k):
+    """With reasoning_end (a thinking model's `</think>`; here ", ", which the demo target writes after "x = 3"),
+    the output runs free up to the marker and then follows the schema: the target alone's under the same grammar,
+    token for token, and JSON the schema accepts after the marker."""
+    draft, target, model, tokenizer = demo
+    small = {**POINT, "properties": {**POINT["properties"], "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+             "x-guidance": {"whitespace_flexible": False}}      # so that the demo target completes it in 48 tokens
+    grammar = grammar_of(json_schema=json.dumps(small), reasoning_end=", ")
+    prompt = tokenizer("x = ").input_ids
+    expected = constrained_greedy(model, target.model_path, grammar, prompt, 48)
+    assert expected[-1] in EOS_IDS
+    tokens = run_rounds(draft, target, prompt, k, len(expected), generation_pb2.SamplingParams(top_p=1.0),
+                        worker_pb2.DRAFT_MODE_GREEDY, grammar=grammar)
+    assert tokens == expected
+    reasoning, _, answer = tokenizer.decode(tokens, skip_special_tokens=True).partition(", ")
+    assert reasoning == "3" and set(json.loads(answer)) == {"name", "n"}
+
+
+@pytest.mark.parametrize("start, text, accepted", [
+    ("", 'It is 4.</think>{"a": 1}', True), ("", "<think>x</think>yes", False),      # the structure, at once
+    ("", '{"a": 1}', False),                                  # the prompt opened the reasoning: it must end first
+    ("", 'a</thinkb</think>{"a": 1}', True),                   # only the whole marker ends it
+    ("", 'a</think>b</think>{"a": 1}', False),                  # ... and the first one does
+    ("<think>", '<think>x</think>{"a": 1}', True), ("<think>", '{"a": 1}', True),     # optional, opened by <think>
+    ("<think>", 'x</think>{"a": 1}', False)])
+def test_a_structure_follows_the_reasoning_up_to_its_end_marker(start, text, accepted):
+    from llguidance import LLMatcher
+    from transformers import AutoTokenizer
+    from router.structured_output import matcher_tokenizer
+    from router.text import load_tokenizer
+    grammar = grammar_of(json_schema=json.dumps({"type": "object", "properties": {"a": {"type": "integer"}},
+                                                 "required": ["a"]}), reasoning_end="</think>", reasoning_start=start)
+    matcher = LLMatcher(matcher_tokenizer(load_tokenizer(str(DEMO / "target")), 768, EOS_IDS), grammar.llguidance)
+    ids = AutoTokenizer.from_pretrained(str(DEMO / "target")).encode(text, add_special_tokens=False)
+    assert (matcher.consume_tokens(ids) and matcher.is_accepting()) == accepted
+
+
 def test_both_engines_build_the_grammar_tokenizer_at_load_not_at_the_first_structured_call(demo):
     """The first structured-output session of a newly loaded pair finds llguidance's tokenizer built (no cache miss
     while it runs), for the EOS tokens the router sends: the engine thread never builds it mid-serving."""
@@ -179,6 +217,8 @@ def test_sampled_tokens_follow_the_target_alones_constrained_distribution(tiny_e
     (dict(choice=generation_pb2.Choices()), "structured_output.choice.options"),
     (dict(grammar="start: undefined_rule"), "structured_output.grammar"),
     (dict(grammar="root ::= ("), "structured_output.grammar"),
+    (dict(reasoning_end="</think>"), "structured_output.reasoning_end"),         # no structure to follow it
+    (dict(json_object=True, reasoning_start="<think>"), "structured_output.reasoning_start"),     # no end
 ])
 def test_a_malformed_structure_is_refused_naming_its_field(structure, field):
     with pytest.raises(RequestError) as info:
