@@ -463,8 +463,8 @@ class ToolPlan:
     def calls(self, text: str) -> Found | None:
         """(the text outside the calls, the calls) the output holds, or None: no calls, the text is content. Free
         text's calls count only if each names one of the tools."""
-        if self.choice == "named":
-            return "", [(self.named, text)]
+        if self.choice == "named":                  # none where the output had none (cut while reasoning)
+            return ("", [(self.named, text)]) if text else None
         if self.choice == "required":
             called = _json(text)
             if not isinstance(called, list):                    # cut short by max_tokens: returned as content
@@ -578,7 +578,7 @@ class ToolStream:
         return {"content": piece} if piece else {}
 
     def _arguments(self, piece: str) -> dict:
-        if not piece and self.opened:
+        if not piece:                   # the call opens with its first text (none while the model reasons)
             return {}
         call = {"index": 0, "function": {"arguments": piece}}
         if not self.opened:

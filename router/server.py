@@ -37,7 +37,7 @@ from router.request_state import DRAFT_MODES, RequestState
 from router.speculation import generate, releases_done
 from router.stopping import output_chunks
 from router.text import encode, max_token_chars, word_sequences
-from router.structured_output import compiled, matcher_tokenizer
+from router.structured_output import added_token, compiled, matcher_tokenizer
 from router.validation import MAX_REQUEST_ID_CHARS, ModelLimits, RequestError, check_prompt_text, validate
 from router.affinity import PrefixAffinity
 from router.worker_client import DraftClient, TargetClient
@@ -166,7 +166,8 @@ class Router:
         else:
             prompt_ids = list(request.prompt_token_ids)
         validate(request, prompt_ids, self.limits)
-        grammar = await asyncio.to_thread(lambda: compiled(request, self.eos_ids, self.grammar_tokenizer)) \
+        grammar = await asyncio.to_thread(lambda: compiled(request, self.eos_ids, self.grammar_tokenizer,
+                                                           added_token(self.tokenizer))) \
             if request.HasField("structured_output") else None      # off the loop: the tokenizer's first build too
         sampling = generation_pb2.SamplingParams()
         sampling.CopyFrom(request.sampling)

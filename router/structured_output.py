@@ -8,6 +8,7 @@ before any worker sees it; the target restricts p to it (engine/constraints.py).
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from router.validation import RequestError
@@ -46,24 +47,41 @@ def llguidance_grammar(structured: generation_pb2.StructuredOutput) -> tuple[str
         raise RequestError(field, f"not a Lark or GBNF grammar: {exc}") from None
 
 
-def after_reasoning(grammar: str, end: str, start: str = "") -> str:
-    """`grammar` after a thinking model's reasoning: free text up to and including the first `end` (a lexeme with
-    that suffix: llguidance rolls it back, as rejected drafts need, which a `stop` lexeme it cannot), opened by
+def none_added(text: str) -> None:
+    """No marker is a token of its own (the default of after_reasoning's `added`)."""
+
+
+def after_reasoning(grammar: str, end: str, start: str = "", added: Callable[[str], int | None] = none_added) -> str:
+    """`grammar` after a thinking model's reasoning: free text up to and including the first `end`, opened by
     `start` where the reasoning is optional (else it is always there), then the structure at once, as a grammar of
-    its own."""
+    its own. A marker that is a token of its own (`added` gives its ID: Qwen3's and DeepSeek-R1's </think>, which
+    llguidance counts special, so that no text spells it) is that token after free text; one that is text ends a
+    lexeme with that suffix (llguidance rolls it back, as rejected drafts need, which a `stop` lexeme it cannot)."""
     try:
         inner = json.loads(grammar)["grammars"]            # llguidance's JSON form (a schema's, a regex's)
     except (ValueError, TypeError, KeyError):
         inner = [{"lark_grammar": grammar}]                # Lark text (a choice's, a grammar's)
     name = inner[0].get("name") or "answer"
-    opening = f"({_literal(start)} thinking)?" if start else "thinking"
-    lark = f"start: {opening} @{name}\nthinking[suffix={_literal(end)}]: /(?s:.*)/\n"
+    ended = added(end)
+    reasoning, rule = ("thinking", f"thinking[suffix={_literal(end)}]: /(?s:.*)/") if ended is None else (
+        f"THINKING <[{ended}]>", "THINKING: /(?s:.*)/")
+    opened = added(start) if start else None
+    opening = "" if not start else _literal(start) if opened is None else f"<[{opened}]>"
+    head = f"({opening} {reasoning})?" if start else reasoning
+    lark = f"start: {head} @{name}\n{rule}\n"
     return json.dumps({"grammars": [{"lark_grammar": lark}, {**inner[0], "name": name}, *inner[1:]]})
 
 
 def _literal(marker: str) -> str:
     """A Lark string literal of the text."""
     return json.dumps(marker, ensure_ascii=False)
+
+
+def added_token(tokenizer) -> Callable[[str], int | None]:
+    """text -> the ID of the added token that is exactly that text (a `tokenizers.Tokenizer`'s), or None."""
+    def token(text: str) -> int | None:
+        return next((at for at, added in tokenizer.get_added_tokens_decoder().items() if added.content == text), None)
+    return token
 
 
 def matcher_tokenizer(tokenizer, vocab_size: int, eos_ids: frozenset):
@@ -76,11 +94,12 @@ def matcher_tokenizer(tokenizer, vocab_size: int, eos_ids: frozenset):
         return None
 
 
-def compiled(request: generation_pb2.GenerateRequest, eos_ids: frozenset,
-             tokenizer=None) -> worker_pb2.Grammar | None:
+def compiled(request: generation_pb2.GenerateRequest, eos_ids: frozenset, tokenizer=None,
+             added: Callable[[str], int | None] = none_added) -> worker_pb2.Grammar | None:
     """The request's grammar for the workers, checked (with `tokenizer`, matcher_tokenizer's, also against the
-    vocabulary: a regex no token can start is caught only there). None: no structured output. A grammar ends its
-    output with EOS, so it is refused beside ignore_eos or min_new_tokens."""
+    vocabulary: a regex no token can start is caught only there; the structure on its own, before any reasoning is
+    put in front of it). None: no structured output. A grammar ends its output with EOS, so it is refused beside
+    ignore_eos or min_new_tokens. `added`: added_token's, for reasoning markers."""
     if not request.HasField("structured_output"):
         return None
     structured = request.structured_output
@@ -100,8 +119,16 @@ def compiled(request: generation_pb2.GenerateRequest, eos_ids: frozenset,
     if not eos_ids:
         raise RequestError("structured_output", "the model has no EOS token to end a structured output with")
     field, grammar = llguidance_grammar(structured)
+    checked(field, grammar, tokenizer)
     if structured.reasoning_end:
-        grammar = after_reasoning(grammar, structured.reasoning_end, structured.reasoning_start)
+        grammar = after_reasoning(grammar, structured.reasoning_end, structured.reasoning_start, added)
+        checked("structured_output.reasoning_end", grammar, tokenizer)
+    return worker_pb2.Grammar(llguidance=grammar, eos_token_ids=sorted(eos_ids))
+
+
+def checked(field: str, grammar: str, tokenizer) -> None:
+    """RequestError naming `field` for a grammar llguidance refuses, or (with `tokenizer`) one whose first token no
+    token of the vocabulary can start."""
     from llguidance import LLMatcher
     error = LLMatcher.validate_grammar(grammar)
     if not error and tokenizer is not None:
@@ -113,4 +140,3 @@ def compiled(request: generation_pb2.GenerateRequest, eos_ids: frozenset,
     if error:                   # "at 1(8): invalid regex ... parse error:", a diagram, "error: unclosed ..."
         lines = [line.strip() for line in error.strip().splitlines()]
         raise RequestError(field, " ".join([lines[0]] + [line for line in lines[1:] if line.startswith("error:")]))
-    return worker_pb2.Grammar(llguidance=grammar, eos_token_ids=sorted(eos_ids))

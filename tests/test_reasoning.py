@@ -234,19 +234,45 @@ def test_a_served_chat_answers_the_reasoning_whole_and_streamed(served):
 
 # ---- the Responses API: a reasoning item before the message ----------------------------------------------------
 
-def response_kinds(parser: str, tools: str | None = None):
-    """A Response read whole and one streamed, of the same (scripted) output."""
+def response_kinds(parser: str, tools: str | None = None, choice=None):
+    """A Response read whole and one streamed, of the same (scripted) output (`choice`: a tool_choice of its own,
+    with the hermes parser)."""
     import types
     from openai_api.responses_api import ResponseObjects, ResponsesRequest
     from protos.specpool.v1 import generation_pb2
     body = ResponsesRequest.model_validate({"model": "m", "input": "x"})
     state = types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=4, tokens=[7] * 7,
                                   stats=generation_pb2.GenerationStats())
-    kinds = [ResponseObjects(str, plan("auto", tools) if tools else plan("none"), body, reasoning=PARSERS[parser])
-             for _ in range(2)]
+    tool_plan = plan(choice) if choice else plan("auto", tools) if tools else plan("none")
+    kinds = [ResponseObjects(str, tool_plan, body, reasoning=PARSERS[parser]) for _ in range(2)]
     for kind in kinds:
         kind.bind([state])
     return kinds
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize("parser, text, choice", [
+    ("opened", 'Let me think</think>{"city": "Oslo"}', NAMED), ("opened", "Still thinking", NAMED),
+    ("opened", 'Hmm</think>[{"name": "get_time", "parameters": {}}]', "required")])
+@pytest.mark.parametrize("finish", [2, 1], ids=["stop", "length"])
+def test_a_constrained_call_after_the_reasoning_streams_the_items_read_whole(parser, text, choice, finish):
+    """A named or required call after the reasoning (the structure follows </think>): a reasoning item, then the
+    call's (none where the output was cut while reasoning), whole and at every split of a stream."""
+    from router.stopping import Chunk
+    whole_kind, _ = response_kinds(parser, choice=choice)
+    whole = whole_kind.whole("r", "m", [whole_kind.choice(0, text, None, {2: "stop", 1: "length"}[finish])])
+    kinds = [item["type"] for item in whole["output"]]
+    assert kinds == (["reasoning", "function_call"] if "</think>" in text else ["reasoning"])
+    for cut in range(len(text) + 1):
+        _, stream_kind = response_kinds(parser, choice=choice)
+        events = stream_kind.events("r", "m")
+        frames = events.start() + events.chunk(0, Chunk([1], text[:cut], [], 0)) + \
+            events.chunk(0, Chunk([2], text[cut:], [], finish)) + events.end()
+        final = json.loads(frames[-1].split("\ndata: ")[1])["response"]["output"]
+        assert [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in final] == \
+            [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in whole["output"]]
 
 
 @pytest.mark.parametrize("parser, text", [

@@ -115,6 +115,34 @@ def test_a_structure_follows_the_reasoning_up_to_its_end_marker(start, text, acc
     assert (matcher.consume_tokens(ids) and matcher.is_accepting()) == accepted
 
 
+def test_a_marker_that_is_a_token_of_its_own_is_that_token_in_the_grammar():
+    """Qwen3's and DeepSeek-R1's <think> and </think> are added tokens, which llguidance counts special, so that no
+    text spells them: the grammar takes the tokens themselves (here the demo vocabulary with both added). While the
+    model reasons, its mask allows </think> and not EOS; the token ends the reasoning and the structure follows;
+    with reasoning_start the output opens with <think> or the structure, not with other text."""
+    from llguidance import LLMatcher
+    from tokenizers import AddedToken
+    from router.structured_output import added_token, matcher_tokenizer
+    from router.text import load_tokenizer
+    tokenizer = load_tokenizer(str(DEMO / "target"))
+    tokenizer.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    opens, ends = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
+    vocabulary = matcher_tokenizer(tokenizer, 770, EOS_IDS)
+
+    def text(words: str) -> list[int]:
+        return tokenizer.encode(words, add_special_tokens=False).ids
+    for start in ("", "<think>"):
+        request = generation_pb2.GenerateRequest(structured_output=generation_pb2.StructuredOutput(
+            json_object=True, reasoning_end="</think>", reasoning_start=start))
+        grammar = compiled(request, EOS_IDS, vocabulary, added_token(tokenizer)).llguidance
+        matcher = LLMatcher(vocabulary, grammar)
+        assert matcher.consume_tokens(([opens] if start else []) + text("I think"))
+        mask = matcher.compute_logit_bias()
+        assert mask[ends] and not mask[0]
+        assert matcher.consume_tokens([ends] + text('{"a": 1}')) and matcher.is_accepting()
+        assert LLMatcher(vocabulary, grammar).consume_tokens(text("I think")) == (not start)
+
+
 def test_both_engines_build_the_grammar_tokenizer_at_load_not_at_the_first_structured_call(demo):
     """The first structured-output session of a newly loaded pair finds llguidance's tokenizer built (no cache miss
     while it runs), for the EOS tokens the router sends: the engine thread never builds it mid-serving."""
@@ -248,6 +276,10 @@ def test_a_structure_no_token_sequence_can_match_is_refused_by_the_router(demo):
     assert tokenizer is not None
     assert grammar_of(regex=r"[^\s\S]")                  # without the vocabulary it compiles
     request = generation_pb2.GenerateRequest(structured_output=generation_pb2.StructuredOutput(regex=r"[^\s\S]"))
+    with pytest.raises(RequestError) as info:
+        compiled(request, EOS_IDS, tokenizer)
+    assert info.value.field == "structured_output.regex"
+    request.structured_output.reasoning_end = "</think>"      # free reasoning in front does not hide it
     with pytest.raises(RequestError) as info:
         compiled(request, EOS_IDS, tokenizer)
     assert info.value.field == "structured_output.regex"
