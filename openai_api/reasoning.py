@@ -100,6 +100,7 @@ def tokens_ending_by(pieces: list[str], at: int) -> int:
 class HarmonyParser:
     """gpt-oss's (`openai_gptoss`): the reasoning is the bodies of its `analysis` messages (None where it writes
     none), the content the rest (openai_api/harmony.py)."""
+
     def prepare(self, generate: generation_pb2.GenerateRequest) -> None:
         """Its markers are special tokens: the request's text keeps them."""
         generate.keep_special_tokens = True
