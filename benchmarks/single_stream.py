@@ -59,20 +59,44 @@ def hf_plan(service, cfg: BenchConfig) -> tuple[list, float]:
     """The transformers rows of the service's pair, each as (name, measure): measure(cfg) runs hf_row at its
     torch thread count (HF_THREADS; rows at more than one named "..., N threads"), so that a caller may run
     them in turn or interleave them with its own rows; and c = t_draft / t_target (one thread, as the workers
-    run)."""
-    from engine.model_pair import resolve_model
-    config = service.service.config                     # the draft beside the target, as assisted generation runs
+    run). The assistant runs beside the target, as assisted generation runs; where the draft pool is on another
+    device (a CPU draft beside a GPU target), assisted rows with the assistant there too ("..., draft on cpu")."""
+    config = service.service.config
     target, tokenizer = load_hf(service.service.pools.target_info["model_path"], config.target.device,
                                 config.target.dtype)
-    draft, _ = load_hf(resolve_model(config.draft.model), config.target.device, config.target.dtype)
+    assistants = assistant_rows(config, target, tokenizer, cfg.ks)
     plan = [(name if count == 1 else f"{name}, {count} threads", at_threads(count, hf_row, target, tokenizer,
                                                                               assistant, k))
-            for count in HF_THREADS
-            for name, assistant, k in [(BASE_ROW, None, 0)] + [(f"transformers assisted K={k}", draft, k)
-                                                              for k in cfg.ks]]
-    c = at_threads(1, lambda: forward_seconds(draft) / forward_seconds(target))()
+            for count in HF_THREADS for name, assistant, k in [(BASE_ROW, None, 0)] + assistants]
+    draft, _ = load_hf(draft_path(config), config.draft.device, config.draft.dtype)
+    c = at_threads(1, lambda: forward_seconds(draft) / forward_seconds(target))()      # the draft where its pool is
     log(f"cost ratio c = t_draft / t_target = {c:.3f}")
     return plan, c
+
+
+def draft_path(config) -> str:
+    from engine.model_pair import resolve_model
+    return resolve_model(config.draft.model)
+
+
+def assistant_rows(config, target, tokenizer, ks: tuple) -> list[tuple]:
+    """(name, assistant, k) of each assisted row: the draft on the target's device, then on the draft pool's where
+    transformers can run it there (5.17 cannot: its min_new_tokens processor meets the assistant's device)."""
+    places = [(config.target.device, config.target.dtype, "")]
+    if config.draft.device != config.target.device:
+        places.append((config.draft.device, config.draft.dtype, f", draft on {config.draft.device}"))
+    assistants = [(load_hf(draft_path(config), device, dtype)[0], suffix) for device, dtype, suffix in places]
+    return [(f"transformers assisted K={k}{suffix}", assistant, k) for assistant, suffix in assistants
+            if runs_assisted(target, tokenizer, assistant, suffix) for k in ks]
+
+
+def runs_assisted(target, tokenizer, assistant, suffix: str) -> bool:
+    try:
+        hf_run(target, tokenizer, [["def"]], 4, assistant, 2)
+        return True
+    except RuntimeError as error:
+        log(f"transformers assisted{suffix} left out: {str(error)[:160]}")
+        return False
 
 
 def at_threads(count: int, measure, *args):
