@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The checks a CUDA machine runs, in one go (a lent GPU comes by the minute): what it has, the CUDA tests
 # (the engines alone, then router + Ray + workers serving from the GPU; TP 2 over NCCL where there are two
-# GPUs), the GPU benchmark (benchmarks/gpu.py), then what torch.compile would give a target's forwards
-# (benchmarks/compile_step.py). Logs and results go under OUT_DIR. In session 32 the tests and the benchmark took
-# ~6 minutes on an H100.
+# GPUs), what CUDA graphs give a worker's forwards (benchmarks/cuda_graphs.py, ~50 s), then the GPU benchmark
+# (benchmarks/gpu.py). Logs and results go under OUT_DIR. Session 42 on an H200: tests 130 s, graphs ~35 s, the
+# benchmark with --draft-device cpu --dtype bfloat16 --skip-demo 235 s. Packages the image lacks: gpu_wheels.sh.
 #
-#   bash tools/gpu_check.sh OUT_DIR [BENCH_ARGS...]      # e.g. bash tools/gpu_check.sh /tmp/gpu --dtype bfloat16
+#   bash tools/gpu_check.sh OUT_DIR [BENCH_ARGS...]
+#   bash tools/gpu_check.sh /tmp/gpu --draft-device cpu --dtype bfloat16 --skip-demo     # session 42's run
 #
-# Environment: COMPILE_ARGS (the compile step's, default "--heavy-layers 8"), and each step's limit in seconds,
-# TESTS_S, BENCH_S and COMPILE_S (300, 600, 240), to fit a lease.
+# Environment: GRAPHS_ARGS (the graph study's, default "--dtype bfloat16 --heavy-layers 40"), and each step's
+# limit in seconds, TESTS_S, GRAPHS_S and BENCH_S (300, 120, 400), to fit a lease.
 set -uo pipefail
 out=${1:?usage: tools/gpu_check.sh OUT_DIR [BENCH_ARGS...]}; shift
 mkdir -p "$out"
@@ -30,12 +31,12 @@ tests=${PIPESTATUS[0]}
 echo "CUDA tests: exit $tests in $((SECONDS - started)) s" | tee -a "$out/tests.log"
 
 started=$SECONDS
-timeout "${BENCH_S:-600}" "$py" -m benchmarks.gpu --out "$out" "$@" 2>&1 | tee "$out/bench.log"
-bench=${PIPESTATUS[0]}
-echo "GPU benchmark: exit $bench in $((SECONDS - started)) s"
+graphs=${GRAPHS_ARGS:---dtype bfloat16 --heavy-layers 40}
+timeout "${GRAPHS_S:-120}" "$py" -m benchmarks.cuda_graphs --device cuda $graphs 2>&1 | tee "$out/graphs.md"
+echo "CUDA graphs: exit ${PIPESTATUS[0]} in $((SECONDS - started)) s"
 
 started=$SECONDS
-timeout "${COMPILE_S:-240}" "$py" -m benchmarks.compile_step --device cuda ${COMPILE_ARGS:---heavy-layers 8} 2>&1 |
-  tee "$out/compile.log"
-echo "compile step: exit ${PIPESTATUS[0]} in $((SECONDS - started)) s"
+timeout "${BENCH_S:-400}" "$py" -m benchmarks.gpu --out "$out" "$@" 2>&1 | tee "$out/bench.log"
+bench=${PIPESTATUS[0]}
+echo "GPU benchmark: exit $bench in $((SECONDS - started)) s"
 exit $((tests || bench))
