@@ -258,7 +258,7 @@ class Api:
         structured = plan.structured_output()
         if structured is not None:
             generate.structured_output.CopyFrom(structured)
-        reasoning = reasoning_for(self.http.reasoning_parser, prompt, generate.HasField("structured_output"))
+        reasoning = reasoning_for(self.http.reasoning_parser, prompt)
         if reasoning is not None:
             reasoning.prepare(generate)
         return generate, plan, reasoning

@@ -15,7 +15,8 @@ mode). Under structured output the structure follows the reasoning (StructuredOu
 `openai_gptoss` reads gpt-oss's harmony format (openai_api/harmony.py): the reasoning is its `analysis` messages,
 the content its other messages' text, each call in it written back as one message, out of which the `openai`
 tool-call parser reads the calls. Its markers are special tokens, so its requests keep them in their text. Under
-structured output (which then constrains the whole output from its first token) nothing is split.
+structured output the structure is the body of its `final` message, after any analysis (StructuredOutput.
+harmony_final), and the output splits as usual.
 """
 from __future__ import annotations
 
@@ -102,8 +103,10 @@ class HarmonyParser:
     none), the content the rest (openai_api/harmony.py)."""
 
     def prepare(self, generate: generation_pb2.GenerateRequest) -> None:
-        """Its markers are special tokens: the request's text keeps them."""
+        """Its markers are special tokens: the request's text keeps them. A structure is its final message's body."""
         generate.keep_special_tokens = True
+        if generate.HasField("structured_output"):
+            generate.structured_output.harmony_final = True
 
     def split(self, text: str) -> tuple[str | None, str]:
         return self.read(text)[:2]
@@ -153,14 +156,14 @@ NAMES = ("deepseek_r1", "qwen3", "openai_gptoss")     # the <think> format twice
 HARMONY = HarmonyParser()
 
 
-def for_request(name: str, prompt: str, constrained: bool) -> ReasoningParser | HarmonyParser | None:
+def for_request(name: str, prompt: str) -> ReasoningParser | HarmonyParser | None:
     """How a request's output splits (its parser's prepare() readies the request for it): not at all without a
-    parser; harmony as gpt-oss writes it, but not under structured output; else as its prompt leaves the thinking
-    (open: the output begins as reasoning)."""
+    parser; harmony as gpt-oss writes it; else as its prompt leaves the thinking (open: the output begins as
+    reasoning)."""
     if name not in NAMES:
         return None
     if name == "openai_gptoss":
-        return None if constrained else HARMONY
+        return HARMONY
     return ReasoningParser(opens_reasoning=prompt.rstrip().endswith(START))
 
 

@@ -146,6 +146,11 @@ class Router:
         return Reservation(self)
 
     @functools.cached_property
+    def added_token(self):
+        """text -> the ID of the added token that is that text, or None (structured output's reasoning markers)."""
+        return added_token(self.tokenizer)
+
+    @functools.cached_property
     def grammar_tokenizer(self):
         """The tokenizer structured-output grammars are checked against (router/structured_output.py)."""
         return matcher_tokenizer(self.tokenizer, self.model_info["vocab_size"], self.eos_ids)
@@ -167,7 +172,7 @@ class Router:
             prompt_ids = list(request.prompt_token_ids)
         validate(request, prompt_ids, self.limits)
         grammar = await asyncio.to_thread(lambda: compiled(request, self.eos_ids, self.grammar_tokenizer,
-                                                           added_token(self.tokenizer))) \
+                                                           self.added_token)) \
             if request.HasField("structured_output") else None      # off the loop: the tokenizer's first build too
         sampling = generation_pb2.SamplingParams()
         sampling.CopyFrom(request.sampling)

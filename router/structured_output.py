@@ -57,19 +57,39 @@ def after_reasoning(grammar: str, end: str, start: str = "", added: Callable[[st
     its own. A marker that is a token of its own (`added` gives its ID: Qwen3's and DeepSeek-R1's </think>, which
     llguidance counts special, so that no text spells it) is that token after free text; one that is text ends a
     lexeme with that suffix (llguidance rolls it back, as rejected drafts need, which a `stop` lexeme it cannot)."""
-    try:
-        inner = json.loads(grammar)["grammars"]            # llguidance's JSON form (a schema's, a regex's)
-    except (ValueError, TypeError, KeyError):
-        inner = [{"lark_grammar": grammar}]                # Lark text (a choice's, a grammar's)
-    name = inner[0].get("name") or "answer"
     ended = added(end)
     reasoning, rule = ("thinking", f"thinking[suffix={_literal(end)}]: /(?s:.*)/") if ended is None else (
         f"THINKING <[{ended}]>", "THINKING: /(?s:.*)/")
     opened = added(start) if start else None
     opening = "" if not start else _literal(start) if opened is None else f"<[{opened}]>"
     head = f"({opening} {reasoning})?" if start else reasoning
-    lark = f"start: {head} @{name}\n{rule}\n"
-    return json.dumps({"grammars": [{"lark_grammar": lark}, {**inner[0], "name": name}, *inner[1:]]})
+    return _wrapped(grammar, lambda name: f"start: {head} @{name}\n{rule}\n")
+
+
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>")
+
+
+def after_harmony(grammar: str, added: Callable[[str], int | None]) -> str:
+    """`grammar` as the body of the `final` message of gpt-oss's harmony format: any messages before it (analysis,
+    commentary: `<|start|>` and a role where one is not the output's first, `<|channel|>`, the channel and what
+    follows it in the header, `<|message|>`, a free body, `<|end|>`), then the final header and the structure at
+    once. The markers are special tokens and enter by ID (`added`, harmony_markers checks they exist)."""
+    start, channel, constrain, message, end = (f"<[{added(marker)}]>" for marker in HARMONY_MARKERS)
+    header = f"({start} TEXT)? {channel}"
+    return _wrapped(grammar, lambda name: (
+        f'start: other* {header} "final" ({constrain} TEXT)? {message} @{name}\n'
+        f"other: {header} CHANNEL ({constrain} TEXT)? {message} TEXT {end}\n"
+        "CHANNEL: /(analysis|commentary)(?s:.*)/\nTEXT: /(?s:.*)/\n"))
+
+
+def _wrapped(grammar: str, top: Callable[[str], str]) -> str:
+    """A grammar whose first grammar is the Lark text top(name), where @name refers to `grammar`."""
+    try:
+        inner = json.loads(grammar)["grammars"]            # llguidance's JSON form (a schema's, a regex's)
+    except (ValueError, TypeError, KeyError):
+        inner = [{"lark_grammar": grammar}]                # Lark text (a choice's, a grammar's)
+    name = inner[0].get("name") or "answer"
+    return json.dumps({"grammars": [{"lark_grammar": top(name)}, {**inner[0], "name": name}, *inner[1:]]})
 
 
 def _literal(marker: str) -> str:
@@ -78,10 +98,10 @@ def _literal(marker: str) -> str:
 
 
 def added_token(tokenizer) -> Callable[[str], int | None]:
-    """text -> the ID of the added token that is exactly that text (a `tokenizers.Tokenizer`'s), or None."""
-    def token(text: str) -> int | None:
-        return next((at for at, added in tokenizer.get_added_tokens_decoder().items() if added.content == text), None)
-    return token
+    """text -> the ID of the added token that is exactly that text (a `tokenizers.Tokenizer`'s), or None. The
+    tokenizer's added tokens are read once, here."""
+    ids = {added.content: at for at, added in sorted(tokenizer.get_added_tokens_decoder().items(), reverse=True)}
+    return ids.get
 
 
 def matcher_tokenizer(tokenizer, vocab_size: int, eos_ids: frozenset):
@@ -103,12 +123,8 @@ def compiled(request: generation_pb2.GenerateRequest, eos_ids: frozenset, tokeni
     if not request.HasField("structured_output"):
         return None
     structured = request.structured_output
-    if structured.reasoning_start and not structured.reasoning_end:
-        raise RequestError("structured_output.reasoning_start", "needs reasoning_end (where the reasoning ends)")
+    refuse_alone(structured)
     if structured.WhichOneof("kind") is None:
-        if structured.reasoning_end:
-            raise RequestError("structured_output.reasoning_end", "needs a structure to follow the reasoning "
-                                                                  "(json_schema, json_object, regex, choice, grammar)")
         return None
     if request.ignore_eos:
         raise RequestError("ignore_eos", "cannot be combined with structured_output (its output ends with EOS)")
@@ -123,7 +139,35 @@ def compiled(request: generation_pb2.GenerateRequest, eos_ids: frozenset, tokeni
     if structured.reasoning_end:
         grammar = after_reasoning(grammar, structured.reasoning_end, structured.reasoning_start, added)
         checked("structured_output.reasoning_end", grammar, tokenizer)
+    elif structured.harmony_final:
+        grammar = after_harmony(grammar, harmony_markers(added))
+        checked("structured_output.harmony_final", grammar, tokenizer)
     return worker_pb2.Grammar(llguidance=grammar, eos_token_ids=sorted(eos_ids))
+
+
+def refuse_alone(structured: generation_pb2.StructuredOutput) -> None:
+    """RequestError for what goes before a structure (reasoning markers, harmony's messages) asked for wrongly:
+    without a structure to follow it, or both kinds at once."""
+    field = ("structured_output.reasoning_end" if structured.reasoning_end else
+             "structured_output.harmony_final" if structured.harmony_final else None)
+    if structured.reasoning_start and not structured.reasoning_end:
+        raise RequestError("structured_output.reasoning_start", "needs reasoning_end (where the reasoning ends)")
+    if structured.reasoning_end and structured.harmony_final:
+        raise RequestError("structured_output.harmony_final", "not with reasoning_end (harmony's reasoning ends "
+                                                              "where its final message begins)")
+    if field and structured.WhichOneof("kind") is None:
+        raise RequestError(field, "needs a structure to follow the reasoning "
+                                  "(json_schema, json_object, regex, choice, grammar)")
+
+
+def harmony_markers(added: Callable[[str], int | None]) -> Callable[[str], int]:
+    """`added`, once each harmony marker is found to be a token of its own (RequestError naming the first that is
+    not: the model does not write harmony)."""
+    missing = next((marker for marker in HARMONY_MARKERS if added(marker) is None), None)
+    if missing is not None:
+        raise RequestError("structured_output.harmony_final", f"the model's tokenizer has no {missing} token of "
+                                                              "its own: it does not write gpt-oss's harmony format")
+    return added
 
 
 def checked(field: str, grammar: str, tokenizer) -> None:

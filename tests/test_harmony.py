@@ -201,13 +201,15 @@ def test_the_reasoning_tokens_are_the_analysis_bodies_and_the_answer_begins_at_t
     assert (HARMONY.reasoning_tokens(pieces), HARMONY.leading_thought(pieces)) == (thought, leading)
 
 
-def test_only_an_unconstrained_request_is_read_as_harmony_and_it_keeps_special_tokens():
+def test_a_harmony_request_keeps_special_tokens_and_its_structure_is_the_final_messages_body():
     from protos.specpool.v1 import generation_pb2
-    assert for_request("openai_gptoss", "<|start|>assistant", False) is HARMONY
-    assert for_request("openai_gptoss", "<|start|>assistant", True) is None     # structured: from the first token
-    generate = generation_pb2.GenerateRequest()
-    HARMONY.prepare(generate)
-    assert generate.keep_special_tokens
+    assert for_request("openai_gptoss", "<|start|>assistant") is HARMONY
+    plain, structured = generation_pb2.GenerateRequest(), generation_pb2.GenerateRequest(
+        structured_output=generation_pb2.StructuredOutput(json_object=True))
+    for generate in (plain, structured):
+        HARMONY.prepare(generate)
+        assert generate.keep_special_tokens
+    assert not plain.HasField("structured_output") and structured.structured_output.harmony_final
 
 
 def test_an_assistant_messages_reasoning_reaches_the_template_as_thinking():

@@ -33,15 +33,14 @@ def test_a_whole_output_splits_at_its_first_think_end(parser, text, expected):
     assert PARSERS[parser].split(text) == expected
 
 
-@pytest.mark.parametrize("name, prompt, constrained, opens", [
-    ("deepseek_r1", "<|Assistant|><think>\n", False, True),          # R1, Qwen3-Thinking: the template opens it
-    ("qwen3", "<|im_start|>assistant\n", False, False),               # Qwen3 thinking on: the model writes <think>
-    ("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n", False, False),     # enable_thinking false
-    ("deepseek_r1", "<|Assistant|></think>", False, False),           # DeepSeek V3.1's non-thinking mode
-    ("deepseek_r1", "<|Assistant|><think>\n", True, True),            # structured output: after the reasoning
-    ("", "<think>", False, None)])                                   # no parser
-def test_the_prompt_says_whether_the_output_opens_as_reasoning(name, prompt, constrained, opens):
-    parser = for_request(name, prompt, constrained)
+@pytest.mark.parametrize("name, prompt, opens", [
+    ("deepseek_r1", "<|Assistant|><think>\n", True),           # R1, Qwen3-Thinking: the template opens it
+    ("qwen3", "<|im_start|>assistant\n", False),                # Qwen3 thinking on: the model writes <think>
+    ("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n", False),      # enable_thinking false
+    ("deepseek_r1", "<|Assistant|></think>", False),            # DeepSeek V3.1's non-thinking mode
+    ("", "<think>", None)])                                    # no parser
+def test_the_prompt_says_whether_the_output_opens_as_reasoning(name, prompt, opens):
+    parser = for_request(name, prompt)
     assert (parser.opens_reasoning if parser else None) == opens
 
 

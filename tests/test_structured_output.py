@@ -247,6 +247,9 @@ def test_sampled_tokens_follow_the_target_alones_constrained_distribution(tiny_e
     (dict(grammar="root ::= ("), "structured_output.grammar"),
     (dict(reasoning_end="</think>"), "structured_output.reasoning_end"),         # no structure to follow it
     (dict(json_object=True, reasoning_start="<think>"), "structured_output.reasoning_start"),     # no end
+    (dict(harmony_final=True), "structured_output.harmony_final"),                 # no structure to be the body
+    (dict(json_object=True, harmony_final=True, reasoning_end="</think>"), "structured_output.harmony_final"),
+    (dict(json_object=True, harmony_final=True), "structured_output.harmony_final"),   # no harmony tokens
 ])
 def test_a_malformed_structure_is_refused_naming_its_field(structure, field):
     with pytest.raises(RequestError) as info:
@@ -285,3 +288,104 @@ def test_a_structure_no_token_sequence_can_match_is_refused_by_the_router(demo):
     assert info.value.field == "structured_output.regex"
     request.structured_output.regex = "[0-9]+"
     assert compiled(request, EOS_IDS, tokenizer).llguidance
+
+
+# ---- gpt-oss's harmony format: the structure is the final message's body --------------------------------------
+HARMONY_MARKS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
+LIKE = {"<|end|>": ("\n", 2.0), "<|message|>": (" =", 1.4), "<|channel|>": (":", 1.4)}  # (written like, times)
+
+
+@pytest.fixture(scope="module")
+def harmony_pair(tmp_path_factory):
+    """The demo pair with harmony's markers as special tokens of its vocabulary (768-774). Each of LIKE's markers
+    has the output row of a token the demo pair writes often, 1.4 times it, so that it writes the marker where the
+    grammar allows it there: the output moves through harmony's messages instead of running one body on."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    out = tmp_path_factory.mktemp("harmony-pair")
+    tokenizer = AutoTokenizer.from_pretrained(str(DEMO / "target"))
+    tokenizer.add_special_tokens({"additional_special_tokens": list(HARMONY_MARKS)})
+    for name in ("draft", "target"):
+        model = AutoModelForCausalLM.from_pretrained(str(DEMO / name))
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        head, embedding = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+        with torch.no_grad():
+            head[768:], embedding[768:] = 0.0, 0.0
+            for marker, (like, times) in LIKE.items():
+                marker, like = tokenizer.convert_tokens_to_ids(marker), tokenizer(like).input_ids[0]
+                head[marker], embedding[marker] = times * head[like], embedding[like]
+        model.save_pretrained(out / name)
+        tokenizer.save_pretrained(out / name)
+    return str(out / "draft"), str(out / "target"), tokenizer
+
+
+def harmony_grammar(target_path: str, **structure) -> worker_pb2.Grammar:
+    from router.structured_output import added_token, matcher_tokenizer
+    from router.text import load_tokenizer
+    tokenizer = load_tokenizer(target_path)
+    eos = frozenset({0, tokenizer.token_to_id("<|return|>")})
+    return compiled(generation_pb2.GenerateRequest(structured_output=generation_pb2.StructuredOutput(
+        harmony_final=True, **structure)), eos, matcher_tokenizer(tokenizer, 775, eos), added_token(tokenizer))
+
+
+@pytest.mark.parametrize("text, accepted", [
+    ('<|channel|>analysis<|message|>It is 1.<|end|><|start|>assistant<|channel|>final<|message|>{"a": 1}', True),
+    ('<|channel|>final<|message|>{"a": 1}', True),                                    # no analysis
+    ('<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary<|message|>b<|end|>'
+     '<|start|>assistant<|channel|>final<|message|>{"a": 1}', True),                 # a preamble between
+    ('<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|end|>'
+     '<|channel|>final<|message|>{"a": 1}', True),
+    ('<|channel|>final<|message|>yes', False),                                        # the body is the structure
+    ('{"a": 1}', False),                                                              # the format's header first
+    ('<|channel|>finale<|message|>{"a": 1}', False),                                  # no such channel
+    ('<|channel|>analysis<|message|>a<|channel|>final<|message|>{"a": 1}', False)])  # a message ends first
+def test_a_harmony_structure_is_the_final_messages_body(harmony_pair, text, accepted):
+    from llguidance import LLMatcher
+    from router.structured_output import matcher_tokenizer
+    _, target, tokenizer = harmony_pair
+    grammar = harmony_grammar(target, json_object=True)
+    matcher = LLMatcher(matcher_tokenizer(tokenizer.backend_tokenizer, 775, frozenset({0})), grammar.llguidance)
+    ok = matcher.consume_tokens(tokenizer(text, add_special_tokens=False).input_ids) and matcher.is_accepting()
+    assert ok == accepted
+
+
+def test_inside_a_harmony_body_the_mask_allows_its_end_and_not_eos(harmony_pair):
+    """While an analysis message runs, text and <|end|> may come, EOS may not; after <|end|>, only the next
+    message's <|start|> or <|channel|>; after the final message's structure, EOS (<|return|>)."""
+    from llguidance import LLMatcher
+    from router.structured_output import matcher_tokenizer
+    _, target, tokenizer = harmony_pair
+    grammar = harmony_grammar(target, json_object=True)
+    matcher = LLMatcher(matcher_tokenizer(tokenizer.backend_tokenizer, 775, frozenset({0, 773})), grammar.llguidance)
+    ids = tokenizer.convert_tokens_to_ids
+
+    def allowed() -> set[int]:
+        mask = matcher.compute_logit_bias()
+        return {token for token in (0, 773, ids("<|start|>"), ids("<|channel|>"), ids("<|end|>"), 88) if mask[token]}
+    assert matcher.consume_tokens(tokenizer("<|channel|>analysis<|message|>It", add_special_tokens=False).input_ids)
+    assert allowed() == {ids("<|end|>"), 88}
+    assert matcher.consume_tokens([ids("<|end|>")])
+    assert allowed() == {ids("<|start|>"), ids("<|channel|>")}
+    assert matcher.consume_tokens(tokenizer('<|channel|>final<|message|>{"a": 1}', add_special_tokens=False).input_ids)
+    assert {0, 773} <= allowed()
+
+
+@pytest.mark.parametrize("k", [0, 4])
+@pytest.mark.parametrize("prompt", ["x = ", "def f("])
+def test_greedy_rounds_match_the_target_alone_under_a_harmony_structure(harmony_pair, k, prompt):
+    """On a pair that writes harmony's markers, greedy rounds under the final-message grammar give the target
+    alone's output under it, token for token: from "x = " the final message's JSON at once; from "def f(" a
+    commentary message first, its markers among the drafts rolled back, then the final message."""
+    from tests.conftest import pair_engines
+    draft_path, target_path, tokenizer = harmony_pair
+    draft, target, model = pair_engines((draft_path, target_path))
+    grammar = harmony_grammar(target_path, json_schema=json.dumps(
+        {**POINT, "properties": {**POINT["properties"], "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+         "x-guidance": {"whitespace_flexible": False}}))
+    ids = tokenizer(prompt).input_ids
+    expected = constrained_greedy(model, target_path, grammar, ids, 128)
+    tokens = run_rounds(draft, target, ids, k, len(expected), generation_pb2.SamplingParams(top_p=1.0),
+                        worker_pb2.DRAFT_MODE_GREEDY, grammar=grammar)
+    assert tokens == expected
+    messages, _, final = tokenizer.decode(tokens).partition("<|channel|>final<|message|>")
+    assert messages.count("<|end|>") == (prompt != "x = ") and final.endswith("<|return|>")
+    assert set(json.loads(final.removesuffix("<|return|>"))) == {"name", "n"}

@@ -103,7 +103,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., stop: _Optional[_Iterable[str]] = ..., logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., min_new_tokens: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., include_stop_str_in_output: _Optional[bool] = ..., bad_words: _Optional[_Iterable[str]] = ..., prompt_logprobs: _Optional[int] = ..., keep_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
-    __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar", "reasoning_end", "reasoning_start")
+    __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar", "reasoning_end", "reasoning_start", "harmony_final")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class StructuredOutput(_message.Message):
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     REASONING_END_FIELD_NUMBER: _ClassVar[int]
     REASONING_START_FIELD_NUMBER: _ClassVar[int]
+    HARMONY_FINAL_FIELD_NUMBER: _ClassVar[int]
     json_schema: str
     json_object: bool
     regex: str
@@ -118,7 +119,8 @@ class StructuredOutput(_message.Message):
     grammar: str
     reasoning_end: str
     reasoning_start: str
-    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., grammar: _Optional[str] = ..., reasoning_end: _Optional[str] = ..., reasoning_start: _Optional[str] = ...) -> None: ...
+    harmony_final: bool
+    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., grammar: _Optional[str] = ..., reasoning_end: _Optional[str] = ..., reasoning_start: _Optional[str] = ..., harmony_final: _Optional[bool] = ...) -> None: ...
 
 class Choices(_message.Message):
     __slots__ = ("options",)
