@@ -28,7 +28,7 @@ sysdeps:
 	@sh tools/ssh_tools.sh
 
 test: install sysdeps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 stubs: install
 	$(PY) -m protos.generate

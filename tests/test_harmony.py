@@ -250,6 +250,17 @@ def test_a_served_harmony_chat_keeps_special_tokens_and_answers_plain_text_as_co
     assert completion["choices"][0]["text"] == ""
 
 
+
+def test_a_served_harmony_structure_on_a_model_without_harmony_tokens_is_a_400_saying_so(served):
+    """The openai_gptoss parser puts a structure in the final message (StructuredOutput.harmony_final), which takes
+    harmony's markers as tokens of their own: the demo target has none, so response_format is refused naming it."""
+    from tests.test_openai_http import CHAT
+    body = {"model": served.model, "messages": CHAT, "max_tokens": 8, "response_format": {"type": "json_object"}}
+    answer = httpx.post(served.base_url + "/chat/completions", json=body)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "response_format" and "harmony" in error["message"], error
+
 # A harmony chat template in the shape of gpt-oss's own (written for this test): the date from strftime_now, an
 # earlier answer's calls as messages to functions.NAME after their analysis, which is the message's content or its
 # `thinking` (both refused, as gpt-oss's refuses them), a tool's answer from the function
