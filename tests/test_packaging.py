@@ -28,6 +28,13 @@ def test_local_config_loads():
     assert config.router.port == 50051 and config.target.tensor_parallel_size == 1
 
 
+def test_one_gpu_config_puts_the_target_on_the_gpu_and_the_draft_on_a_cpu_core():
+    config = load_config(ROOT / "deploy" / "one-gpu.yaml")
+    assert (config.target.device, config.target.num_gpus, config.target.dtype) == ("cuda", 1.0, "bfloat16")
+    assert (config.draft.device, config.draft.num_gpus, config.draft.dtype) == ("cpu", 0.0, "float32")
+    assert config.draft.cpus == "auto" and config.speculation.overlap
+
+
 @pytest.mark.parametrize("data, message", [
     ({"draft": {"replica": 2}}, "draft.replica: unknown key"),
     ({"target": {"tensor_parallel_size": 0}}, "target.tensor_parallel_size:"),
