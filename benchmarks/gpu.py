@@ -12,7 +12,8 @@ With `--draft-device cpu` the draft pool runs on the machine's CPU cores (float3
 and the target on the GPU: draft and target on separate hardware, as the product deploys them, on a machine with
 one GPU. Both pools on one GPU instead time-slice it between their processes (session 37: a heavy pass 1.2-1.9x
 slower beside two other processes), which measures that contention rather than the design. The transformers rows
-then include assisted generation with the assistant on the CPU too, and the goals take the best of every row.
+then try assisted generation with the assistant on the CPU too (transformers 5.17 cannot run it: the row is left
+out, saying why), and the goals take the best of every row.
 """
 from __future__ import annotations
 
@@ -41,14 +42,19 @@ def gpu_plan(configured: dict, cfg: BenchConfig) -> list[tuple[str, int | None, 
 
 def on_device(data: dict, device: str, dtype: str = "float32", draft_device: str | None = None) -> dict:
     """The config `data` with both pools on `device` in `dtype` (on CUDA each takes half of one GPU), or the draft
-    on `draft_device` (on the CPU in float32), HTTP off."""
+    on `draft_device` (in float32 there unless that is a GPU), HTTP off."""
     data = {**copy.deepcopy(data), "http": {"port": -1}}
+    shared = draft_device is None or _gpu(draft_device) == _gpu(device)
     for pool, pool_device in (("draft", draft_device or device), ("target", device)):
         cuda = pool_device.startswith("cuda")
-        shared = cuda and (draft_device or device) == device
-        data[pool].update(device=pool_device, dtype=dtype if cuda else "float32",
-                          num_gpus=(0.5 if shared else 1.0) if cuda else 0.0)
+        data[pool].update(device=pool_device, num_gpus=(0.5 if shared else 1.0) if cuda else 0.0,
+                          dtype=dtype if cuda or shared else "float32")
     return data
+
+
+def _gpu(device: str) -> str:
+    """A CUDA device's name with its index ("cuda" is "cuda:0"), any other device's as it is."""
+    return f"{device}:0" if device == "cuda" else device
 
 
 def gpu_ratios(transformers: dict, rows: dict, ks: tuple) -> dict:

@@ -80,14 +80,17 @@ def draft_path(config) -> str:
 
 
 def assistant_rows(config, target, tokenizer, ks: tuple) -> list[tuple]:
-    """(name, assistant, k) of each assisted row: the draft on the target's device, then on the draft pool's where
-    transformers can run it there (5.17 cannot: its min_new_tokens processor meets the assistant's device)."""
-    places = [(config.target.device, config.target.dtype, "")]
+    """(name, assistant, k) of each assisted row: the draft on the target's device, and also on the draft pool's
+    where that differs and transformers can run it there (5.17 cannot: its min_new_tokens processor meets the
+    assistant's device; the row is then left out, saying why)."""
+    path = draft_path(config)
+    assistants = [(load_hf(path, config.target.device, config.target.dtype)[0], "")]
     if config.draft.device != config.target.device:
-        places.append((config.draft.device, config.draft.dtype, f", draft on {config.draft.device}"))
-    assistants = [(load_hf(draft_path(config), device, dtype)[0], suffix) for device, dtype, suffix in places]
-    return [(f"transformers assisted K={k}{suffix}", assistant, k) for assistant, suffix in assistants
-            if runs_assisted(target, tokenizer, assistant, suffix) for k in ks]
+        elsewhere = load_hf(path, config.draft.device, config.draft.dtype)[0]
+        suffix = f", draft on {config.draft.device}"
+        if runs_assisted(target, tokenizer, elsewhere, suffix):
+            assistants.append((elsewhere, suffix))
+    return [(f"transformers assisted K={k}{suffix}", assistant, k) for assistant, suffix in assistants for k in ks]
 
 
 def runs_assisted(target, tokenizer, assistant, suffix: str) -> bool:

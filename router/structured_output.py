@@ -70,16 +70,17 @@ HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "
 
 
 def after_harmony(grammar: str, added: Callable[[str], int | None]) -> str:
-    """`grammar` as the body of the `final` message of gpt-oss's harmony format: any messages before it (analysis,
-    commentary: `<|start|>` and a role where one is not the output's first, `<|channel|>`, the channel and what
-    follows it in the header, `<|message|>`, a free body, `<|end|>`), then the final header and the structure at
-    once. The markers are special tokens and enter by ID (`added`, harmony_markers checks they exist)."""
+    """`grammar` as the body of the `final` message of gpt-oss's harmony format, after its analysis: any analysis
+    messages first (`<|channel|>analysis<|message|>`, free text, `<|end|>`; each after the first opened by
+    `<|start|>assistant`), then `<|channel|>final` (after `<|start|>assistant` where analysis came first), an optional
+    `<|constrain|>` and its text, `<|message|>` and the structure at once. No other message (a preamble, a call) comes
+    before it, so the answer's content is the structure. The markers are special tokens and enter by ID (`added`;
+    harmony_markers checks that they exist)."""
     start, channel, constrain, message, end = (f"<[{added(marker)}]>" for marker in HARMONY_MARKERS)
-    header = f"({start} TEXT)? {channel}"
     return _wrapped(grammar, lambda name: (
-        f'start: other* {header} "final" ({constrain} TEXT)? {message} @{name}\n'
-        f"other: {header} CHANNEL ({constrain} TEXT)? {message} TEXT {end}\n"
-        "CHANNEL: /(analysis|commentary)(?s:.*)/\nTEXT: /(?s:.*)/\n"))
+        f'start: (analysis ({start} "assistant" analysis)* {start} "assistant")? {channel} "final" '
+        f'(" "? {constrain} TEXT)? {message} @{name}\n'
+        f'analysis: {channel} "analysis" {message} TEXT {end}\nTEXT: /(?s:.*)/\n'))
 
 
 def _wrapped(grammar: str, top: Callable[[str], str]) -> str:

@@ -298,8 +298,9 @@ LIKE = {"<|end|>": ("\n", 2.0), "<|message|>": (" =", 1.4), "<|channel|>": (":",
 @pytest.fixture(scope="module")
 def harmony_pair(tmp_path_factory):
     """The demo pair with harmony's markers as special tokens of its vocabulary (768-774). Each of LIKE's markers
-    has the output row of a token the demo pair writes often, 1.4 times it, so that it writes the marker where the
-    grammar allows it there: the output moves through harmony's messages instead of running one body on."""
+    has the output row (times a factor) and input row of a token the demo pair writes often, so that it writes the
+    marker where the grammar allows it: the output moves through harmony's messages instead of running one body
+    on. "a" takes the output row of "(", so that after <|channel|> it opens analysis at times rather than final."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     out = tmp_path_factory.mktemp("harmony-pair")
     tokenizer = AutoTokenizer.from_pretrained(str(DEMO / "target"))
@@ -313,6 +314,7 @@ def harmony_pair(tmp_path_factory):
             for marker, (like, times) in LIKE.items():
                 marker, like = tokenizer.convert_tokens_to_ids(marker), tokenizer(like).input_ids[0]
                 head[marker], embedding[marker] = times * head[like], embedding[like]
+            head[tokenizer.convert_tokens_to_ids("a")] = head[tokenizer.convert_tokens_to_ids("(")]
         model.save_pretrained(out / name)
         tokenizer.save_pretrained(out / name)
     return str(out / "draft"), str(out / "target"), tokenizer
@@ -330,14 +332,20 @@ def harmony_grammar(target_path: str, **structure) -> worker_pb2.Grammar:
 @pytest.mark.parametrize("text, accepted", [
     ('<|channel|>analysis<|message|>It is 1.<|end|><|start|>assistant<|channel|>final<|message|>{"a": 1}', True),
     ('<|channel|>final<|message|>{"a": 1}', True),                                    # no analysis
-    ('<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary<|message|>b<|end|>'
-     '<|start|>assistant<|channel|>final<|message|>{"a": 1}', True),                 # a preamble between
-    ('<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|end|>'
-     '<|channel|>final<|message|>{"a": 1}', True),
+    ('<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b<|end|>'
+     '<|start|>assistant<|channel|>final<|message|>{"a": 1}', True),                 # two analysis messages
+    ('<|channel|>final <|constrain|>json<|message|>{"a": 1}', True),                 # the final header constrained
     ('<|channel|>final<|message|>yes', False),                                        # the body is the structure
     ('{"a": 1}', False),                                                              # the format's header first
     ('<|channel|>finale<|message|>{"a": 1}', False),                                  # no such channel
-    ('<|channel|>analysis<|message|>a<|channel|>final<|message|>{"a": 1}', False)])  # a message ends first
+    ('<|channel|>analysis<|message|>a<|channel|>final<|message|>{"a": 1}', False),   # a message ends first
+    ('<|channel|>analysis<|message|>a<|end|><|channel|>final<|message|>{"a": 1}', False),   # ... and <|start|> opens
+    ('<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary<|message|>b<|end|>'
+     '<|start|>assistant<|channel|>final<|message|>{"a": 1}', False),               # a preamble: content too
+    ('<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|end|>'
+     '<|start|>assistant<|channel|>final<|message|>{"a": 1}', False),                # a call: its block in content
+    ('<|channel|>analysis<|message|>a<|end|><|start|>assistant to=functions.f<|channel|>final<|message|>{"a": 1}',
+     False)])                                                                         # a final message to a function
 def test_a_harmony_structure_is_the_final_messages_body(harmony_pair, text, accepted):
     from llguidance import LLMatcher
     from router.structured_output import matcher_tokenizer
@@ -350,7 +358,7 @@ def test_a_harmony_structure_is_the_final_messages_body(harmony_pair, text, acce
 
 def test_inside_a_harmony_body_the_mask_allows_its_end_and_not_eos(harmony_pair):
     """While an analysis message runs, text and <|end|> may come, EOS may not; after <|end|>, only the next
-    message's <|start|> or <|channel|>; after the final message's structure, EOS (<|return|>)."""
+    message's <|start|>; after the final message's structure, EOS (<|return|>)."""
     from llguidance import LLMatcher
     from router.structured_output import matcher_tokenizer
     _, target, tokenizer = harmony_pair
@@ -364,17 +372,19 @@ def test_inside_a_harmony_body_the_mask_allows_its_end_and_not_eos(harmony_pair)
     assert matcher.consume_tokens(tokenizer("<|channel|>analysis<|message|>It", add_special_tokens=False).input_ids)
     assert allowed() == {ids("<|end|>"), 88}
     assert matcher.consume_tokens([ids("<|end|>")])
-    assert allowed() == {ids("<|start|>"), ids("<|channel|>")}
-    assert matcher.consume_tokens(tokenizer('<|channel|>final<|message|>{"a": 1}', add_special_tokens=False).input_ids)
+    assert allowed() == {ids("<|start|>")}
+    assert matcher.consume_tokens(tokenizer('<|start|>assistant<|channel|>final<|message|>{"a": 1}',
+                                            add_special_tokens=False).input_ids)
     assert {0, 773} <= allowed()
 
 
 @pytest.mark.parametrize("k", [0, 4])
-@pytest.mark.parametrize("prompt", ["x = ", "def f("])
+@pytest.mark.parametrize("prompt", ["x = ", "class A:\n"])
 def test_greedy_rounds_match_the_target_alone_under_a_harmony_structure(harmony_pair, k, prompt):
     """On a pair that writes harmony's markers, greedy rounds under the final-message grammar give the target
-    alone's output under it, token for token: from "x = " the final message's JSON at once; from "def f(" a
-    commentary message first, its markers among the drafts rolled back, then the final message."""
+    alone's output under it, token for token: analysis messages (their markers among drafts rolled back), then the
+    final message's JSON, which the answer reads as its content and the analysis as its reasoning."""
+    from openai_api.reasoning import HARMONY
     from tests.conftest import pair_engines
     draft_path, target_path, tokenizer = harmony_pair
     draft, target, model = pair_engines((draft_path, target_path))
@@ -386,6 +396,7 @@ def test_greedy_rounds_match_the_target_alone_under_a_harmony_structure(harmony_
     tokens = run_rounds(draft, target, ids, k, len(expected), generation_pb2.SamplingParams(top_p=1.0),
                         worker_pb2.DRAFT_MODE_GREEDY, grammar=grammar)
     assert tokens == expected
-    messages, _, final = tokenizer.decode(tokens).partition("<|channel|>final<|message|>")
-    assert messages.count("<|end|>") == (prompt != "x = ") and final.endswith("<|return|>")
-    assert set(json.loads(final.removesuffix("<|return|>"))) == {"name", "n"}
+    text = tokenizer.decode(tokens)
+    reasoning, content = HARMONY.split(text)
+    assert text.count("<|channel|>analysis<|message|>") >= 1 and reasoning and text.endswith("<|return|>")
+    assert set(json.loads(content)) == {"name", "n"}
