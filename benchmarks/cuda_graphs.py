@@ -51,18 +51,16 @@ def static_pass(model, tokens: int):
     return forward
 
 
-def median_ms(call, steps: int = STEPS) -> float:
+def median_ms(call, device, steps: int = STEPS) -> float:
+    """Median ms of `call`, each timed from an idle `device` until it is idle again."""
     times = []
     for _ in range(steps):
-        synchronize(DEVICE[0])
+        synchronize(device)
         started = time.perf_counter()
         call()
-        synchronize(DEVICE[0])
+        synchronize(device)
         times.append(time.perf_counter() - started)
     return 1e3 * statistics.median(times)
-
-
-DEVICE = ["cpu"]     # the device median_ms synchronises (set by main)
 
 
 def captured(forward) -> tuple:
@@ -111,23 +109,23 @@ def rows(model) -> dict:
     for tokens in TOKENS:
         forward = static_pass(model, tokens)
         row = {"eager, dynamic cache": 1e3 * forward_seconds(model, CONTEXT, STEPS, tokens),
-               "eager, static cache": median_ms(forward)}
+               "eager, static cache": median_ms(forward, model.device)}
         with counting_host_syncs() as syncs:
             expected = forward().float()
         row["host reads in a static pass"] = sum(syncs.values())
         if model.device.type == "cuda":
-            row.update(graph_row(forward, expected))
+            row.update(graph_row(forward, expected, model.device))
         out[tokens] = row
     return out
 
 
-def graph_row(forward, expected) -> dict:
+def graph_row(forward, expected, device) -> dict:
     """The replayed graph's ms and its logits' largest difference from eager's, or why capture failed."""
     try:
         replay, logits = captured(forward)
     except Exception as error:                      # noqa: BLE001 -- a study: report what capture refused
         return {"graph replay": f"capture failed: {type(error).__name__}: {str(error)[:200]}"}
-    ms = median_ms(replay)
+    ms = median_ms(replay, device)
     return {"graph replay": ms, "graph max |logit diff|": (logits.float() - expected).abs().max().item()}
 
 
@@ -139,7 +137,6 @@ def main(argv: list[str] | None = None) -> None:
                                                                      "(tools/heavy_pair.py)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    DEVICE[0] = args.device
     models = {"demo draft": str(DEMO_PAIR / "draft"), "demo target": str(DEMO_PAIR / "target"),
               f"heavy target (+{args.heavy_layers})": str(ensure_heavy_pair(args.heavy_layers)[1])}
     print(f"| model on {args.device}, {args.dtype} | new tokens | ms: eager, dynamic cache | eager, static cache | "
