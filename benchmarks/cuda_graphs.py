@@ -31,7 +31,7 @@ CONTEXT, TOKENS, STEPS = 64, (1, 5), 50   # cached tokens, a pass's new tokens (
 
 
 def static_pass(model, tokens: int):
-    """(forward, inputs) of one pass of `tokens` new tokens after CONTEXT cached ones over a StaticCache, its
+    """A call of one pass of `tokens` new tokens after CONTEXT cached ones over a StaticCache (its logits), its
     input tensors fixed so that a graph may capture it."""
     from transformers import StaticCache
 

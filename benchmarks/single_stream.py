@@ -64,11 +64,11 @@ def hf_plan(service, cfg: BenchConfig) -> tuple[list, float]:
     config = service.service.config
     target, tokenizer = load_hf(service.service.pools.target_info["model_path"], config.target.device,
                                 config.target.dtype)
-    assistants = assistant_rows(config, target, tokenizer, cfg.ks)
+    places, draft = assistants(config, target, tokenizer)
     plan = [(name if count == 1 else f"{name}, {count} threads", at_threads(count, hf_row, target, tokenizer,
                                                                               assistant, k))
-            for count in HF_THREADS for name, assistant, k in [(BASE_ROW, None, 0)] + assistants]
-    draft, _ = load_hf(draft_path(config), config.draft.device, config.draft.dtype)
+            for count in HF_THREADS for name, assistant, k in [(BASE_ROW, None, 0)] + [
+                (f"transformers assisted K={k}{suffix}", assistant, k) for assistant, suffix in places for k in cfg.ks]]
     c = at_threads(1, lambda: forward_seconds(draft) / forward_seconds(target))()      # the draft where its pool is
     log(f"cost ratio c = t_draft / t_target = {c:.3f}")
     return plan, c
@@ -79,18 +79,18 @@ def draft_path(config) -> str:
     return resolve_model(config.draft.model)
 
 
-def assistant_rows(config, target, tokenizer, ks: tuple) -> list[tuple]:
-    """(name, assistant, k) of each assisted row: the draft on the target's device, and also on the draft pool's
-    where that differs and transformers can run it there (5.17 cannot: its min_new_tokens processor meets the
-    assistant's device; the row is then left out, saying why)."""
+def assistants(config, target, tokenizer) -> tuple[list[tuple], object]:
+    """([(assistant, its rows' name suffix)], the draft on its pool's device): the draft on the target's device,
+    and also on the draft pool's where that differs and transformers can run it there (5.17 cannot: its
+    min_new_tokens processor meets the assistant's device; the row is then left out, saying why)."""
     path = draft_path(config)
-    assistants = [(load_hf(path, config.target.device, config.target.dtype)[0], "")]
-    if config.draft.device != config.target.device:
-        elsewhere = load_hf(path, config.draft.device, config.draft.dtype)[0]
-        suffix = f", draft on {config.draft.device}"
-        if runs_assisted(target, tokenizer, elsewhere, suffix):
-            assistants.append((elsewhere, suffix))
-    return [(f"transformers assisted K={k}{suffix}", assistant, k) for assistant, suffix in assistants for k in ks]
+    beside = load_hf(path, config.target.device, config.target.dtype)[0]
+    if (config.draft.device, config.draft.dtype) == (config.target.device, config.target.dtype):
+        return [(beside, "")], beside
+    pooled = load_hf(path, config.draft.device, config.draft.dtype)[0]
+    suffix = f", draft on {config.draft.device}"
+    elsewhere = config.draft.device != config.target.device and runs_assisted(target, tokenizer, pooled, suffix)
+    return [(beside, "")] + ([(pooled, suffix)] if elsewhere else []), pooled
 
 
 def runs_assisted(target, tokenizer, assistant, suffix: str) -> bool:
