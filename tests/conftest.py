@@ -86,15 +86,32 @@ def family_models(tmp_path_factory):
     return {name: build_family(name, root / name) for name in FAMILIES}
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    """A local Ray instance per test module (so no Ray of ours runs beside the ray-up test)."""
+RAY_POOLS = {"CPU": 32, "draft_pool": 16, "target_pool": 32}     # the local instance's resources
+
+
+def ray_module(item) -> str:
+    """The file of a test item whose fixtures reach the local Ray instance ('' if they do not)."""
+    return item.nodeid.split("::")[0] if "ray_local" in item.fixturenames else ""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Run the modules that use the local Ray instance last and together (a stable sort: each keeps its order), so
+    that one instance serves them all instead of one per module (its start and stop took 7-8 s each time), and no
+    Ray of ours runs beside the modules that start their own (ray up, node loss, `specpool serve`)."""
+    modules = {ray_module(item) for item in items} - {""}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] in modules)
+
+
+@pytest.fixture(scope="session")
+def _ray_instance():
+    """The local Ray instance the Ray modules share (started on first use, stopped at the end)."""
     import ray
     environ = dict(os.environ)
     from router.launch import LOCAL_SYSTEM_CONFIG
-    kwargs = dict(address="local", num_cpus=32, resources={"draft_pool": 16, "target_pool": 32},
-                  include_dashboard=False, namespace="specpool-tests", _node_ip_address="127.0.0.1", log_to_driver=False,
-                  _system_config=LOCAL_SYSTEM_CONFIG)
+    kwargs = dict(address="local", num_cpus=RAY_POOLS["CPU"], include_dashboard=False, namespace="specpool-tests",
+                  resources={name: RAY_POOLS[name] for name in ("draft_pool", "target_pool")},
+                  _node_ip_address="127.0.0.1", log_to_driver=False, _system_config=LOCAL_SYSTEM_CONFIG)
     for attempt in range(3):      # Ray's processes can start too slowly on a loaded 2-core machine (seen in CI:
         try:                      # GCS deadline exceeded twice in a row for one module): up to twice more
             ray.init(**kwargs)
@@ -108,6 +125,24 @@ def ray_local():
     ray.shutdown()
     os.environ.clear()
     os.environ.update(environ)      # ray.init sets RAY_* variables that must not leak into later tests
+
+
+def held_resources(ray) -> dict[str, float]:
+    """How much of each of the local instance's resources is taken now."""
+    available = ray.available_resources()
+    return {name: total - available.get(name, 0) for name, total in RAY_POOLS.items()}
+
+
+@pytest.fixture(scope="module")
+def ray_local(_ray_instance):
+    """The shared local Ray instance, for one test module. After the module every resource it took must be free
+    again (its services stopped, its actors and placement groups gone), or the next module would start on what
+    this one left: that fails here, naming what is still held."""
+    yield _ray_instance
+    deadline = time.monotonic() + 60
+    while any((held := held_resources(_ray_instance)).values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(held.values()), f"this module left Ray resources held: {held}"
 
 
 def service_config(pair, **overrides) -> dict:
