@@ -27,7 +27,7 @@ from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest,
                                  generate_request, http_error, with_seed)
 from openai_api.background import BackgroundRun
 from openai_api.reasoning import for_request as reasoning_for
-from openai_api.response_store import ResponseStore, Stored
+from openai_api.response_store import Stored, open_store
 from openai_api.responses_api import (Includable, ResponseObjects, ResponsesRequest, as_input, chat_request,
                                       continued, input_items, listed, page, responses_error, text_size, with_ids)
 from openai_api.tools import PARSERS
@@ -63,7 +63,7 @@ class Api:
                  loading: Callable[[], str] = lambda: LOADING):
         self.http, self._get_router, self._loading = http, get_router, loading
         self._templates: dict = {}
-        self.stored = ResponseStore(http.store_responses, http.store_responses_mb * 2 ** 20)   # the Responses API's
+        self.stored = open_store(http)          # the Responses API's stored responses
 
     def router(self) -> Router:
         current = self._get_router()
@@ -193,7 +193,9 @@ class Api:
         if self.stored.capacity <= 0:
             return "this server stores no responses (http.store_responses is 0): send the whole conversation in " \
                    "`input`"
-        return f"no stored response {response_id!r} (a router keeps its last {self.stored.capacity}, until it restarts)"
+        where = f"the store at {self.http.store_path} keeps" if self.http.store_path else \
+            "a router keeps, until it restarts,"
+        return f"no stored response {response_id!r} ({where} the last {self.stored.capacity} used)"
 
     def found(self, response_id: str, request: Request) -> Stored:
         """The stored response `response_id`, if the request's key stored it; a 404 otherwise."""

@@ -16,8 +16,7 @@ import contextlib
 from typing import AsyncIterator
 
 from openai_api.protocol import ApiError
-from openai_api.response_store import without_logprobs
-from openai_api.responses_api import ResponseEvents
+from openai_api.responses_api import ResponseEvents, without_logprobs
 from router.oplog import say
 
 
@@ -32,6 +31,14 @@ class BackgroundRun:
         self._more = asyncio.Event()        # set when an event is recorded or the run is over (then replaced)
         self._texts: AsyncIterator[str] | None = None
         self._reservations: tuple = ()
+
+    @classmethod
+    def finished(cls, log: list[str], final: dict) -> "BackgroundRun":
+        """A run over, as a store that outlives the router that ran it gives it back (FileStore): its events
+        recorded, its Response as it ended. It streams again, and cancelling it changes nothing."""
+        run = cls()
+        run.log, run.final = log, final
+        return run
 
     def start(self, events: ResponseEvents, texts: AsyncIterator[str], reservations: tuple = ()) -> None:
         """Run on: record `texts`, the stream `events` writes (app.sse: it ends the request, counted and logged);
@@ -109,7 +116,7 @@ class BackgroundRun:
     async def cancel(self) -> dict:
         """Stop it, if it still runs (its workers' sessions freed, its request counted CANCELLED): the Response as
         it ended (cancelling again, or once over, changes nothing)."""
-        if not self.task.done():
+        if self.task is not None and not self.task.done():
             self.task.cancel()
             await asyncio.wait({self.task})
         if self.final is None:      # cancelled before its first step: its stream never started (nor ended)

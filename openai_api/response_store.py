@@ -1,14 +1,31 @@
 """The Responses API's stored responses (`http.store_responses`, `http.store_responses_mb`): the last ones asked to
-be stored (`store`, true by default), in this router's memory, least recently used first out, at most so many and
-so much text. What `previous_response_id` continues and `GET /v1/responses/{id}` returns, to the API key that stored
-it only (its owner). A restarted router, or another one behind a load balancer, has none of them. A stored response
-keeps no logprobs (their alternatives would cost ~8 KB a token). A background response is held while it runs
-(never forgotten for room then: admission bounds how many run), and stored with its events once over."""
+be stored (`store`, true by default), least recently used first out, at most so many and so much text. What
+`previous_response_id` continues and `GET /v1/responses/{id}` returns, to the API key that stored it only (its
+owner). A stored response keeps no logprobs (their alternatives would cost ~8 KB a token). A background response is
+held while it runs (never forgotten for room then: admission bounds how many run), and stored with its events once
+over.
+
+Where they are kept (`http.store_path`): in this router's memory (ResponseStore, the default: a restarted router, or
+another one behind a load balancer, has none of them), or in an SQLite database file (FileStore), kept over restarts
+and shared by the routers that name the same file on one machine. A background response still running is found
+only on the router running it; once over, on every router sharing the file.
+
+    http: {port: 8000, store_path: /var/lib/specpool/responses.db}
+"""
 from __future__ import annotations
 
+import json
+import sqlite3
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
+
+from pydantic import TypeAdapter
+
+from openai_api.background import BackgroundRun
+from openai_api.responses_api import Item, without_logprobs
+from settings.schema import ConfigError, HttpConfig
 
 
 @dataclass(frozen=True)
@@ -21,19 +38,14 @@ class Stored:
     run: Any = None         # a background response's run (openai_api/background.py: its events, its state)
 
 
-def without_logprobs(response: dict) -> dict:
-    output = [{**item, "content": [{**part, "logprobs": []} if part["type"] == "output_text" else part
-                                   for part in item["content"]]} if "content" in item else item
-              for item in response["output"]]
-    return {**response, "output": output}
-
-
 class ResponseStore:
+    """Stored responses in this router's memory (and the background responses it runs, until they are over)."""
+
     def __init__(self, capacity: int, max_chars: int = 2 ** 28):
         self.capacity, self.max_chars = capacity, max_chars
-        self._stored: OrderedDict[str, Stored] = OrderedDict()
         self._running: dict[str, Stored] = {}       # background responses, until they are over (and put)
-        self.chars = 0
+        self._stored: OrderedDict[str, Stored] = OrderedDict()
+        self._chars = 0
 
     def hold(self, response_id: str, running: Stored) -> None:
         """Find a background response while it runs (outside the bounds, until it is put)."""
@@ -46,31 +58,129 @@ class ResponseStore:
         """Keep `response` for `owner` (not one larger than the whole store), its conversation `items` (the first
         `inputs` of them its input), forgetting the least recently used past the bounds."""
         self._running.pop(response["id"], None)
-        if self.capacity <= 0 or size > self.max_chars:
-            return
-        replaced = self._stored.pop(response["id"], None)
-        self.chars -= replaced.size if replaced is not None else 0
-        self._stored[response["id"]] = Stored(without_logprobs(response), items, size, owner, inputs, run)
-        self.chars += size
-        while len(self._stored) > self.capacity or self.chars > self.max_chars:
-            self.chars -= self._stored.popitem(last=False)[1].size
+        if self.capacity > 0 and size <= self.max_chars:
+            self._keep(Stored(without_logprobs(response), items, size, owner, inputs, run))
 
     def get(self, response_id: str, owner: str = "") -> Stored | None:
         """The response stored (or running) as `response_id`, if `owner` stored it (another's is not there for it)."""
-        stored = self._running.get(response_id) or self._stored.get(response_id)
+        stored = self._running.get(response_id) or self._find(response_id)
         if stored is None or stored.owner != owner:
             return None
-        if response_id in self._stored:
-            self._stored.move_to_end(response_id)
+        if response_id not in self._running:
+            self._touch(response_id)
         return stored
 
     def delete(self, response_id: str, owner: str = "") -> bool:
         if self.get(response_id, owner) is None:
             return False
         self._running.pop(response_id, None)
-        if response_id in self._stored:
-            self.chars -= self._stored.pop(response_id).size
+        self._forget(response_id)
         return True
+
+    @property
+    def chars(self) -> int:
+        """Characters of text the stored responses hold (what store_responses_mb bounds)."""
+        return self._chars
 
     def __len__(self) -> int:
         return len(self._stored)
+
+    def _keep(self, stored: Stored) -> None:
+        self._forget(stored.response["id"])
+        self._stored[stored.response["id"]] = stored
+        self._chars += stored.size
+        while len(self._stored) > self.capacity or self._chars > self.max_chars:
+            self._chars -= self._stored.popitem(last=False)[1].size
+
+    def _find(self, response_id: str) -> Stored | None:
+        return self._stored.get(response_id)
+
+    def _touch(self, response_id: str) -> None:
+        self._stored.move_to_end(response_id)
+
+    def _forget(self, response_id: str) -> None:
+        if response_id in self._stored:
+            self._chars -= self._stored.pop(response_id).size
+
+
+ITEMS = TypeAdapter(list[Item])       # a stored conversation's items, to JSON and back
+SCHEMA = """CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, used REAL NOT NULL, size INTEGER NOT NULL, inputs INTEGER NOT NULL,
+    response TEXT NOT NULL, items TEXT NOT NULL, events TEXT)"""
+
+
+class FileStore(ResponseStore):
+    """Stored responses in an SQLite database file (http.store_path), created if missing: kept over a restart, and
+    shared by the routers on this machine that name the same file (WAL mode; each write one short transaction).
+    Bounded as the memory store is, the last used (by `clock`, seconds) kept. A background response's events are
+    kept with it, so it streams again (BackgroundRun.finished) wherever it is found."""
+
+    def __init__(self, path: str, capacity: int, max_chars: int = 2 ** 28, clock: Callable[[], float] = time.time):
+        super().__init__(capacity, max_chars)
+        self.path, self._clock = path, clock
+        self._db = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        with self._db:
+            self._db.execute(SCHEMA)
+            self._db.execute("CREATE INDEX IF NOT EXISTS responses_used ON responses (used)")
+
+    @property
+    def chars(self) -> int:
+        return int(self._db.execute("SELECT TOTAL(size) FROM responses").fetchone()[0])
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _keep(self, stored: Stored) -> None:
+        events = json.dumps(stored.run.log) if stored.run is not None else None
+        row = (stored.response["id"], stored.owner, self._clock(), stored.size, stored.inputs,
+               json.dumps(stored.response), ITEMS.dump_json(stored.items).decode(), events)
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+            self._db.executemany("DELETE FROM responses WHERE id = ?", [(i,) for i in self._over_bounds()])
+
+    def _over_bounds(self) -> list[str]:
+        """The least recently used responses past the bounds."""
+        count, chars = self._db.execute("SELECT COUNT(*), TOTAL(size) FROM responses").fetchone()
+        out = []
+        if count > self.capacity or chars > self.max_chars:
+            for response_id, size in self._db.execute("SELECT id, size FROM responses ORDER BY used"):
+                if count <= self.capacity and chars <= self.max_chars:
+                    break
+                out.append(response_id)
+                count, chars = count - 1, chars - size
+        return out
+
+    def _find(self, response_id: str) -> Stored | None:
+        row = self._db.execute("SELECT owner, size, inputs, response, items, events FROM responses WHERE id = ?",
+                               (response_id,)).fetchone()
+        if row is None:
+            return None
+        owner, size, inputs, response, items, events = row
+        response = json.loads(response)
+        run = BackgroundRun.finished(json.loads(events), response) if events is not None else None
+        return Stored(response, ITEMS.validate_json(items), size, owner, inputs, run)
+
+    def _touch(self, response_id: str) -> None:
+        with self._db:
+            self._db.execute("UPDATE responses SET used = ? WHERE id = ?", (self._clock(), response_id))
+
+    def _forget(self, response_id: str) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+
+
+def open_store(http: HttpConfig) -> ResponseStore:
+    """The store `http` asks for: in memory, or in the SQLite file http.store_path (a file that cannot be opened as
+    one, e.g. not a database or not writable, fails serve's start, naming the key)."""
+    bounds = (http.store_responses, http.store_responses_mb * 2 ** 20)
+    if not http.store_path:
+        return ResponseStore(*bounds)
+    try:
+        return FileStore(http.store_path, *bounds)
+    except sqlite3.Error as exc:
+        raise ConfigError(f"http.store_path: cannot keep responses in {http.store_path!r} ({exc})") from exc

@@ -256,6 +256,15 @@ def input_items(body: ResponsesFields) -> list:
     return [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) else list(body.input)
 
 
+def without_logprobs(response: dict) -> dict:
+    """The Response with no logprobs in its output text (as a stored one is kept: their alternatives would cost
+    ~8 KB a token)."""
+    output = [{**item, "content": [{**part, "logprobs": []} if part["type"] == "output_text" else part
+                                   for part in item["content"]]} if "content" in item else item
+              for item in response["output"]]
+    return {**response, "output": output}
+
+
 def as_input(output: list[dict]) -> list:
     """A response's output items as the input items that send them back (its reasoning, the assistant's message, its
     calls), under their ids."""

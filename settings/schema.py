@@ -368,6 +368,9 @@ class HttpConfig:
     store_responses: int = 1000      # the Responses API's stored responses kept in memory, the last used
                                      # (previous_response_id, GET /v1/responses/{id}); 0: none stored
     store_responses_mb: int = 256    # ... and at most this much of their text, the last used kept
+    store_path: str = ""             # where they are kept: "" in this router's memory; a file: an SQLite database
+                                     # there (created if missing), kept over restarts and shared by the routers on
+                                     # this machine that name it
 
     def validate(self, section: str = "http") -> None:
         if not -1 <= self.port <= 65535:
@@ -378,6 +381,8 @@ class HttpConfig:
         if not 1 <= self.store_responses_mb <= 1_000_000:
             raise ConfigError(f"{section}.store_responses_mb: must be in [1, 1000000] "
                               f"(got {self.store_responses_mb!r})")
+        if self.store_path and not Path(self.store_path).resolve().parent.is_dir():
+            raise ConfigError(f"{section}.store_path: no such directory for the file (got {self.store_path!r})")
         if self.chat_template and not Path(self.chat_template).is_file():
             raise ConfigError(f"{section}.chat_template: no such file (got {self.chat_template!r})")
         for key, names in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):

@@ -15,8 +15,10 @@ from tests.test_openai_http import (CHAT, TIME_TOOL, UNIT_TOOL, demo_target, gre
 
 
 @pytest.fixture(scope="module")
-def served(start_service):
-    return served_over_http(start_service)
+def served(start_service, tmp_path_factory):
+    """The demo pair over HTTP, its responses stored in an SQLite file (http.store_path; the memory store serves
+    tests/test_reasoning.py's and tests/test_harmony.py's)."""
+    return served_over_http(start_service, http={"store_path": str(tmp_path_factory.mktemp("store") / "responses.db")})
 
 
 @pytest.fixture(scope="module")
@@ -516,26 +518,6 @@ def test_a_background_response_is_admitted_as_any_request(start_service):
     api = served.service.http._app.state.stopping.__self__          # what HttpServer.stop calls first
     served._run(api.cancel_background())
     assert served.client.responses.retrieve(third).status == "cancelled"
-
-
-def test_the_store_keeps_the_last_used_responses_within_its_bounds_without_logprobs():
-    from openai_api.response_store import ResponseStore
-    store = ResponseStore(2, max_chars=10)
-    for name in "abc":
-        store.put({"id": name, "output": []}, [name], 3)
-        if name == "b":
-            assert store.get("a").items == ["a"]       # used: "b" is now the least recently used
-    assert (store.get("b"), store.get("a").items, store.get("c").items, len(store)) == (None, ["a"], ["c"], 2)
-    assert store.delete("a") and not store.delete("a") and (len(store), store.chars) == (1, 3)
-    store.put({"id": "d", "output": []}, ["d"], 8)            # 3 + 8 characters: "c" goes
-    assert (store.get("c"), len(store), store.chars) == (None, 1, 8)
-    store.put({"id": "e", "output": []}, ["e"], 11)           # larger than the whole store: not kept
-    assert (store.get("e"), store.get("d").items) == (None, ["d"])
-    part = {"type": "output_text", "text": "x", "logprobs": [{"token": "x", "logprob": -0.1}]}
-    store.put({"id": "f", "output": [{"type": "message", "content": [part]}]}, [], 1)
-    assert store.get("f").response["output"][0]["content"] == [{**part, "logprobs": []}]
-    ResponseStore(0).put({"id": "x", "output": []}, [], 0)
-    assert len(ResponseStore(0)) == 0
 
 
 def test_a_stored_response_is_found_with_the_api_key_that_stored_it_only():
