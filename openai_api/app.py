@@ -193,8 +193,7 @@ class Api:
         if self.stored.capacity <= 0:
             return "this server stores no responses (http.store_responses is 0): send the whole conversation in " \
                    "`input`"
-        where = f"the store at {self.http.store_path} keeps" if self.http.store_path else \
-            "a router keeps, until it restarts,"
+        where = "this server's store keeps" if self.http.store_path else "a router keeps, until it restarts,"
         return f"no stored response {response_id!r} ({where} the last {self.stored.capacity} used)"
 
     def found(self, response_id: str, request: Request) -> Stored:

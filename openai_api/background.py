@@ -74,8 +74,10 @@ class BackgroundRun:
             reservation.release()
         if self.final is None:
             final = final if final is not None else self._ended("cancelled")
-            self.events.kind.done(final, over=True)
-            self.final, self.events = without_logprobs(final), None
+            try:
+                self.events.kind.done(final, over=True)
+            finally:            # over whatever storing it did: its followers end, a cancel changes nothing
+                self.final, self.events = without_logprobs(final), None
         self._woken()
 
     def _woken(self) -> None:

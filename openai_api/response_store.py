@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -25,6 +24,7 @@ from pydantic import TypeAdapter
 
 from openai_api.background import BackgroundRun
 from openai_api.responses_api import Item, without_logprobs
+from router.oplog import say
 from settings.schema import ConfigError, HttpConfig
 
 
@@ -103,57 +103,82 @@ class ResponseStore:
             self._chars -= self._stored.pop(response_id).size
 
 
-ITEMS = TypeAdapter(list[Item])       # a stored conversation's items, to JSON and back
-SCHEMA = """CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL, used REAL NOT NULL, size INTEGER NOT NULL, inputs INTEGER NOT NULL,
-    response TEXT NOT NULL, items TEXT NOT NULL, events TEXT)"""
+ITEM_LIST = TypeAdapter(list[Item])       # a stored conversation's items, to JSON and back
+VERSION = 1                              # the file's layout (PRAGMA user_version); another version is refused
+SCHEMA = ("""CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, used INTEGER NOT NULL, size INTEGER NOT NULL, inputs INTEGER NOT NULL,
+    response TEXT NOT NULL, items TEXT NOT NULL, events TEXT)""",
+          "CREATE INDEX IF NOT EXISTS responses_used ON responses (used)",
+          # how many are stored and their size, kept by triggers, so that a bound is checked without a scan
+          "CREATE TABLE IF NOT EXISTS totals (count INTEGER NOT NULL, chars INTEGER NOT NULL)",
+          "INSERT INTO totals SELECT 0, 0 WHERE NOT EXISTS (SELECT 1 FROM totals)",
+          """CREATE TRIGGER IF NOT EXISTS stored AFTER INSERT ON responses
+             BEGIN UPDATE totals SET count = count + 1, chars = chars + new.size; END""",
+          """CREATE TRIGGER IF NOT EXISTS restored AFTER UPDATE OF size ON responses
+             BEGIN UPDATE totals SET chars = chars + new.size - old.size; END""",
+          """CREATE TRIGGER IF NOT EXISTS forgotten AFTER DELETE ON responses
+             BEGIN UPDATE totals SET count = count - 1, chars = chars - old.size; END""",
+          f"PRAGMA user_version = {VERSION}")
+NEXT_USE = "(SELECT COALESCE(MAX(used), 0) + 1 FROM responses)"   # the order of use, shared by the routers (no clock)
+UPSERT = f"""INSERT INTO responses VALUES (?, ?, {NEXT_USE}, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET
+    owner = excluded.owner, used = excluded.used, size = excluded.size, inputs = excluded.inputs,
+    response = excluded.response, items = excluded.items, events = excluded.events"""
 
 
 class FileStore(ResponseStore):
     """Stored responses in an SQLite database file (http.store_path), created if missing: kept over a restart, and
-    shared by the routers on this machine that name the same file (WAL mode; each write one short transaction).
-    Bounded as the memory store is, the last used (by `clock`, seconds) kept. A background response's events are
-    kept with it, so it streams again (BackgroundRun.finished) wherever it is found."""
+    shared by the routers on this machine that name the same file (WAL mode; each write one short transaction, on
+    the event loop, waiting at most BUSY_S for another router's). Bounded as the memory store is, the last used by
+    any of them kept. A background response's events are kept with it, so it streams again
+    (BackgroundRun.finished) wherever it is found. The store never fails a request: a write that fails is logged
+    and the response is not kept, and a row that cannot be read back is forgotten."""
+    BUSY_S = 2.0
 
-    def __init__(self, path: str, capacity: int, max_chars: int = 2 ** 28, clock: Callable[[], float] = time.time):
+    def __init__(self, path: str, capacity: int, max_chars: int = 2 ** 28):
         super().__init__(capacity, max_chars)
-        self.path, self._clock = path, clock
-        self._db = sqlite3.connect(path, timeout=10.0, check_same_thread=False)
+        self.path = path
+        self._db = sqlite3.connect(path, timeout=self.BUSY_S, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, VERSION):
+            raise sqlite3.DatabaseError(f"its layout is version {version}; this specpool reads {VERSION}")
         with self._db:
-            self._db.execute(SCHEMA)
-            self._db.execute("CREATE INDEX IF NOT EXISTS responses_used ON responses (used)")
+            for statement in SCHEMA:
+                self._db.execute(statement)
 
     @property
     def chars(self) -> int:
-        return int(self._db.execute("SELECT TOTAL(size) FROM responses").fetchone()[0])
+        return self._db.execute("SELECT chars FROM totals").fetchone()[0]
 
     def __len__(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+        return self._db.execute("SELECT count FROM totals").fetchone()[0]
 
     def close(self) -> None:
         self._db.close()
 
+    def _write(self, what: str, write: Callable[[sqlite3.Connection], Any]) -> None:
+        """Run `write` in one transaction; a failure (e.g. locked past BUSY_S, a full disk) is logged, never raised:
+        a response not kept is what the bounds could have made of it anyway."""
+        try:
+            with self._db:
+                write(self._db)
+        except sqlite3.Error as exc:
+            say(f"response store {self.path}: {what} failed ({exc})")
+
     def _keep(self, stored: Stored) -> None:
         events = json.dumps(stored.run.log) if stored.run is not None else None
-        row = (stored.response["id"], stored.owner, self._clock(), stored.size, stored.inputs,
-               json.dumps(stored.response), ITEMS.dump_json(stored.items).decode(), events)
-        with self._db:
-            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
-            self._db.executemany("DELETE FROM responses WHERE id = ?", [(i,) for i in self._over_bounds()])
+        row = (stored.response["id"], stored.owner, stored.size, stored.inputs, json.dumps(stored.response),
+               ITEM_LIST.dump_json(stored.items).decode(), events)
 
-    def _over_bounds(self) -> list[str]:
-        """The least recently used responses past the bounds."""
-        count, chars = self._db.execute("SELECT COUNT(*), TOTAL(size) FROM responses").fetchone()
-        out = []
-        if count > self.capacity or chars > self.max_chars:
-            for response_id, size in self._db.execute("SELECT id, size FROM responses ORDER BY used"):
-                if count <= self.capacity and chars <= self.max_chars:
-                    break
-                out.append(response_id)
+        def write(db: sqlite3.Connection) -> None:
+            db.execute(UPSERT, row)
+            count, chars = db.execute("SELECT count, chars FROM totals").fetchone()
+            while count > self.capacity or chars > self.max_chars:      # the least recently used go
+                oldest, size = db.execute("SELECT id, size FROM responses ORDER BY used LIMIT 1").fetchone()
+                db.execute("DELETE FROM responses WHERE id = ?", (oldest,))
                 count, chars = count - 1, chars - size
-        return out
+        self._write(f"storing {stored.response['id']}", write)
 
     def _find(self, response_id: str) -> Stored | None:
         row = self._db.execute("SELECT owner, size, inputs, response, items, events FROM responses WHERE id = ?",
@@ -161,24 +186,30 @@ class FileStore(ResponseStore):
         if row is None:
             return None
         owner, size, inputs, response, items, events = row
-        response = json.loads(response)
-        run = BackgroundRun.finished(json.loads(events), response) if events is not None else None
-        return Stored(response, ITEMS.validate_json(items), size, owner, inputs, run)
+        try:
+            response = json.loads(response)
+            run = BackgroundRun.finished(json.loads(events), response) if events is not None else None
+            return Stored(response, ITEM_LIST.validate_json(items), size, owner, inputs, run)
+        except ValueError as exc:               # a row this code cannot read (pydantic's errors are ValueErrors)
+            say(f"response store {self.path}: {response_id} cannot be read back, forgotten ({exc!r:.200})")
+            self._forget(response_id)
+            return None
 
     def _touch(self, response_id: str) -> None:
-        with self._db:
-            self._db.execute("UPDATE responses SET used = ? WHERE id = ?", (self._clock(), response_id))
+        self._write(f"using {response_id}",
+                    lambda db: db.execute(f"UPDATE responses SET used = {NEXT_USE} WHERE id = ?", (response_id,)))
 
     def _forget(self, response_id: str) -> None:
-        with self._db:
-            self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+        self._write(f"forgetting {response_id}",
+                    lambda db: db.execute("DELETE FROM responses WHERE id = ?", (response_id,)))
 
 
 def open_store(http: HttpConfig) -> ResponseStore:
-    """The store `http` asks for: in memory, or in the SQLite file http.store_path (a file that cannot be opened as
-    one, e.g. not a database or not writable, fails serve's start, naming the key)."""
+    """The store `http` asks for: in memory (also for store_responses 0: none kept, none found), or in the SQLite
+    file http.store_path (a file that cannot be opened as one, e.g. not a database, not writable or of another
+    layout, fails serve's start, naming the key)."""
     bounds = (http.store_responses, http.store_responses_mb * 2 ** 20)
-    if not http.store_path:
+    if not http.store_path or http.store_responses == 0:
         return ResponseStore(*bounds)
     try:
         return FileStore(http.store_path, *bounds)

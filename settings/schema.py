@@ -365,7 +365,7 @@ class HttpConfig:
                                      # ("": "auto" is refused; "required" and named functions need none)
     reasoning_parser: str = ""       # how chat answers split a thinking model's reasoning from its content:
                                      # deepseek_r1 | qwen3 | openai_gptoss ("": no split, the reasoning is content)
-    store_responses: int = 1000      # the Responses API's stored responses kept in memory, the last used
+    store_responses: int = 1000      # the Responses API's stored responses kept, the last used
                                      # (previous_response_id, GET /v1/responses/{id}); 0: none stored
     store_responses_mb: int = 256    # ... and at most this much of their text, the last used kept
     store_path: str = ""             # where they are kept: "" in this router's memory; a file: an SQLite database

@@ -20,15 +20,13 @@ def message(text: str) -> InputMessage:
 
 @pytest.fixture(params=["memory", "file"])
 def make_store(request, tmp_path):
-    """A new store of either kind with the given bounds (a file store in a file of its own); a file store's clock
-    ticks once per use, so the last used is told apart even within one clock tick."""
-    ticks, files = itertools.count(), itertools.count()
+    """A new store of either kind with the given bounds (a file store in a file of its own)."""
+    files = itertools.count()
 
     def make(capacity: int, max_chars: int = 2 ** 28):
         if request.param == "memory":
             return ResponseStore(capacity, max_chars)
-        return FileStore(str(tmp_path / f"responses-{next(files)}.db"), capacity, max_chars,
-                         clock=lambda: float(next(ticks)))
+        return FileStore(str(tmp_path / f"responses-{next(files)}.db"), capacity, max_chars)
     return make
 
 
@@ -66,16 +64,15 @@ def test_a_file_stores_responses_are_found_by_another_store_on_it_as_they_were_k
     """What a restarted router, or a second router naming the same file, finds: the Response, its conversation's
     items of every kind with their types, how many were its input, its size and owner; the bounds hold across
     them (the last used by either is kept), and a deletion by one is gone for the other."""
-    path, ticks = str(tmp_path / "responses.db"), itertools.count()
-    clock = lambda: float(next(ticks))      # noqa: E731 - one clock for both routers, as the machine's is
-    first = FileStore(path, capacity=2, clock=clock)
+    path = str(tmp_path / "responses.db")
+    first = FileStore(path, capacity=2)
     items = [message("a"), ReasoningItem(type="reasoning", id="rs_1", summary=[],
                                          content=[{"type": "reasoning_text", "text": "think"}]),
              FunctionCallItem(type="function_call", id="fc_1", call_id="call_1", name="f", arguments='{"x": 1}'),
              InputMessage(id="msg_2", role="assistant", content=[{"type": "output_text", "text": "done"}])]
     response = {"id": "resp_1", "status": "completed", "output": [{"type": "message", "content": []}]}
     first.put(response, items, 17, owner="key-a", inputs=3)
-    second = FileStore(path, capacity=2, clock=clock)
+    second = FileStore(path, capacity=2)
     found = second.get("resp_1", "key-a")
     assert (found.response, found.items, found.size, found.inputs, found.run) == (response, items, 17, 3, None)
     assert [type(item) for item in found.items] == [InputMessage, ReasoningItem, FunctionCallItem, InputMessage]
@@ -132,4 +129,35 @@ def test_a_restarted_router_continues_and_serves_a_response_stored_before(tmp_pa
     assert [item.content for item in restarted.conversation(continuing, "")] == ["x", "y"]
     with pytest.raises(ApiError) as missing:
         asyncio.run(restarted.stored_response("resp_2", request))
-    assert missing.value.status == 404 and "the store at" in str(missing.value)
+    assert missing.value.status == 404 and "this server's store keeps the last 1000 used" in str(missing.value)
+
+
+def test_a_store_that_cannot_write_logs_it_and_keeps_nothing_and_an_unreadable_row_is_forgotten(tmp_path, capsys,
+                                                                                                monkeypatch):
+    """A write another router holds the file past BUSY_S for fails: logged, the response not kept, the request
+    not failed. A row this code cannot read back (a later layout's items) is logged and forgotten, not a 500."""
+    import sqlite3
+    monkeypatch.setattr(FileStore, "BUSY_S", 0.05)
+    path = str(tmp_path / "responses.db")
+    store = FileStore(path, capacity=4)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")                       # another router's write in progress
+    store.put({"id": "resp_1", "output": []}, [message("a")], 1)
+    other.execute("ROLLBACK")
+    assert store.get("resp_1") is None and len(store) == 0
+    assert "storing resp_1 failed (database is locked)" in capsys.readouterr().out
+    store.put({"id": "resp_2", "output": []}, [message("b")], 1)
+    other.execute("UPDATE responses SET items = '[{\"type\": \"a kind of later\"}]' WHERE id = 'resp_2'")
+    assert store.get("resp_2") is None and len(store) == 0
+    assert "resp_2 cannot be read back, forgotten" in capsys.readouterr().out
+
+
+def test_a_file_of_another_layout_is_refused_and_a_store_keeping_none_keeps_no_file(tmp_path):
+    import sqlite3
+    path = tmp_path / "responses.db"
+    FileStore(str(path), capacity=4).close()
+    sqlite3.connect(path, isolation_level=None).execute("PRAGMA user_version = 7")
+    with pytest.raises(ConfigError, match="its layout is version 7; this specpool reads 1"):
+        open_store(HttpConfig(store_path=str(path)))
+    assert type(open_store(HttpConfig(store_path=str(tmp_path / "none.db"), store_responses=0))) is ResponseStore
+    assert not (tmp_path / "none.db").exists()
