@@ -50,6 +50,27 @@ class Pools:
 # shutdown" (seen twice in the test suite's process, a thread of that exporter jumping to address 0). specpool's own
 # metrics are the router's Prometheus endpoint.
 LOCAL_SYSTEM_CONFIG = {"enable_metrics_collection": False}
+NICENESS = "RAY_worker_niceness"     # the CPU priority Ray gives a worker process (15 unless told), read from its env
+_local_niceness: int | None = None   # the niceness the local instance this process started gives every worker
+
+
+def init_local(niceness: int, **kwargs) -> None:
+    """ray.init(**kwargs) a local instance whose raylet gives every worker process `niceness` (RAY_worker_niceness
+    in the raylet's environment), so that actors need no runtime_env of their own (_worker_options): an actor
+    then starts in a worker process Ray started ahead while one is idle, and else in a new one without the
+    runtime-env agent's part. Measured on this machine, from the actor's creation to its constructor: 0.02-0.23 s
+    and then 0.73-0.94 s, against 1.21-1.85 s with a runtime_env (each worker's start, and each restart)."""
+    global _local_niceness
+    before = os.environ.get(NICENESS)
+    os.environ[NICENESS] = str(niceness)
+    try:
+        ray.init(**kwargs)
+        _local_niceness = niceness
+    finally:
+        if before is None:
+            os.environ.pop(NICENESS, None)
+        else:
+            os.environ[NICENESS] = before
 
 
 def connect(config: SpecpoolConfig, quiet: bool = False) -> bool:
@@ -68,11 +89,11 @@ def connect(config: SpecpoolConfig, quiet: bool = False) -> bool:
     kwargs.update(include_dashboard=False, resources=config.ray.resources or None, num_cpus=local_num_cpus(config),
                   _node_ip_address=config.ray.node_ip or None, _system_config=LOCAL_SYSTEM_CONFIG)
     try:
-        ray.init(address=address, **kwargs)
+        init_local(config.ray.worker_niceness, address=address, **kwargs)
     except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception when its processes start too slowly
         say(f"the local Ray instance did not start ({str(exc).splitlines()[0]}); trying once more")
         disconnect()
-        ray.init(address=address, **kwargs)
+        init_local(config.ray.worker_niceness, address=address, **kwargs)
     return True
 
 
@@ -100,9 +121,11 @@ def disconnect() -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             process = psutil.Process(pid)
             processes += [process, *process.children(recursive=True)]
+    global _local_niceness
     if any(not running(process) for process in processes):
         end(processes)
     ray.shutdown()
+    _local_niceness = None
     end(processes, wait=1)
 
 
@@ -167,10 +190,14 @@ def _worker_options(config: SpecpoolConfig, pool: PoolConfig) -> dict:
     """Actor options every draft and target worker shares: its pool's resources, restarts, and its process's CPU
     priority. Ray starts worker processes at nice 15 (RAY_worker_niceness) so that they yield to its own daemons;
     a model's forward is the work a serving node exists for, and at 15 every process at 0 beside it (the router,
-    Ray's agents, a client on the same machine) pre-empts it. The variable reaches each worker, restarts too."""
-    return {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus, "resources": pool.resources, "max_restarts": -1,
-            "max_task_retries": -1, "max_concurrency": 64,
-            "runtime_env": {"env_vars": {"RAY_worker_niceness": str(config.ray.worker_niceness)}}}
+    Ray's agents, a client on the same machine) pre-empts it. A local instance this process started gives every
+    worker the configured niceness already (init_local); in a cluster the variable goes in the actor's
+    runtime_env, which reaches each worker, restarts too."""
+    options = {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus, "resources": pool.resources,
+               "max_restarts": -1, "max_task_retries": -1, "max_concurrency": 64}
+    if not (local(config) and _local_niceness == config.ray.worker_niceness):
+        options["runtime_env"] = {"env_vars": {NICENESS: str(config.ray.worker_niceness)}}
+    return options
 
 
 def actor_cpus(config: SpecpoolConfig, pool: str, index: int) -> list | str:

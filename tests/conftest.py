@@ -108,13 +108,13 @@ def _ray_instance():
     """The local Ray instance the Ray modules share (started on first use, stopped at the end)."""
     import ray
     environ = dict(os.environ)
-    from router.launch import LOCAL_SYSTEM_CONFIG
+    from router.launch import LOCAL_SYSTEM_CONFIG, init_local
     kwargs = dict(address="local", num_cpus=RAY_POOLS["CPU"], include_dashboard=False, namespace="specpool-tests",
                   resources={name: RAY_POOLS[name] for name in ("draft_pool", "target_pool")},
                   _node_ip_address="127.0.0.1", log_to_driver=False, _system_config=LOCAL_SYSTEM_CONFIG)
     for attempt in range(3):      # Ray's processes can start too slowly on a loaded 2-core machine (seen in CI:
         try:                      # GCS deadline exceeded twice in a row for one module): up to twice more
-            ray.init(**kwargs)
+            init_local(0, **kwargs)         # ray.worker_niceness's default, as `specpool serve` starts it
             break
         except Exception:  # noqa: BLE001
             ray.shutdown()
