@@ -51,7 +51,8 @@ class Pools:
 # metrics are the router's Prometheus endpoint.
 LOCAL_SYSTEM_CONFIG = {"enable_metrics_collection": False}
 NICENESS = "RAY_worker_niceness"     # the CPU priority Ray gives a worker process (15 unless told), read from its env
-_local_niceness: int | None = None   # the niceness the local instance this process started gives every worker
+_local_niceness: tuple | None = None  # (session, niceness): the local instance this process started, and the
+                                      # niceness its raylet gives every worker
 
 
 def init_local(niceness: int, **kwargs) -> None:
@@ -65,12 +66,18 @@ def init_local(niceness: int, **kwargs) -> None:
     os.environ[NICENESS] = str(niceness)
     try:
         ray.init(**kwargs)
-        _local_niceness = niceness
+        _local_niceness = (session(), niceness)
     finally:
         if before is None:
             os.environ.pop(NICENESS, None)
         else:
             os.environ[NICENESS] = before
+
+
+def session() -> str | None:
+    """The Ray session this process is connected to (None: none)."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    return node.session_name if node is not None else None
 
 
 def connect(config: SpecpoolConfig, quiet: bool = False) -> bool:
@@ -195,7 +202,7 @@ def _worker_options(config: SpecpoolConfig, pool: PoolConfig) -> dict:
     runtime_env, which reaches each worker, restarts too."""
     options = {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus, "resources": pool.resources,
                "max_restarts": -1, "max_task_retries": -1, "max_concurrency": 64}
-    if not (local(config) and _local_niceness == config.ray.worker_niceness):
+    if not (local(config) and _local_niceness == (session(), config.ray.worker_niceness)):
         options["runtime_env"] = {"env_vars": {NICENESS: str(config.ray.worker_niceness)}}
     return options
 

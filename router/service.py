@@ -89,7 +89,7 @@ class Service:
             router.host, router.port, credentials, with_admin=router.admin_port < 0, admin_keys=router.admin_keys)
         servicer.ready_timeout_s = router.ready_timeout_s
         say(f"gRPC on {host_port(router.host, self.port)} (NOT_SERVING until the target pool is ready)")
-        connecting = True
+        connecting = not launch.ray.is_initialized()    # a failed start ends a local instance only if it started it
         try:
             await self._start_admin(servicer, credentials)
             await self._start_http(servicer)

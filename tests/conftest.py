@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from benchmarks.service import LoopThread  # noqa: E402
 from protos.specpool.v1 import generation_pb2_grpc  # noqa: E402
-from settings.schema import config_from_dict  # noqa: E402
+from settings.schema import RayConfig, config_from_dict  # noqa: E402
 
 ALPHABET = "abcdefgh"
 _EXIT_STATUS: list[int] = []
@@ -114,7 +114,7 @@ def _ray_instance():
                   _node_ip_address="127.0.0.1", log_to_driver=False, _system_config=LOCAL_SYSTEM_CONFIG)
     for attempt in range(3):      # Ray's processes can start too slowly on a loaded 2-core machine (seen in CI:
         try:                      # GCS deadline exceeded twice in a row for one module): up to twice more
-            init_local(0, **kwargs)         # ray.worker_niceness's default, as `specpool serve` starts it
+            init_local(RayConfig().worker_niceness, **kwargs)       # as `specpool serve` starts it
             break
         except Exception:  # noqa: BLE001
             ray.shutdown()
@@ -168,7 +168,12 @@ class RunningService:
         self.background = LoopThread()
         self.service = self._run(Service(config_from_dict(config)).start())
         if drafts_loaded:
-            self._run(self.service.drafts_loaded())
+            try:
+                self._run(self.service.drafts_loaded())
+            except BaseException:
+                self.background.run(self.service.stop(grace=0), 60)   # nothing of it left on the shared instance
+                self.background.close()
+                raise
         self.address = f"127.0.0.1:{self.service.port}"
         self.admin_address = f"127.0.0.1:{self.service.admin_port}"     # Admin (reload, status): a port of its own
         self.channel = grpc.insecure_channel(self.address)
@@ -208,8 +213,14 @@ def start_service(ray_local):
         running.append(service)
         return service
     yield start
-    for service in running:
-        service.stop()
+    failed = []
+    for service in running:          # each stopped whatever the others do: none left on the shared instance
+        try:
+            service.stop()
+        except Exception as exc:  # noqa: BLE001 - raised below, once every service is stopped
+            failed.append(exc)
+    if failed:
+        raise failed[0]
 
 
 @pytest.fixture(scope="session")

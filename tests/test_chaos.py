@@ -11,6 +11,7 @@ import pytest
 import ray
 
 from protos.specpool.v1 import generation_pb2
+from settings.schema import config_from_dict
 from tests.conftest import service_config
 
 PROMPT = [4, 5, 6, 7]
@@ -86,10 +87,7 @@ def test_every_thread_of_each_worker_runs_on_its_pinned_cpus(tp2):
 def test_every_worker_runs_at_the_configured_cpu_priority_not_rays_default_15(tp2):
     """ray.worker_niceness (0 by default) for the draft and each target rank: Ray's 15 let every other process
     on the machine pre-empt a forward."""
-    pools = tp2.service.pools
-    actors = pools.draft_actors + [rank for ranks in pools.target_actors for rank in ranks]
-    pids = ray.get([actor.pid.remote() for actor in actors])
-    assert len(set(pids)) == 3 and all(os.getpriority(os.PRIO_PROCESS, pid) == 0 for pid in pids)
+    assert worker_niceness(tp2) == [0, 0, 0]
 
 
 def test_draft_killed_mid_request_gives_identical_tokens(tp2, reference_generate):
@@ -182,13 +180,45 @@ def test_workers_restarted_after_the_kills_above_are_pinned_again(tp2):
     model_rounds_again(tp2)                  # the draft killed last has loaded (and pinned itself) again
     assert_pinned(tp2)
     assert worker_cpus(tp2) == {"target 0": CPUS, "draft 0": CPUS[:1]}     # as their recoveries reported them
+    assert set(worker_niceness(tp2)) == {0}     # restarted by the raylet, which gives every worker the niceness
+
+
+def worker_niceness(service) -> list[int]:
+    """The CPU priority (nice) of each worker process of a service: its draft, then each target rank."""
+    pools = service.service.pools
+    actors = pools.draft_actors + [rank for ranks in pools.target_actors for rank in ranks]
+    return [os.getpriority(os.PRIO_PROCESS, pid) for pid in ray.get([actor.pid.remote() for actor in actors])]
+
+
+def test_a_worker_niceness_the_instance_does_not_give_goes_in_each_actors_runtime_env(monkeypatch):
+    """The local instance's raylet gives every worker the niceness it was started with (launch.init_local): actors
+    need no runtime_env then. Another niceness, or a cluster (its raylets' environment is not ours), puts it in
+    each actor's runtime_env, which reaches every worker, restarts too."""
+    from router import launch
+    config = config_from_dict(service_config(("d", "t")))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(launch, "_local_niceness", (launch.session(), 0))
+    options = lambda: launch._worker_options(config, config.draft)  # noqa: E731
+    assert "runtime_env" not in options()
+    config.ray.worker_niceness = 3
+    assert options()["runtime_env"] == {"env_vars": {"RAY_worker_niceness": "3"}}
+    config.ray.worker_niceness, config.ray.address = 0, "10.0.0.1:6379"
+    assert options()["runtime_env"] == {"env_vars": {"RAY_worker_niceness": "0"}}
+    monkeypatch.setattr(launch, "_local_niceness", ("an earlier session", 0))
+    config.ray.address = ""
+    assert "runtime_env" in options()
 
 
 @pytest.fixture(scope="module")
 def small(start_service, byte_pair):
     auto = {"cpus": "auto"}        # as deploy/local.yaml has it
     return start_service(service_config(byte_pair, router={"max_active_requests": 1, "max_queued_requests": 1},
-                                        draft=auto, target=auto))
+                                        draft=auto, target=auto, ray={"worker_niceness": 3}))
+
+
+def test_a_niceness_other_than_the_instances_reaches_each_worker(small):
+    """ray.worker_niceness 3 on an instance whose raylet gives 0: through each actor's runtime_env."""
+    assert worker_niceness(small) == [3, 3]
 
 
 @pytest.mark.skipif(not PINNED, reason="needs two CPUs and Linux's CPU affinity")
