@@ -91,16 +91,17 @@ RAY_POOLS = {"CPU": 32, "draft_pool": 16, "target_pool": 32}     # the local ins
 
 def ray_module(item) -> str:
     """The file of a test item whose fixtures reach the local Ray instance ('' if they do not)."""
-    return item.nodeid.split("::")[0] if "ray_local" in item.fixturenames else ""
+    return item.nodeid.split("::")[0] if "ray_local" in getattr(item, "fixturenames", ()) else ""
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session):
     """Run the modules that use the local Ray instance last and together (a stable sort: each keeps its order), so
     that one instance serves them all instead of one per module (its start and stop took 7-8 s each time), and no
-    Ray of ours runs beside the modules that start their own (ray up, node loss, `specpool serve`)."""
-    modules = {ray_module(item) for item in items} - {""}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] in modules)
+    Ray of ours runs beside the modules that start their own (ray up, node loss, `specpool serve`). Here, after
+    every plugin's reordering (--ff, --nf), so that none of them can put a module beside the shared instance."""
+    modules = {ray_module(item) for item in session.items} - {""}
+    session.items.sort(key=lambda item: item.nodeid.split("::")[0] in modules)
 
 
 @pytest.fixture(scope="session")
