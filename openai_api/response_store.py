@@ -38,14 +38,13 @@ class Stored:
     run: Any = None         # a background response's run (openai_api/background.py: its events, its state)
 
 
-class ResponseStore:
-    """Stored responses in this router's memory (and the background responses it runs, until they are over)."""
+class Store:
+    """What both stores share: the bounds, the owners, and the background responses this router runs, held until
+    they are over. Where the rest is kept is a subclass's (_keep, _find, _touch, _forget, chars, __len__)."""
 
     def __init__(self, capacity: int, max_chars: int = 2 ** 28):
         self.capacity, self.max_chars = capacity, max_chars
         self._running: dict[str, Stored] = {}       # background responses, until they are over (and put)
-        self._stored: OrderedDict[str, Stored] = OrderedDict()
-        self._chars = 0
 
     def hold(self, response_id: str, running: Stored) -> None:
         """Find a background response while it runs (outside the bounds, until it is put)."""
@@ -76,6 +75,15 @@ class ResponseStore:
         self._running.pop(response_id, None)
         self._forget(response_id)
         return True
+
+
+class ResponseStore(Store):
+    """Stored responses in this router's memory."""
+
+    def __init__(self, capacity: int, max_chars: int = 2 ** 28):
+        super().__init__(capacity, max_chars)
+        self._stored: OrderedDict[str, Stored] = OrderedDict()
+        self._chars = 0
 
     @property
     def chars(self) -> int:
@@ -125,7 +133,7 @@ UPSERT = f"""INSERT INTO responses VALUES (?, ?, {NEXT_USE}, ?, ?, ?, ?, ?) ON C
     response = excluded.response, items = excluded.items, events = excluded.events"""
 
 
-class FileStore(ResponseStore):
+class FileStore(Store):
     """Stored responses in an SQLite database file (http.store_path), created if missing: kept over a restart, and
     shared by the routers on this machine that name the same file (WAL mode; each write one short transaction, on
     the event loop, waiting at most BUSY_S for another router's). Bounded as the memory store is, the last used by
@@ -204,7 +212,7 @@ class FileStore(ResponseStore):
                     lambda db: db.execute("DELETE FROM responses WHERE id = ?", (response_id,)))
 
 
-def open_store(http: HttpConfig) -> ResponseStore:
+def open_store(http: HttpConfig) -> Store:
     """The store `http` asks for: in memory (also for store_responses 0: none kept, none found), or in the SQLite
     file http.store_path (a file that cannot be opened as one, e.g. not a database, not writable or of another
     layout, fails serve's start, naming the key)."""
