@@ -10,36 +10,22 @@ tests/test_controller.py replays traces of this shape against the controller (se
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 from benchmarks.overlap import set_speculation
 from benchmarks.plan import PREDICTABLE, UNPREDICTABLE
-from benchmarks.service import log, running, stream_one
-
-
-def round_record(round_) -> dict:
-    """One Round as plain data."""
-    return {"k": round_.k, "accepted": round_.accepted, "source": round_.source, "predrafted": round_.predrafted,
-            "predraft_sent": round_.predraft_sent, "timings": dataclasses.asdict(round_.timings),
-            "wall": sum(round_.parts.values()), "parts": dict(round_.parts)}
-
-
-def recording(selector, rounds: list) -> None:
-    """Make `selector` (the router's KSelector) append every round it observes to `rounds`."""
-    observe = selector.observe
-
-    def observe_and_record(state, round_):
-        rounds.append(round_record(round_))
-        observe(state, round_)
-    selector.observe = observe_and_record
+from benchmarks.service import log, recorded, running, stream_one
 
 
 def record_rows(service, prompts: list[str], ks: list, max_new: int, repeats: int) -> dict:
     """{"K=k overlap on|off": {"rounds": [...], "tokens": n, "seconds": s}} over `repeats` interleaved passes;
     k None is the adaptive policy."""
-    rounds: list = []
-    recording(service.service.router.k_selector, rounds)
+    with recorded(service.service.router.k_selector) as rounds:
+        return interleaved_rows(service, prompts, ks, max_new, repeats, rounds)
+
+
+def interleaved_rows(service, prompts: list[str], ks: list, max_new: int, repeats: int, rounds: list) -> dict:
+    """record_rows' passes, with `rounds` the list the router's rounds are recorded in."""
     rows: dict = {}
     for repeat in range(repeats):
         for k in ks:

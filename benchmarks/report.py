@@ -18,7 +18,7 @@ SINGLE_HEADER = ("| row | tokens/s | TTFT ms | ITL p50 / p99 ms | α | tokens/ro
                  "| wire B/round (greedy) | full q B/round |\n|---|---|---|---|---|---|---|---|---|---|\n")
 SWEEP_NAMES = (ON_ADAPTIVE, OFF_ADAPTIVE, ON_K0, HF_BATCHED)
 SWEEP_RATIOS = ("batching on / off", "adaptive / K=0", "adaptive / transformers batched")
-TRACE_WINDOW = 8      # rounds of adaptive.png's rolling acceptance
+TRACE_WINDOW = 8      # drafting rounds of adaptive.png's rolling acceptance
 
 
 # ---- results.md -------------------------------------------------------------------------------
@@ -125,11 +125,12 @@ def adaptive_plot(trace: dict, out: Path) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
     top.step(range(len(trace["k"])), trace["k"], where="post")
     top.set(ylabel="K")
-    accepted, window = trace["accepted"], TRACE_WINDOW
-    rolling = [sum(accepted[max(0, i - window):i + 1]) / max(1, sum(trace["k"][max(0, i - window):i + 1]))
-               for i in range(len(accepted))]
-    bottom.plot(rolling)
-    bottom.set(xlabel="round", ylabel=f"acceptance (rolling {window})")
+    drafting = [(i, k, accepted) for i, (k, accepted) in enumerate(zip(trace["k"], trace["accepted"])) if k]
+    window = TRACE_WINDOW
+    rolling = [sum(a for _, _, a in drafting[max(0, j - window + 1):j + 1])
+               / sum(k for _, k, _ in drafting[max(0, j - window + 1):j + 1]) for j in range(len(drafting))]
+    bottom.plot([i for i, _, _ in drafting], rolling, marker=".")
+    bottom.set(xlabel="round", ylabel=f"acceptance (last {window} drafting rounds)", ylim=(0, 1.05))
     top.set_title("adaptive K over predictable → unpredictable → predictable prompts")
     fig.tight_layout()
     fig.savefig(out / "adaptive.png", dpi=120)

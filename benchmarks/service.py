@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import threading
@@ -54,10 +55,34 @@ def stats_fields(stats: generation_pb2.GenerationStats) -> dict:
             "k_per_round": list(stats.k_per_round), "cached_prompt_tokens": stats.cached_prompt_tokens}
 
 
+def round_record(round_) -> dict:
+    """One Round as plain data."""
+    return {"k": round_.k, "accepted": round_.accepted, "source": round_.source, "predrafted": round_.predrafted,
+            "predraft_sent": round_.predraft_sent, "timings": dataclasses.asdict(round_.timings),
+            "wall": sum(round_.parts.values()), "parts": dict(round_.parts)}
+
+
+@contextlib.contextmanager
+def recorded(selector):
+    """While inside, every round `selector` (the router's KSelector) observes is appended, as round_record gives it,
+    to the list this yields; each decode-run step is a round of its own (K = 0, or its looked-up drafts)."""
+    rounds: list = []
+    observe = selector.observe
+
+    def observe_and_record(state, round_):
+        rounds.append(round_record(round_))
+        observe(state, round_)
+    selector.observe = observe_and_record
+    try:
+        yield rounds
+    finally:
+        selector.observe = observe
+
+
 def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: float = 0.0) -> dict:
     """One GenerateStream request (k None: the adaptive policy), timed per chunk: seconds, tokens, time to
     first token, inter-token gaps (a chunk's gap shared by its tokens), the client's waits between chunks, the
-    request's stats and K and accepted tokens per round."""
+    request's stats."""
     started, arrivals, chunks = time.perf_counter(), [], []
     for chunk in stub.GenerateStream(bench_request(prompt, max_new, k, temperature)):
         arrivals.append(time.perf_counter())
@@ -65,8 +90,7 @@ def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: floa
     gaps = [(b - a) / len(c.token_ids) for a, b, c in zip(arrivals, arrivals[1:], chunks[1:]) for _ in c.token_ids]
     return {"seconds": arrivals[-1] - started, "tokens": sum(len(c.token_ids) for c in chunks),
             "ttft": arrivals[0] - started, "itl": gaps, "waits": [b - a for a, b in zip(arrivals, arrivals[1:])],
-            **stats_fields(chunks[-1].stats),
-            "accepted_per_round": [len(c.token_ids) - 1 for c in chunks]}
+            **stats_fields(chunks[-1].stats)}
 
 
 def whole_one(stub, prompt: str, max_new: int, k: int | None, temperature: float = 0.0) -> dict:
@@ -76,7 +100,7 @@ def whole_one(stub, prompt: str, max_new: int, k: int | None, temperature: float
     response = stub.Generate(bench_request(prompt, max_new, k, temperature))
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "tokens": len(response.token_ids), "ttft": seconds, "itl": [], "waits": [],
-            **stats_fields(response.stats), "accepted_per_round": []}
+            **stats_fields(response.stats)}
 
 
 _STUBS: dict = {}

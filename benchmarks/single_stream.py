@@ -14,7 +14,7 @@ import yaml
 
 from benchmarks.hf_baseline import forward_seconds, hf_run, load_hf
 from benchmarks.plan import PREDICTABLE, UNPREDICTABLE, BenchConfig
-from benchmarks.service import log, stream_one
+from benchmarks.service import log, recorded, stream_one
 from protos.specpool.v1 import admin_pb2
 
 BASE_ROW = "transformers generate()"
@@ -174,14 +174,13 @@ def wire_sampled(service, cfg: BenchConfig, k: int) -> float:
     return sum(r["wire"] for r in runs) / sum(r["rounds"] for r in runs)
 
 
-def adaptive_trace(stub, cfg: BenchConfig) -> dict:
-    """K and accepted tokens per round of the adaptive policy over predictable, unpredictable, predictable."""
-    k, accepted = [], []
-    for prompt in PREDICTABLE + UNPREDICTABLE + PREDICTABLE:
-        run = stream_one(stub, prompt, cfg.max_new_tokens, None)
-        k += run["k_per_round"]
-        accepted += run["accepted_per_round"]
-    return {"k": k, "accepted": accepted}
+def adaptive_trace(service, cfg: BenchConfig) -> dict:
+    """K and accepted drafts of every round of the adaptive policy over predictable, unpredictable, predictable
+    prompts, as the router's K selector observed them (a decode run's steps are rounds at K = 0)."""
+    with recorded(service.service.router.k_selector) as rounds:
+        for prompt in PREDICTABLE + UNPREDICTABLE + PREDICTABLE:
+            service.client(stream_one, prompt, cfg.max_new_tokens, None)
+    return {"k": [r["k"] for r in rounds], "accepted": [r["accepted"] for r in rounds]}
 
 
 def single_stream(service, cfg: BenchConfig) -> tuple[dict, dict]:
@@ -190,4 +189,4 @@ def single_stream(service, cfg: BenchConfig) -> tuple[dict, dict]:
     base = transformers[BASE_ROW]["tokens_per_s"]
     rows = {**transformers, **specpool_rows(service, cfg, c, base, service.service.pools.target_info["vocab_size"])}
     single = {"c": c, "rows": rows, "sampled_k": SAMPLED_K, "wire_sampled": wire_sampled(service, cfg, SAMPLED_K)}
-    return single, service.client(adaptive_trace, cfg)
+    return single, adaptive_trace(service, cfg)

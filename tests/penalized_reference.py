@@ -40,11 +40,13 @@ def penalized_row(logits: torch.Tensor, context: list[int], prompt_length: int, 
 def greedy(model, prompt: list[int], max_new: int, **penalties) -> list[int]:
     """Greedy decoding of `model` alone with the penalties, stopping after its EOS token."""
     from transformers import DynamicCache
+    from engine.modeling import cache_keyword
     tokens, cache, fed = list(prompt), DynamicCache(config=model.config), 0
+    keyword = cache_keyword(type(model))
     eos = model.generation_config.eos_token_id
     with torch.no_grad():
         while len(tokens) - len(prompt) < max_new and (len(tokens) == len(prompt) or tokens[-1] != eos):
-            logits = model(torch.tensor([tokens[fed:]]), past_key_values=cache, use_cache=True).logits[0, -1]
+            logits = model(torch.tensor([tokens[fed:]]), **{keyword: cache}, use_cache=True).logits[0, -1]
             fed = len(tokens)
             tokens.append(int(penalized_row(logits, tokens, len(prompt), **penalties).argmax()))
     return tokens[len(prompt):]
