@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.hf_baseline import hf_run, load_hf
 from benchmarks.plan import BenchConfig
+from benchmarks.repeats import paired
 from benchmarks.service import log, stream_one
 
 ON_ADAPTIVE, OFF_ADAPTIVE = "specpool adaptive, batching on", "specpool adaptive, batching off"
@@ -65,16 +66,19 @@ def sweep_sample(service, cfg: BenchConfig, n: int, k: int | None) -> dict:
 
 def specpool_sweep(service, cfg: BenchConfig, variants: dict[str, int | None]) -> dict:
     """{name: {n: level}} of the running service for each named K (None: adaptive) and stream count n: medians
-    over repeats of sweep_sample(), the variants' samples interleaved (each variant once, then each again), so
-    that the machine's drift over minutes falls on all of them alike and their ratio compares like with like."""
+    over repeats of sweep_sample() and each repeat's tokens/s ("rates"), the variants' samples interleaved (each
+    variant once, then each again, in the reverse order every other repeat), so that the machine's drift over
+    minutes, and whatever the sample before leaves behind, falls on all of them alike and their ratio compares
+    like with like (sweep_ratios pairs them repeat by repeat)."""
     result: dict = {name: {} for name in variants}
     for n in cfg.concurrency:
         samples = {name: [] for name in variants}
-        for _ in range(cfg.repeats):
-            for name, k in variants.items():
+        for repeat in range(cfg.repeats):
+            for name, k in list(variants.items())[::-1 if repeat % 2 else 1]:
                 samples[name].append(sweep_sample(service, cfg, n, k))
         for name, runs in samples.items():
             result[name][n] = level = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+            level["rates"] = [run["tokens_per_s"] for run in runs]
             log(f"{name}, {n} stream(s): {level['tokens_per_s']:.1f} tokens/s, "
                 f"{level['target_passes_per_token']:.3f} target passes/token, mean target batch "
                 f"{level['target_mean_batch']:.2f}")
@@ -104,13 +108,18 @@ def batching_config(service) -> dict:
 
 def sweep_ratios(sweep: dict) -> dict:
     """Per stream count: batching on / off, adaptive / K=0, adaptive / transformers batched; and each
-    variant's aggregate tokens/s over its own at the fewest streams ("scaling")."""
+    variant's aggregate tokens/s over its own at the fewest streams ("scaling"). Adaptive / K=0, whose samples
+    were taken side by side, is the median of their ratios repeat by repeat (benchmarks/repeats.py `paired`); the
+    others, measured apart, are ratios of medians."""
     def ratio(a: str, b: str) -> dict:
         return {n: sweep[a][n]["tokens_per_s"] / sweep[b][n]["tokens_per_s"] for n in sweep[a]}
 
+    def side_by_side(a: str, b: str) -> dict:
+        return {n: paired(sweep[a][n], sweep[b][n])[0] for n in sweep[a]}
+
     def scaling(variant: dict) -> dict:
         return {n: level["tokens_per_s"] / variant[min(variant)]["tokens_per_s"] for n, level in variant.items()}
-    return {"batching on / off": ratio(ON_ADAPTIVE, OFF_ADAPTIVE), "adaptive / K=0": ratio(ON_ADAPTIVE, ON_K0),
+    return {"batching on / off": ratio(ON_ADAPTIVE, OFF_ADAPTIVE), "adaptive / K=0": side_by_side(ON_ADAPTIVE, ON_K0),
             "adaptive / transformers batched": ratio(ON_ADAPTIVE, HF_BATCHED),
             "scaling": {name: scaling(variant) for name, variant in sweep.items()}}
 
