@@ -20,27 +20,22 @@ from benchmarks.service import log, recorded, running, stream_one
 def record_rows(service, prompts: list[str], ks: list, max_new: int, repeats: int) -> dict:
     """{"K=k overlap on|off": {"rounds": [...], "tokens": n, "seconds": s}} over `repeats` interleaved passes;
     k None is the adaptive policy."""
-    with recorded(service.service.router.k_selector) as rounds:
-        return interleaved_rows(service, prompts, ks, max_new, repeats, rounds)
-
-
-def interleaved_rows(service, prompts: list[str], ks: list, max_new: int, repeats: int, rounds: list) -> dict:
-    """record_rows' passes, with `rounds` the list the router's rounds are recorded in."""
     rows: dict = {}
-    for repeat in range(repeats):
-        for k in ks:
-            for overlap in (False, True):
-                name = f"K={'adaptive' if k is None else k} overlap {'on' if overlap else 'off'}"
-                set_speculation(service, overlap=overlap)
-                row = rows.setdefault(name, {"k": k, "overlap": overlap, "rounds": [], "runs": []})
-                for prompt in prompts:
-                    rounds.clear()
-                    run = service.client(stream_one, prompt, max_new, k)
-                    row["rounds"] += rounds
-                    row["runs"].append({"tokens": run["tokens"], "seconds": run["seconds"]})
-        log(f"repeat {repeat + 1}/{repeats}: " + ", ".join(
-            f"{name} {sum(r['tokens'] for r in row['runs']) / sum(r['seconds'] for r in row['runs']):.0f}"
-            for name, row in rows.items()))
+    with recorded(service.service.router.k_selector) as rounds:
+        for repeat in range(repeats):
+            for k in ks:
+                for overlap in (False, True):
+                    name = f"K={'adaptive' if k is None else k} overlap {'on' if overlap else 'off'}"
+                    set_speculation(service, overlap=overlap)
+                    row = rows.setdefault(name, {"k": k, "overlap": overlap, "rounds": [], "runs": []})
+                    for prompt in prompts:
+                        rounds.clear()
+                        run = service.client(stream_one, prompt, max_new, k)
+                        row["rounds"] += rounds
+                        row["runs"].append({"tokens": run["tokens"], "seconds": run["seconds"]})
+            log(f"repeat {repeat + 1}/{repeats}: " + ", ".join(
+                f"{name} {sum(r['tokens'] for r in row['runs']) / sum(r['seconds'] for r in row['runs']):.0f}"
+                for name, row in rows.items()))
     return rows
 
 

@@ -126,11 +126,10 @@ def adaptive_plot(trace: dict, out: Path) -> None:
     top.step(range(len(trace["k"])), trace["k"], where="post")
     top.set(ylabel="K")
     drafting = [(i, k, accepted) for i, (k, accepted) in enumerate(zip(trace["k"], trace["accepted"])) if k]
-    window = TRACE_WINDOW
-    rolling = [sum(a for _, _, a in drafting[max(0, j - window + 1):j + 1])
-               / sum(k for _, k, _ in drafting[max(0, j - window + 1):j + 1]) for j in range(len(drafting))]
+    windows = [drafting[max(0, j - TRACE_WINDOW + 1):j + 1] for j in range(len(drafting))]
+    rolling = [sum(a for _, _, a in w) / sum(k for _, k, _ in w) for w in windows]
     bottom.plot([i for i, _, _ in drafting], rolling, marker=".")
-    bottom.set(xlabel="round", ylabel=f"acceptance (last {window} drafting rounds)", ylim=(0, 1.05))
+    bottom.set(xlabel="round", ylabel=f"acceptance (last {TRACE_WINDOW} drafting rounds)", ylim=(0, 1.05))
     top.set_title("adaptive K over predictable → unpredictable → predictable prompts")
     fig.tight_layout()
     fig.savefig(out / "adaptive.png", dpi=120)
