@@ -7,19 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 
 from engine.actor import EngineActor
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def _build_engine(config: dict, draft: dict, rank: int, world_size: int, master: tuple[str, int]):
+def _build_engine(config: dict, draft: dict, rank: int, world_size: int, master: tuple[str, int], store=None):
     import torch
 
     from target_worker import tensor_parallel
@@ -34,7 +27,7 @@ def _build_engine(config: dict, draft: dict, rank: int, world_size: int, master:
     model, draft_model = resolve_model(config["model"]), resolve_model(draft["model"])
     check_tensor_parallel(model, world_size)          # every rank, before the group forms: no rank waits in it
     if world_size > 1:
-        tensor_parallel.init_group(rank, world_size, master[0], master[1], config["device"])
+        tensor_parallel.init_group(rank, world_size, master[0], master[1], config["device"], store)
     started = time.monotonic()
     print(f"[specpool] target rank {rank}/{world_size}: loading {model} ({config['dtype']}, "
           f"{config['device']}) ...", flush=True)
@@ -54,12 +47,18 @@ class TargetRank(EngineActor):
         self._rank, self._world_size = rank, world_size
         self._engine = None
         self._server = None
+        self._store = None                            # rank 0's rendezvous store, from rendezvous() to start()
 
     def rendezvous(self, host: str | None = None) -> tuple[str, int]:
+        """Rank 0: bind the group's store on a port the OS picks; returns the (host, port) the other ranks join."""
         import ray
 
+        from target_worker import tensor_parallel
+
         host = host or ray.util.get_node_ip_address()
-        return host, _free_port(host)
+        if self._world_size > 1:
+            self._store = tensor_parallel.host_store(host)
+        return host, self._store.port if self._store else 0
 
     async def start(self, master: tuple[str, int], host: str | None = None) -> dict:
         import ray
@@ -74,7 +73,7 @@ class TargetRank(EngineActor):
         from target_worker.server import TargetServicer
 
         self._engine = await asyncio.to_thread(
-            _build_engine, self._config, self._draft, self._rank, self._world_size, master)
+            _build_engine, self._config, self._draft, self._rank, self._world_size, master, self._store)
         info = {"pid": os.getpid(), "rank": self._rank, "cpus": self.cpus(),
                 "model_path": resolve_model(self._config["model"]),
                 **model_info(self._engine.model)}

@@ -12,6 +12,7 @@ import threading
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from protos.specpool.v1 import worker_pb2
 from engine.sessions import SessionLost
@@ -21,13 +22,22 @@ _REQUEST_TYPES = {VERIFY_BATCH: worker_pb2.VerifyBatch, RELEASE: worker_pb2.Rele
 _control_group = None
 
 
-def init_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str) -> None:
-    """Join the TP process group (NCCL on CUDA, gloo on CPU) plus a gloo group for control messages."""
+def host_store(host: str):
+    """The group's rendezvous store, bound by rank 0 to a port the OS picks and held until the group forms, so no
+    other process can take the port between choosing it and binding it. Its `.port` goes to the other ranks."""
+    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=default_pg_timeout)
+
+
+def init_group(rank: int, world_size: int, master_addr: str, master_port: int, device: str, store=None) -> None:
+    """Join the TP process group (NCCL on CUDA, gloo on CPU) plus a gloo group for control messages. `store`: the
+    one host_store() bound, on the rank that holds it; every other rank connects to (master_addr, master_port)."""
     global _control_group
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
                       MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    if store is None:
+        store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=default_pg_timeout)
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     _control_group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
 
 

@@ -293,20 +293,19 @@ def tp_rank(rank: int, port: int, families: dict, out, settings: dict) -> None:
         results[name] = (speculate(DraftEngine(draft_path), target, PROMPTS, KS, MAX_NEW)[0], held)
     if rank == 0:
         out.put(results)
-    # Both ranks leave the group together: a rank that exits while the other still holds the group (rank 0 hosts
-    # its store) can die in gloo's teardown ("terminate called without an active exception", exit code -6).
+    # Both ranks leave the group together: a rank that exits while the other still holds the group can die in
+    # gloo's teardown ("terminate called without an active exception", exit code -6).
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
 def test_tp2_speculation_is_identical_to_the_target_alone(family_models):
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from target_worker.tensor_parallel import host_store
+
+    store = host_store("127.0.0.1")     # held here while the ranks join it: no other process can take its port
+    port = store.port
     families = {name: paths for name, paths in family_models.items() if name not in NO_TP_PLAN}
     context = mp.get_context("spawn")
     out = context.Queue()

@@ -152,3 +152,19 @@ def test_a_call_before_the_pools_have_loaded_says_for_how_long_and_the_bound():
             await server.stop(0)
         return details
     assert asyncio.run(answers()) == [(grpc.StatusCode.UNAVAILABLE, said)] * 2 + [(503, said)]
+
+
+def test_a_tensor_parallel_rendezvous_port_stays_bound_until_the_group_forms():
+    """Rank 0's rendezvous binds the group's store and holds it: another process cannot take the port before the
+    ranks join (a port chosen by binding and closing a socket was taken in CI by another test's group, and that
+    group's start failed with 'EADDRINUSE'). A rank joins it by (host, port)."""
+    import torch.distributed as dist
+
+    from target_worker.tensor_parallel import host_store
+
+    store = host_store("127.0.0.1")
+    with socket.socket() as other, pytest.raises(OSError, match="in use"):
+        other.bind(("127.0.0.1", store.port))
+    joined = dist.TCPStore("127.0.0.1", store.port, is_master=False)
+    joined.set("rank1", "ready")
+    assert store.get("rank1") == b"ready"
