@@ -69,13 +69,16 @@ def measured_row(service, cfg: BenchConfig, k: int | None, speculation: dict, wh
     return row
 
 
-def pair_rows(service, cfg: BenchConfig, plan=None) -> tuple[dict, dict, float]:
+def pair_rows(service, cfg: BenchConfig, plan=None, only: set | None = None,
+              alternate: bool = False) -> tuple[dict, dict, float]:
     """(transformers rows, specpool rows, c) of the service's pair. specpool: the rows of `plan(configured
-    settings, cfg)` (specpool_plan by default) with their analytic terms. Repeats are interleaved, the transformers
-    rows (hf_plan) among them: every row once, then every row again. So this noisy machine's drift over the run
-    falls on every row alike, and the goals' ratios compare rows measured side by side. tokens/s is the median over
+    settings, cfg)` (specpool_plan by default) with their analytic terms; transformers: hf_plan's rows, or those of
+    them named in `only`. Repeats are interleaved, the transformers rows among them: every row once, then every row
+    again (`alternate`: in the reverse order every other repeat). So this noisy machine's drift over the run falls
+    on every row alike, and the goals' ratios compare rows measured side by side. tokens/s is the median over
     repeats, the rest their mean."""
     transformers, c = hf_plan(service, cfg)
+    transformers = [(name, measure) for name, measure in transformers if only is None or name in only]
     settings = as_configured(service)
     specpool = (plan or specpool_plan)(settings, cfg)
     measures = transformers + [(name, functools.partial(measured_row, service, k=k, speculation=speculation,
@@ -83,7 +86,7 @@ def pair_rows(service, cfg: BenchConfig, plan=None) -> tuple[dict, dict, float]:
                                for name, k, speculation in specpool]
     runs = {name: [] for name, _ in measures}
     for repeat in range(cfg.repeats):
-        for name, measure in measures:
+        for name, measure in (measures[::-1] if alternate and repeat % 2 else measures):
             runs[name].append(measure(dataclasses.replace(cfg, repeats=1)))
         log(f"overlap rows, repeat {repeat + 1}/{cfg.repeats}: " + ", ".join(
             f"{name} {runs[name][-1]['tokens_per_s']:.0f}" for name, _ in measures) + " tokens/s")
