@@ -53,10 +53,9 @@ class TargetRank(EngineActor):
         """Rank 0: bind the group's store on a port the OS picks; returns the (host, port) the other ranks join."""
         import ray
 
-        from target_worker import tensor_parallel
-
         host = host or ray.util.get_node_ip_address()
         if self._world_size > 1:
+            from target_worker import tensor_parallel
             self._store = tensor_parallel.host_store(host)
         return host, self._store.port if self._store else 0
 
