@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from pathlib import Path
 
-from benchmarks.overlap import best_transformers, heavy_config, pair_rows
+from benchmarks.overlap import best_transformers, heavy_config, measured_section, pair_rows
 from benchmarks.plan import PREDICTABLE, BenchConfig
 from benchmarks.repeats import paired
 from benchmarks.report import overlap_markdown
@@ -50,9 +51,7 @@ def confirm_section(service, cfg: BenchConfig, best: dict, ks: tuple) -> dict:
     measured = {key: paired(rows[ours], transformers[theirs]) for key, (ours, theirs) in pairs.items()}
     measured.update({f"overlap / in turn at K={k}": paired(rows[f"overlap K={k}"], rows[f"in turn K={k}"])
                      for k in ks})
-    return {"c": c, "transformers": transformers, "rows": rows, "best": best,
-            "ratios": {key: value[0] for key, value in measured.items()},
-            "ratio_ranges": {key: value[1:] for key, value in measured.items()}}
+    return measured_section(c, transformers, rows, measured, best=best)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import torch
     torch.set_num_threads(1)
-    made = json.loads(open(args.results).read())
+    made = json.loads(Path(args.results).read_text())
     cfg = BenchConfig(config=args.config, out=args.out, repeats=args.repeats,
                       max_new_tokens=made["bench"]["max_new_tokens"])
     sections = {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from benchmarks.overlap import READ_WHOLE, best_transformers, pair_rows
+from benchmarks.overlap import READ_WHOLE, best_transformers, measured_section, pair_rows
 from benchmarks.plan import BenchConfig
 from benchmarks.repeats import paired
 from benchmarks.report import overlap_markdown
@@ -48,9 +48,7 @@ def held_out_section(service, cfg: BenchConfig) -> dict:
     assisted, generate = best_transformers(transformers)
     against = {"assisted": assisted, "generate": generate}
     measured = {key: paired(rows[name], against[which]) for key, (name, which) in GOALS.items()}
-    return {"c": c, "transformers": transformers, "rows": rows, "prompts": HELD_OUT,
-            "ratios": {key: value[0] for key, value in measured.items()},
-            "ratio_ranges": {key: value[1:] for key, value in measured.items()}}
+    return measured_section(c, transformers, rows, measured, prompts=HELD_OUT)
 
 
 def main(argv: list[str] | None = None) -> None:

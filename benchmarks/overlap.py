@@ -183,6 +183,14 @@ def ratios(transformers: dict, rows: dict, ks: tuple) -> tuple[dict, dict]:
     return out, {key: value[1:] for key, value in measured.items()}
 
 
+def measured_section(c: float, transformers: dict, rows: dict, measured: dict, **extra) -> dict:
+    """A pair's section as overlap_markdown shows it, from its rows and its ratios `measured` (repeats.paired's
+    (median, lowest, highest) per ratio)."""
+    return {"c": c, "transformers": transformers, "rows": rows, **extra,
+            "ratios": {key: value[0] for key, value in measured.items()},
+            "ratio_ranges": {key: value[1:] for key, value in measured.items()}}
+
+
 def best_transformers(transformers: dict) -> tuple[dict, dict]:
     """(the best assisted generation row, the best generate() row) over K and torch threads: what goals compare
     against."""
