@@ -59,8 +59,7 @@ class DraftWorker(EngineActor):
             worker_pb2_grpc.add_DraftWorkerServicer_to_server, DraftServicer(
                 self._engine, self._config["max_batch_size"], self._config["batch_wait_ms"] / 1000,
                 self._config["inline_ms"] / 1000,
-                channel=lambda target: worker_channel(target, tls, MESSAGE_OPTIONS),   # handoffs' channels
-                awake=self._keep_awake()), host,
+                channel=lambda target: worker_channel(target, tls, MESSAGE_OPTIONS)), host,   # handoffs' channels
             credentials=worker_server_credentials(tls))
         self._info = {"address": address, "pid": os.getpid(), "cpus": self.cpus()}
         self._settle()

@@ -38,9 +38,9 @@ def stamped(response: worker_pb2.ProposeResponse, started: float) -> worker_pb2.
 
 class DraftServicer(worker_pb2_grpc.DraftWorkerServicer):
     def __init__(self, engine, max_batch: int = 1, max_wait_s: float = 0.0, inline_max_s: float = 0.0,
-                 channel: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel, awake=None):
+                 channel: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel):
         self._engine = engine
-        self._runner = EngineRunner(inline_max_s, awake=awake)     # awake: engine.keep_awake, touched per call
+        self._runner = EngineRunner(inline_max_s)
         self._batcher = Batcher(self._propose_batch, max_batch, max_wait_s)
         self._handoffs = HandoffSenders(channel)   # channel(address): to the targets drafts are handed to
         self._chained: set[int] = set()            # id() of the chained pre-drafts waiting or drafting

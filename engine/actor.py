@@ -10,30 +10,12 @@ class EngineActor:
 
     _engine = None
     _gc_watch = None
-    _awake = None
-    _config: dict = {}
 
     def _settle(self) -> None:
         """Once the engine has loaded and the server is up: what the process holds now is frozen out of the
         garbage collector's scans, and its pauses are counted from here on (engine.gc_pauses)."""
         from engine.gc_pauses import settle
         self._gc_watch = settle()
-
-    def _keep_awake(self):
-        """Once pinned (the engine has loaded): spinners keeping this worker's CPUs out of idle halt while it serves
-        calls (`keep_awake_s`; engine.keep_awake)."""
-        from engine.keep_awake import KeepAwake
-        self._awake = KeepAwake(self._config.get("keep_awake_s", 0.0))
-        return self._awake
-
-    def keep_awake(self, linger_s: float | None = None) -> dict:
-        """This worker's spinners (engine.keep_awake): {"linger_s", "pids"}, after setting linger_s if given (0: they
-        sleep; benchmarks.keep_awake compares the two in one service)."""
-        if self._awake is None:
-            return {"linger_s": 0.0, "pids": []}
-        if linger_s is not None:
-            self._awake.linger_s = linger_s
-        return {"linger_s": self._awake.linger_s, "pids": self._awake.pids}
 
     def gc_pauses(self) -> dict:
         """The garbage collector's pauses since the worker started serving, by generation (engine.gc_pauses)."""

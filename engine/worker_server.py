@@ -130,10 +130,9 @@ class EngineRunner:
     skips the hop to the engine thread and back (measured ~0.2 ms per call on this 2-core machine, a
     trivial engine's whole call 0.5 -> 0.3 ms), at the price of the loop waiting for it. Engine calls still
     never overlap: an inline call starts only while no call is on the engine thread, and none can start
-    there until it returns. 0 turns it off. Every call touches `awake` (engine.keep_awake): the worker is busy."""
+    there until it returns. 0 turns it off."""
 
-    def __init__(self, inline_max_s: float = 0.0, window: int = 16, awake=None):
-        self._awake = awake
+    def __init__(self, inline_max_s: float = 0.0, window: int = 16):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._running = 0                 # calls on the engine thread (or queued for it)
         self.inline_max_s = inline_max_s
@@ -142,8 +141,6 @@ class EngineRunner:
 
     async def run(self, fn: Callable, *args, inline: bool = False):
         work = functools.partial(self._learn if inline else timed, fn, *args)
-        if self._awake is not None:
-            self._awake.touch()
         if inline and not self._running and self._typical is not None and self._typical <= self.inline_max_s:
             return work()
         self._running += 1

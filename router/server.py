@@ -54,9 +54,8 @@ class Router:
 
     def __init__(self, config: SpecpoolConfig, drafts: list[DraftClient], targets: list[TargetClient],
                  model_info: dict, tokenizer, rng: random.Random | None = None, scale_up=None,
-                 overrides: dict | None = None, metrics: Metrics | None = None, awake=None):
+                 overrides: dict | None = None, metrics: Metrics | None = None):
         self.config = config
-        self.awake = awake               # engine.keep_awake: touched on each round, so the router's CPUs stay awake
         self._scale_up = scale_up        # (pool name, count) -> factories of new clients; blocking (Ray)
         self.overrides = overrides or {}  # the command line's values over every reloaded file's (`with_overrides`)
         self.drafts, self.targets = drafts, targets
@@ -217,11 +216,9 @@ class Router:
                     target = self.affinity["target"].choose(self.targets, state.tokens)
                     workers = [w for w in (draft, target) if w]
                     self._count_sessions(workers, +1)
-                    self._touch()
                     async with contextlib.aclosing(generate(state, draft, target, self.k_selector,
                                                             self.config.router.target_recovery_s)) as rounds:
                         async for tokens in rounds:
-                            self._touch()
                             now = time.perf_counter()
                             self.metrics.observe_tokens(now - last, len(tokens), first)
                             last, first = now, False
@@ -234,10 +231,6 @@ class Router:
                     self._count_sessions(workers, -1)
         finally:
             self.in_flight -= 1
-
-    def _touch(self) -> None:
-        if self.awake is not None:
-            self.awake.touch()
 
     def ended(self, request: ClientRequest, code: str, detail: str = "") -> None:
         """Count a client request under its final gRPC status (its latency, if it succeeded) and, with

@@ -19,7 +19,7 @@ from router.oplog import say
 from settings.schema import SpecpoolConfig, read_yaml
 
 
-def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None, metrics=None, awake=None):
+def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None, metrics=None):
     from router.launch import launch_more, load_draft, recover_draft, recover_target
     from router.server import Router
     from router.text import load_tokenizer
@@ -46,7 +46,7 @@ def build_router(config: SpecpoolConfig, pools, overrides: dict | None = None, m
                         name=f"{pool} {first + i}")
                 for i, replica in enumerate(started)]
     return Router(config, drafts, targets, pools.target_info, load_tokenizer(pools.target_info["model_path"]),
-                  scale_up=scale_up, overrides=overrides, metrics=metrics, awake=awake)
+                  scale_up=scale_up, overrides=overrides, metrics=metrics)
 
 
 class WorkerUnreachable(RuntimeError):
@@ -78,10 +78,8 @@ class Service:
         self.http = self.http_port = None
         self.owns_ray = False          # this service started the local Ray instance (and stops it)
         self.gc_watch = None           # this process's collector pauses, once `specpool serve` settled it (gc_pauses)
-        self.awake = None              # spinners keeping this process's CPUs awake while it serves (engine.keep_awake)
 
     async def start(self) -> "Service":
-        from engine.keep_awake import KeepAwake
         from router import launch
         from router.server import mark_ready, start_public_server
         from settings.tls import server_credentials
@@ -100,8 +98,7 @@ class Service:
             connecting = False
             self.pools = await asyncio.to_thread(launch.launch, self.config, self.config.router.ready_timeout_s,
                                                  self.owns_ray)
-            self.awake = KeepAwake(self.config.router.keep_awake_s)
-            self.router = build_router(self.config, self.pools, self.overrides, self.metrics, self.awake)
+            self.router = build_router(self.config, self.pools, self.overrides, self.metrics)
             await reachable(self.router.targets)
             await mark_ready(servicer, self.health, self.router)
         except BaseException:
@@ -167,8 +164,6 @@ class Service:
             await self.router.close()
         if self.metrics:
             self.metrics.stop()
-        if self.awake:
-            self.awake.close()
         from router import launch
         if self.owns_ray and not self.keep_ray:      # Ray's processes, workers and agents end with us, by PID
             await in_daemon_thread(launch.disconnect, RAY_STOP_S)

@@ -44,7 +44,6 @@ DECODE_STEPS_LIMIT = 1024  # speculation.decode_steps: a run that long keeps the
                            # probing) for up to 4x that many tokens under load
 WINDOW_LIMIT = 65536       # speculation.window, min_samples: rounds kept per controller (a request's too); a
                            # reload recounts them all
-KEEP_AWAKE_LIMIT_S = 3600.0   # *.keep_awake_s: spinners that outlast an hour of idleness are a waste, not a wait
 CHANGE_RECENT_LIMIT = 1024  # speculation.change_recent: the change test reads this many rounds every round
 HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")  # huggingface_hub's rule
 
@@ -75,9 +74,6 @@ class PoolConfig:
                                     # (LRU; 0: off). Memory: 2 x layers x kv_heads x head_dim x dtype bytes a token
     prefill_chunk_tokens: int = 512  # a prompt longer than this is computed in forwards of at most this many tokens,
                                     # each its own batch, so other requests' rounds run between them (0: in one)
-    keep_awake_s: float = 1.0       # a worker that has served a call within this many seconds keeps each CPU it may
-                                    # run on out of idle halt, with a spinner at SCHED_IDLE priority that yields at
-                                    # once to any thread waking there (engine/keep_awake.py; Linux; 0: off)
 
     def validate(self, section: str) -> None:
         cpu_error = _cpu_list_error(self.cpus)
@@ -95,8 +91,6 @@ class PoolConfig:
             (0 <= self.inline_ms <= 1000, "inline_ms", "must be in [0, 1000]"),
             (self.prefix_cache_tokens >= 0, "prefix_cache_tokens", "must be >= 0 (0: off)"),
             (self.prefill_chunk_tokens >= 0, "prefill_chunk_tokens", "must be >= 0 (0: a prompt in one forward)"),
-            (0 <= self.keep_awake_s <= KEEP_AWAKE_LIMIT_S, "keep_awake_s",
-             f"must be in [0, {KEEP_AWAKE_LIMIT_S:g}] (0: off)"),
             (cpu_error is None, "cpus", cpu_error),
             (all(isinstance(v, (int, float)) for v in self.resources.values()), "resources",
              "must map resource names to numbers"),
@@ -287,8 +281,6 @@ class RouterConfig:
     prefix_affinity_slack: int = 4   # a request whose prompt begins as an earlier one's goes to the replica that
                                      # served it (its prefix cache holds those blocks) while that one holds at most
                                      # this many sessions more than the least loaded (-1: always the least loaded)
-    keep_awake_s: float = 1.0        # while a request has run within this many seconds, the router keeps each CPU it may
-                                     # run on out of idle halt, as the workers do (draft.keep_awake_s; 0: off)
     log_requests: bool = False       # a line per client request on serve's log once it is over (hot-reloadable)
     admin_keys: list = field(default_factory=list, metadata={"secret": True})   # bearer keys Admin calls must carry
                                      # ([]: none needed; hot-reloadable); never shown
@@ -304,9 +296,6 @@ class RouterConfig:
         for key in ("max_queued_requests", "max_prompt_tokens", "max_new_tokens"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{section}.{key}: must be >= 0 (got {getattr(self, key)!r})")
-        if not 0 <= self.keep_awake_s <= KEEP_AWAKE_LIMIT_S:
-            raise ConfigError(f"{section}.keep_awake_s: must be in [0, {KEEP_AWAKE_LIMIT_S:g}] (0: off) "
-                              f"(got {self.keep_awake_s!r})")
         check_keys(self.admin_keys, f"{section}.admin_keys")
         if self.prefix_affinity_slack < -1:
             raise ConfigError(f"{section}.prefix_affinity_slack: must be >= -1 (-1: off) "

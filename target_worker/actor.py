@@ -78,13 +78,12 @@ class TargetRank(EngineActor):
                 **model_info(self._engine.model)}
         if self._rank > 0:
             self._settle()
-            tensor_parallel.start_follower(self._engine, self._keep_awake())
+            tensor_parallel.start_follower(self._engine)
             return info
         self._server, address = await start_server(
             worker_pb2_grpc.add_TargetWorkerServicer_to_server,
             TargetServicer(self._engine, self._world_size, self._config["max_batch_size"],
-                           self._config["batch_wait_ms"] / 1000, self._config["inline_ms"] / 1000,
-                           self._keep_awake()),
+                           self._config["batch_wait_ms"] / 1000, self._config["inline_ms"] / 1000),
             host or ray.util.get_node_ip_address(),
             credentials=worker_server_credentials(TlsConfig(**self._tls)))
         self._settle()

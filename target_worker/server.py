@@ -144,10 +144,10 @@ def advanced(run: DecodeRun, response, started: float, queued: int) -> Exception
 
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
     def __init__(self, engine, world_size: int, max_batch: int = 1, max_wait_s: float = 0.0,
-                 inline_max_s: float = 0.0, awake=None):
+                 inline_max_s: float = 0.0):
         self._engine = engine
         self._world_size = world_size
-        self._runner = EngineRunner(inline_max_s, awake=awake)     # awake: engine.keep_awake, touched per call
+        self._runner = EngineRunner(inline_max_s)
         self._batcher = Batcher(self._verify_batch, max_batch, max_wait_s)
         self._runs = 0                    # decode runs in progress
         self._plain: dict[int, tuple[DecodeRun, threading.Event]] = {}   # id() of a plain run's step waiting in the

@@ -77,14 +77,12 @@ def lead(engine, kind: int, request, world_size: int):
         os._exit(1)
 
 
-def follow(engine, awake=None) -> None:
-    """Ranks 1..N-1: run rank 0's calls forever, each touching `awake` (engine.keep_awake). If the group breaks
-    (a peer died), exit the process so that Ray restarts the whole rank instead of leaving a half-alive group."""
+def follow(engine) -> None:
+    """Ranks 1..N-1: run rank 0's calls forever. If the group breaks (a peer died), exit the
+    process so that Ray restarts the whole rank instead of leaving a half-alive group."""
     try:
         while True:
             kind, payload = _receive()
-            if awake is not None:
-                awake.touch()
             request = _REQUEST_TYPES[kind].FromString(payload)
             try:
                 _run(engine, kind, request)
@@ -95,7 +93,7 @@ def follow(engine, awake=None) -> None:
         os._exit(1)
 
 
-def start_follower(engine, awake=None) -> threading.Thread:
-    thread = threading.Thread(target=follow, args=(engine, awake), name="tp-follower", daemon=True)
+def start_follower(engine) -> threading.Thread:
+    thread = threading.Thread(target=follow, args=(engine,), name="tp-follower", daemon=True)
     thread.start()
     return thread
