@@ -85,10 +85,13 @@ def layer_servicer(layer: int, ms: float, kind: str):
     return TargetServicer(StandInEngine(ms, kind), 1, 16, 0, 1.0 if layer == 3 else 0.0)
 
 
-def echo_server() -> grpc.aio.Server:
-    """A grpc.aio server whose one method echoes each message of a bidirectional stream."""
+def echo_server(wait_s: float = 0.0) -> grpc.aio.Server:
+    """A grpc.aio server whose one method echoes each message of a bidirectional stream (after waiting `wait_s` on
+    a thread, as a worker's engine thread computes; benchmarks.idle_wake)."""
     async def echo(requests, context):
         async for message in requests:
+            if wait_s:
+                await asyncio.to_thread(time.sleep, wait_s)
             yield message
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(

@@ -25,11 +25,10 @@ import statistics
 import struct
 import time
 
-import grpc
+from benchmarks.call_floor import echo_server, echoes
 
 IDLE_MS = (0.0, 0.5, 3.0, 15.0, 50.0)
 WAIT_MS = (0.0, 3.0, 15.0)
-ECHO = "/specpool.bench.Echo/Echo"
 LOOP_STEPS = 2000
 
 
@@ -70,30 +69,24 @@ def tcp_server(queue, wait_s: float) -> None:
 
     async def main():
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        queue.put(server.sockets[0].getsockname()[1])
+        queue.put(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
         await server.serve_forever()
     asyncio.run(main())
 
 
 def grpc_server(queue, wait_s: float) -> None:
-    async def echo(requests, context):
-        async for request in requests:
-            if wait_s:
-                await asyncio.to_thread(time.sleep, wait_s)
-            yield request
-
     async def main():
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            "specpool.bench.Echo", {"Echo": grpc.stream_stream_rpc_method_handler(echo)}),))
-        queue.put(server.add_insecure_port("127.0.0.1:0"))
+        server = echo_server(wait_s)
+        queue.put(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
         await server.start()
         await server.wait_for_termination()
     asyncio.run(main())
 
 
-async def tcp_trips(port: int, n: int) -> list[float]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def tcp_echoes(address: str, n: int) -> float:
+    """Median ms of a 64-byte message's round trip on one asyncio TCP connection (call_floor.echoes' twin)."""
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
     times = []
     for _ in range(n):
         started = time.perf_counter()
@@ -102,32 +95,19 @@ async def tcp_trips(port: int, n: int) -> list[float]:
         await reader.readexactly(64)
         times.append(time.perf_counter() - started)
     writer.close()
-    return times
+    return 1e3 * statistics.median(times[n // 10:])
 
 
-async def grpc_trips(port: int, n: int) -> list[float]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call, times = channel.stream_stream(ECHO)(), []
-        for _ in range(n):
-            started = time.perf_counter()
-            await call.write(b"x" * 64)
-            await call.read()
-            times.append(time.perf_counter() - started)
-        await call.done_writing()
-    return times
-
-
-async def trip_ms(context, server, trips, wait_ms: float) -> float:
+async def trip_ms(context, server, echoes_ms, wait_ms: float) -> float:
     """Median ms of a round trip beyond the server's wait, against a fresh server process."""
     queue, n = context.Queue(), 400 if wait_ms < 10 else 150
     process = context.Process(target=server, args=(queue, wait_ms / 1e3), daemon=True)
     process.start()
     try:
-        times = await trips(await asyncio.to_thread(queue.get), n)
+        return await echoes_ms(await asyncio.to_thread(queue.get), n) - wait_ms
     finally:
         process.kill()
         process.join()
-    return 1e3 * statistics.median(times[n // 10:]) - wait_ms
 
 
 def polling_permitted() -> bool:
@@ -150,11 +130,11 @@ async def tables(context, modes: dict, repeats: int) -> tuple[dict, dict]:
             with idle_polling(polling):
                 for idle in IDLE_MS:
                     loops.setdefault((mode, idle), []).append(loop_us(idle, 100))
-                for name, server, make_trips in (("asyncio TCP", tcp_server, tcp_trips),
-                                                 ("grpc.aio", grpc_server, grpc_trips)):
+                for name, server, echoes_ms in (("asyncio TCP", tcp_server, tcp_echoes),
+                                                ("grpc.aio", grpc_server, echoes)):
                     for wait_ms in WAIT_MS:
                         trips.setdefault((mode, name, wait_ms), []).append(
-                            await trip_ms(context, server, make_trips, wait_ms))
+                            await trip_ms(context, server, echoes_ms, wait_ms))
     return ({key: statistics.median(v) for key, v in loops.items()},
             {key: statistics.median(v) for key, v in trips.items()})
 
