@@ -10,8 +10,10 @@ while it sleeps. This takes that apart with no specpool code at all, in two tabl
 
 Each runs twice: as is, and with /dev/cpu_dma_latency held at 0 (Linux PM QoS: an idle CPU polls instead of
 halting, so a wake-up costs no exit from halt). That needs root; without it the second run is skipped, saying so.
-If the cost after a wait stays with idle polling, it is not the halt but the CPU running cold (caches, branch
-predictors, the host's scheduling of this virtual CPU): a machine property that no change to the hop removes.
+If the cost after a wait stays with idle polling, it is not the halt but the code after the wait running slower
+(cold caches and branch predictors, the host's scheduling of this virtual CPU): the machine's, not specpool's. On
+the project's 2-vCPU guest the loop's back-to-back time also swings between about 55 and 110 µs from minute to
+minute, so read the loop table's columns within one run, as trends (benchmarks/STUDIES.md, session 46).
 
     python -m benchmarks.idle_wake              # about 2 minutes here
 """
