@@ -50,13 +50,22 @@ def batch_stats(pools) -> dict:
             for pool, stats in got.items()}
 
 
+def target_cpu_s(pools) -> float:
+    """CPU seconds the target replicas' rank 0 processes have used, summed."""
+    import ray
+    return sum(ray.get([ranks[0].cpu_seconds.remote() for ranks in pools.target_actors]))
+
+
 def sweep_sample(service, cfg: BenchConfig, n: int, k: int | None) -> dict:
-    """One run of n streams: aggregate tokens/s, and per pool forward passes per generated token and mean
-    batch (rows per forward pass)."""
-    before = batch_stats(service.service.pools)
+    """One run of n streams: aggregate tokens/s, per pool forward passes per generated token and mean batch (rows
+    per forward pass), and how busy the target was (target_busy: its rank 0's CPU seconds per second of the run,
+    a mean over replicas; near 1, its one core is the bottleneck)."""
+    pools = service.service.pools
+    before, cpu, started = batch_stats(pools), target_cpu_s(pools), time.perf_counter()
     tokens, seconds = service.client(run_streams, cfg, n, k)
-    after = batch_stats(service.service.pools)
-    sample = {"tokens_per_s": tokens / seconds}
+    busy = (target_cpu_s(pools) - cpu) / (time.perf_counter() - started) / len(pools.target_actors)
+    after = batch_stats(pools)
+    sample = {"tokens_per_s": tokens / seconds, "target_busy": busy}
     for pool in after:
         passes, rows = (now - then for now, then in zip(after[pool], before[pool]))
         sample[f"{pool}_passes_per_token"] = passes / tokens
@@ -81,7 +90,7 @@ def specpool_sweep(service, cfg: BenchConfig, variants: dict[str, int | None]) -
             level["rates"] = [run["tokens_per_s"] for run in runs]
             log(f"{name}, {n} stream(s): {level['tokens_per_s']:.1f} tokens/s, "
                 f"{level['target_passes_per_token']:.3f} target passes/token, mean target batch "
-                f"{level['target_mean_batch']:.2f}")
+                f"{level['target_mean_batch']:.2f}, target busy {level['target_busy']:.2f}")
     return result
 
 

@@ -40,14 +40,17 @@ def sweep_line(sweep: dict, ratios: dict, n: int) -> str:
     return (f"| {n} | " + " | ".join(f"{sweep[name][n]['tokens_per_s']:.1f}" for name in SWEEP_NAMES) + " | "
             + " | ".join(f"{ratios[key][n]:.2f}" for key in SWEEP_RATIOS) + " | "
             + " / ".join(f"{sweep[name][n]['target_passes_per_token']:.3f}" for name in SWEEP_NAMES[:3]) + " | "
-            + " / ".join(f"{sweep[name][n]['target_mean_batch']:.2f}" for name in SWEEP_NAMES[:3]) + " |")
+            + " / ".join(f"{sweep[name][n]['target_mean_batch']:.2f}" for name in SWEEP_NAMES[:3]) + " | "
+            + " / ".join(f"{sweep[name][n]['target_busy']:.2f}" if "target_busy" in sweep[name][n] else "-"
+                         for name in SWEEP_NAMES[:3]) + " |")
 
 
 def sweep_markdown(results: dict) -> str:
     sweep, ratios = results["sweep"], results["ratios"]
     lines = ["| streams | " + " | ".join(f"{name} tokens/s" for name in SWEEP_NAMES) + " | " + " | ".join(SWEEP_RATIOS)
-             + " | target passes/token (adaptive on / off / K=0) | mean target batch (adaptive on / off / K=0) |",
-             "|---" * (len(SWEEP_NAMES) + len(SWEEP_RATIOS) + 3) + "|"]
+             + " | target passes/token (adaptive on / off / K=0) | mean target batch (adaptive on / off / K=0)"
+             + " | target busy (adaptive on / off / K=0) |",
+             "|---" * (len(SWEEP_NAMES) + len(SWEEP_RATIOS) + 4) + "|"]
     lines += [sweep_line(sweep, ratios, n) for n in sweep[ON_ADAPTIVE]]
     return ("\n".join(lines) + "\n\n" + "\n".join(f"- {line}" for line in results["goals"])
             + f"\n\nbatching config: {json.dumps(results['batching'])}\n")

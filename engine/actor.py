@@ -3,6 +3,7 @@ actor about its engine. Module import pulls in no torch."""
 from __future__ import annotations
 
 import os
+import time
 
 
 class EngineActor:
@@ -20,6 +21,11 @@ class EngineActor:
     def gc_pauses(self) -> dict:
         """The garbage collector's pauses since the worker started serving, by generation (engine.gc_pauses)."""
         return self._gc_watch.snapshot() if self._gc_watch else {}
+
+    @staticmethod
+    def cpu_seconds() -> float:
+        """CPU seconds this worker process has used, all its threads (the concurrency sweep's `target busy`)."""
+        return time.process_time()
 
     def pid(self) -> int:
         return os.getpid()
