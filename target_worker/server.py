@@ -7,11 +7,7 @@ A decode run (VerifyRequest.decode_steps > 1, no drafts) is plain decoding of se
 answered as soon as it is sampled. While it is all the worker has to do, its steps run back to back on the engine
 thread (no event-loop or thread hop between them); while other calls or runs wait, each step goes through the
 Batcher, so it batches with them. Plain runs (no lookup) that the Batcher batches only with each other step
-together on the engine thread in the same way until one ends or another call waits (_steps_together). The engine
-thread hands a step's answers to the event loop in one wake-up, and runs stepping together send what they hold
-whenever one of them must, so that they wake the loop together, once every few steps: a wake-up costs the forward
-beside it far more than the loop's work (measured: a thread taking 6 % of the core in 70 µs bursts every 1 ms slowed
-a 16-row step by 19 %, in 1.1 ms bursts every 16 ms by 2 %).
+together on the engine thread in the same way until one ends or another call waits (_steps_together).
 
 A staged call (VerifyRequest.staged, target_worker/staging.py) waits for the verdict of the round it follows and
 then verifies the candidate drafts that guessed it, as the router would have asked on seeing the verdict. A
@@ -72,13 +68,11 @@ class DecodeRun:
     seeded draws), or with `lookup` as a round with those n-gram drafts would, so a run commits what those
     rounds would. It ends after decode_steps committed tokens, a stop token or (lookup.end_on_miss) at a step
     after the first whose lookup finds no match (answering `missed`, see _decode_run); every answer but the last
-    goes to `outbox` with `more` set, held back up to answer_delay_us to travel with later ones (see hold), for its
-    driver to pass to `emit` on the event loop's thread (take)."""
+    goes to `emit` with `more` set, held back up to answer_delay_us to travel with later ones (see hold)."""
 
     def __init__(self, request: worker_pb2.VerifyRequest, emit: Callable[[worker_pb2.VerifyResponse], None],
                  clock: Callable[[], float] = time.perf_counter):
         self.request, self.emit, self.clock = request, emit, clock
-        self.outbox: list[worker_pb2.VerifyResponse] = []   # answers ready to go, oldest first
         self.tokens_left, self.stops = max(request.decode_steps, 1), set(request.stop_token_ids)
         self.delay_s = request.answer_delay_us / 1e6
         self.lookup = None                                  # the run's lookup, for every step after the first
@@ -121,18 +115,8 @@ class DecodeRun:
             self.held_since = now
         self.held.append(response)
         if now - self.held_since + step_s > self.delay_s or not self.sent:
-            self.send_held()
-
-    def send_held(self) -> None:
-        """Put what is held in the outbox now, as one answer carrying the earlier ones."""
-        if self.held:
             self.sent = True
-            self.outbox.append(self.with_held(self.held.pop()))
-
-    def take(self) -> list[worker_pb2.VerifyResponse]:
-        """The answers ready to go, emptying the outbox."""
-        answers, self.outbox = self.outbox, []
-        return answers
+            self.emit(self.with_held(self.held.pop()))
 
     def with_held(self, response: worker_pb2.VerifyResponse) -> worker_pb2.VerifyResponse:
         """`response` carrying the answers held before it (VerifyResponse.earlier); nothing is held after."""
@@ -158,11 +142,6 @@ def advanced(run: DecodeRun, response, started: float, queued: int) -> Exception
     return None
 
 
-def _emit_all(answers: list[tuple[Callable, worker_pb2.VerifyResponse]]) -> None:
-    for emit, answer in answers:
-        emit(answer)
-
-
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
     def __init__(self, engine, world_size: int, max_batch: int = 1, max_wait_s: float = 0.0,
                  inline_max_s: float = 0.0):
@@ -176,7 +155,6 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         self._releasing = 0               # Release calls waiting for the engine (they do not go through the Batcher)
         self._verdicts = Verdicts()       # recent verify calls' verdicts, for the staged calls that follow them
         self._handoffs = WaitingRoom()    # drafts handed straight here, for the calls that wait for them
-        self._loop: asyncio.AbstractEventLoop | None = None     # the servicer's event loop, once a decode run ran
 
     @property
     def _alone(self) -> bool:
@@ -231,8 +209,9 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
     async def _decode_run(self, request: worker_pb2.VerifyRequest, emit: Callable) -> worker_pb2.VerifyResponse:
         """A decode run: its steps alone on the engine thread while no other call waits, else one at a time
         through the Batcher. A withdrawn call stops it at its next step."""
-        self._loop = asyncio.get_running_loop()
-        run, withdrawn = DecodeRun(request, emit), threading.Event()
+        loop = asyncio.get_running_loop()
+        run, withdrawn = DecodeRun(request, lambda response: loop.call_soon_threadsafe(emit, response)), \
+            threading.Event()
         self._runs += 1
         try:
             while run.last is None:
@@ -261,8 +240,6 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             self._plain.pop(id(request), None)
         if response is not None:
             run.advance(response, started)
-            for answer in run.take():
-                run.emit(answer)
 
     def _steps_together(self, runs: list[tuple[DecodeRun, threading.Event]]) -> list:
         """On the engine thread: several plain runs' steps back to back, each step one batched forward of them all,
@@ -275,7 +252,6 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             responses = timed(lead, self._engine, VERIFY_BATCH, batch, self._world_size)
             queued = max(self._batcher.waiting - len(runs), 0)                    # as the Batcher stamps it
             results = [advanced(run, response, started, queued) for (run, _), response in zip(runs, responses)]
-            self._post([run for run, _ in runs], together=True)
             if any(results) or any(run.last is not None or withdrawn.is_set() for run, withdrawn in runs) \
                     or self._batcher.waiting > len(runs) or self._releasing:
                 return results
@@ -286,17 +262,6 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
             started = time.perf_counter()
             batch = worker_pb2.VerifyBatch(requests=[run.request])
             run.advance(only_answer(timed(lead, self._engine, VERIFY_BATCH, batch, self._world_size)), started)
-            self._post([run])
-
-    def _post(self, runs: list[DecodeRun], together: bool = False) -> None:
-        """On the engine thread: hand the runs' answers ready to go to the event loop in one wake-up. Runs stepping
-        `together` send what they hold as soon as one of them sends (module doc)."""
-        if together and any(run.outbox for run in runs):
-            for run in runs:
-                run.send_held()
-        answers = [(run.emit, answer) for run in runs for answer in run.take()]
-        if answers:
-            self._loop.call_soon_threadsafe(_emit_all, answers)
 
     def _submit(self, request: worker_pb2.VerifyRequest, emit: Callable):
         if request.HasField("staged"):

@@ -93,53 +93,14 @@ def test_a_held_answer_waits_at_most_the_delay(position, messages, last):
     from target_worker.server import DecodeRun
     clock, sent = Clock(), []
     request = worker_pb2.VerifyRequest(session_id=1, position=position, decode_steps=11, answer_delay_us=10_000)
-    run = DecodeRun(request, None, clock)
+    run = DecodeRun(request, sent.append, clock)
     for step in range(11):
         started, clock.now = clock.now, clock.now + 0.003
         run.advance(worker_pb2.VerifyResponse(next_token_id=step), started)
-        sent += run.take()
         assert (run.last is None) == (step < 10)
     assert [[a.next_token_id for a in (*m.earlier, m)] for m in sent] == messages
     assert [a.next_token_id for a in (*run.last.earlier, run.last)] == last
     assert all(a.more for m in sent for a in (*m.earlier, m)) and not run.last.more
-
-
-class Loop:
-    """The event loop as the engine thread sees it: what each wake-up (call_soon_threadsafe) would run."""
-    def __init__(self):
-        self.wakes = []
-
-    def call_soon_threadsafe(self, callback, *args):
-        self.wakes.append((callback, args))
-
-
-def held_run(position: int, delay_us: int, clock: Clock, sent: list):
-    from target_worker.server import DecodeRun
-    request = worker_pb2.VerifyRequest(session_id=position, position=position, decode_steps=20,
-                                       answer_delay_us=delay_us)
-    return DecodeRun(request, sent.append, clock)
-
-
-@pytest.mark.parametrize("together, wakes, b_messages", [(True, 1, [[0, 1]]), (False, 1, [])])
-def test_runs_stepping_together_wake_the_loop_once_and_send_what_they_hold_with_the_run_that_must(
-        together, wakes, b_messages):
-    """Two runs, steps of 3 ms: A (a 5 ms delay) must send its two held answers at the second step, B (100 ms)
-    could hold on. Stepping together, B's go out with A's in the same single wake-up; alone, B keeps them."""
-    clock, sent_a, sent_b, loop = Clock(), [], [], Loop()
-    a, b = held_run(30, 5_000, clock, sent_a), held_run(40, 100_000, clock, sent_b)
-    servicer = TargetServicer(None, 1)
-    servicer._loop = loop
-    for step in range(2):
-        started, clock.now = clock.now, clock.now + 0.003
-        for run in (a, b):
-            run.advance(worker_pb2.VerifyResponse(next_token_id=step), started)
-        servicer._post([a, b], together=together)
-    assert len(loop.wakes) == wakes
-    for callback, args in loop.wakes:
-        callback(*args)
-    messages = lambda sent: [[x.next_token_id for x in (*m.earlier, m)] for m in sent]   # noqa: E731
-    assert messages(sent_a) == [[0, 1]] and messages(sent_b) == b_messages
-    assert len(b.held) == (0 if together else 2) and not a.held
 
 
 def test_a_run_ends_after_a_stop_token(engine):
