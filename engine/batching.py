@@ -123,18 +123,30 @@ def only_answer(results: list):
 class Batcher:
     """Runs `run_batch(requests, gone) -> [response or exception per request]` over the calls submitted to it.
     `gone(i)` tells the engine, between its steps, that the caller of row i went away (cancelled), so a
-    multi-step engine (the draft) can stop working for it."""
+    multi-step engine (the draft) can stop working for it. `counts`, if given, is kept told how many calls wait
+    (its `waiting` attribute: the target's Signals, which its engine reads between steps)."""
 
     def __init__(self, run_batch: Callable[[list, Callable[[int], bool]], Awaitable[list]], max_batch: int = 1,
-                 max_wait_s: float = 0.0):
+                 max_wait_s: float = 0.0, counts=None):
         if max_batch < 1 or max_wait_s < 0:
             raise ValueError(f"need max_batch >= 1 and max_wait_s >= 0 (got {max_batch}, {max_wait_s})")
         self._run_batch, self._max_batch, self._max_wait_s = run_batch, max_batch, max_wait_s
         self._pending: list[tuple[object, asyncio.Future]] = []
-        self.waiting = 0                  # calls submitted and not yet answered (read from other threads too)
+        self._counts = counts
+        self._waiting = 0                 # calls submitted and not yet answered
         self._arrived: asyncio.Event | None = None
         self._full: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    @waiting.setter
+    def waiting(self, n: int) -> None:
+        self._waiting = n
+        if self._counts is not None:
+            self._counts.waiting = n
 
     async def submit(self, request):
         """The response to `request` once its batch has run (or the exception its row raised)."""

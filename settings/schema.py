@@ -104,11 +104,18 @@ class PoolConfig:
 class TargetConfig(PoolConfig):
     model: str = "builtin:random-pair/target"
     tensor_parallel_size: int = 1   # ranks per target replica, packed on one node
+    engine_process: bool = False    # the engine in a process of its own on the actor's `cpus`, its gRPC server on
+                                    # the node's other CPUs (tensor_parallel_size 1 only; target_worker/engine_process.py)
 
     def validate(self, section: str = "target") -> None:
         super().validate(section)
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"{section}.tensor_parallel_size: must be >= 1 (got {self.tensor_parallel_size!r})")
+        if not isinstance(self.engine_process, bool):
+            raise ConfigError(f"{section}.engine_process: must be true or false (got {self.engine_process!r})")
+        if self.engine_process and self.tensor_parallel_size > 1:
+            raise ConfigError(f"{section}.engine_process: a tensor-parallel group's ranks keep their engines on a "
+                              f"thread; needs tensor_parallel_size 1 (got {self.tensor_parallel_size!r})")
         cpus = len(parse_cpus(self.cpus))
         if 0 < cpus < self.tensor_parallel_size:
             raise ConfigError(f"{section}.cpus: {cpus} CPU(s) for {self.tensor_parallel_size} ranks; give each rank "

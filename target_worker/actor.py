@@ -46,6 +46,7 @@ class TargetRank(EngineActor):
         self._config, self._draft, self._tls = config, draft, tls or {}
         self._rank, self._world_size = rank, world_size
         self._engine = None
+        self._process = None                          # the engine's own process (target.engine_process)
         self._server = None
         self._store = None                            # rank 0's rendezvous store, from rendezvous() to start()
 
@@ -68,23 +69,63 @@ class TargetRank(EngineActor):
         from engine.worker_server import start_server
         from settings.tls import worker_server_credentials
         from engine.model_pair import resolve_model
-        from engine.modeling import model_info
         from target_worker.server import TargetServicer
 
-        self._engine = await asyncio.to_thread(
-            _build_engine, self._config, self._draft, self._rank, self._world_size, master, self._store)
-        info = {"pid": os.getpid(), "rank": self._rank, "cpus": self.cpus(),
-                "model_path": resolve_model(self._config["model"]),
-                **model_info(self._engine.model)}
+        in_process = self._config.get("engine_process") and self._world_size == 1
+        engine, model, cpus = await (self._start_process(master) if in_process else self._load(master))
+        info = {"pid": os.getpid(), "rank": self._rank, "cpus": cpus,
+                "model_path": resolve_model(self._config["model"]), **model}
         if self._rank > 0:
             self._settle()
-            tensor_parallel.start_follower(self._engine)
+            tensor_parallel.start_follower(engine)
             return info
         self._server, address = await start_server(
             worker_pb2_grpc.add_TargetWorkerServicer_to_server,
-            TargetServicer(self._engine, self._world_size, self._config["max_batch_size"],
+            TargetServicer(engine, self._world_size, self._config["max_batch_size"],
                            self._config["batch_wait_ms"] / 1000, self._config["inline_ms"] / 1000),
             host or ray.util.get_node_ip_address(),
             credentials=worker_server_credentials(TlsConfig(**self._tls)))
         self._settle()
         return {**info, "address": address}
+
+    async def _load(self, master: tuple[str, int]) -> tuple:
+        """The engine on a thread of this process: (engine, its model_info, this process's CPUs)."""
+        from engine.modeling import model_info
+
+        self._engine = await asyncio.to_thread(
+            _build_engine, self._config, self._draft, self._rank, self._world_size, master, self._store)
+        return self._engine, model_info(self._engine.model), self.cpus()
+
+    async def _start_process(self, master: tuple[str, int]) -> tuple:
+        """The engine in a process of its own, pinned to this actor's CPUs; this process (gRPC) moves to the node's
+        others, where there are any. A lost engine process ends this actor too, so that Ray restarts it. Returns
+        (the EngineProcess, the engine's model_info, its CPUs)."""
+        from target_worker.engine_process import EngineProcess
+        from engine.pinning import pin_process
+
+        self._process = EngineProcess(_build_engine, (self._config, self._draft, 0, 1, master),
+                                      on_lost=lambda: os._exit(1))
+        model = await self._process.started()
+        engine_cpus = self._process.ask("cpus")
+        others = sorted(set(self.cpus()) - set(engine_cpus))
+        if others and len(engine_cpus) < len(self.cpus()):
+            pin_process(others, "target.cpus")
+            print(f"[specpool] target: engine process {self._process.pid} on CPU(s) "
+                  f"{','.join(map(str, engine_cpus))}; gRPC on {','.join(map(str, others))}", flush=True)
+        return self._process, model, engine_cpus
+
+    def active_sessions(self) -> int:
+        return self._process.ask("active_sessions") if self._process else super().active_sessions()
+
+    def sessions_started(self) -> int:
+        return self._process.ask("sessions_started") if self._process else super().sessions_started()
+
+    def batch_stats(self) -> dict:
+        return self._process.ask("batch_stats") if self._process else super().batch_stats()
+
+    def gc_pauses(self) -> dict:
+        return self._process.ask("gc_pauses") if self._process else super().gc_pauses()
+
+    def cpu_seconds(self) -> float:
+        """This worker's CPU seconds: the engine process's and this one's together."""
+        return super().cpu_seconds() + (self._process.ask("cpu_seconds") if self._process else 0.0)

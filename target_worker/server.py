@@ -7,7 +7,7 @@ A decode run (VerifyRequest.decode_steps > 1, no drafts) is plain decoding of se
 answered as soon as it is sampled. While it is all the worker has to do, its steps run back to back on the engine
 thread (no event-loop or thread hop between them); while other calls or runs wait, each step goes through the
 Batcher, so it batches with them. Plain runs (no lookup) that the Batcher batches only with each other step
-together on the engine thread in the same way until one ends or another call waits (_steps_together).
+together on the engine thread in the same way until one ends or another call waits (EngineSteps.together, target_worker/engine_steps.py).
 
 A staged call (VerifyRequest.staged, target_worker/staging.py) waits for the verdict of the round it follows and
 then verifies the candidate drafts that guessed it, as the router would have asked on seeing the verdict. A
@@ -16,21 +16,20 @@ handed-off call (VerifyRequest.handoff_id, engine/handoff.py) waits for its draf
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from typing import Callable
 
 import grpc
 
 from protos.specpool.v1 import worker_pb2, worker_pb2_grpc
-from engine.batching import Batcher, only_answer, prefills
+from engine.batching import Batcher, prefills
 from engine.handoff import WaitingRoom
 from engine.ngram import LookupMissed
 from engine.prefill_chunks import Prefilled, whole
 from engine.sessions import SessionLost
-from engine.worker_server import EngineRunner, answer, serve_stream, timed
+from engine.worker_server import answer, serve_stream
+from target_worker.engine_steps import EngineThread, Signals
 from target_worker.staging import Verdicts, deliver, follow_up, round_key
-from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
 
 
 def committed(response: worker_pb2.VerifyResponse) -> list[int]:
@@ -87,6 +86,17 @@ class DecodeRun:
         self.last: worker_pb2.VerifyResponse | None = None
         self.start = None                                   # a chunked start's prefix-cache lookup, for its answer
 
+    def state(self) -> dict:
+        """What an engine process needs to step this run, and hands back after (all but `emit` and `clock`)."""
+        return {key: value for key, value in vars(self).items() if key not in ("emit", "clock")}
+
+    @classmethod
+    def resumed(cls, state: dict, emit: Callable, clock: Callable[[], float] = time.perf_counter) -> "DecodeRun":
+        """A run with `state` (from state()) answering to `emit`."""
+        run = cls.__new__(cls)
+        vars(run).update(state, emit=emit, clock=clock)
+        return run
+
     def advance(self, response: worker_pb2.VerifyResponse | Prefilled, started: float) -> None:
         """Take one step's answer (its handler time counted from `started`); set `last` when the run ends. A long
         prompt's chunk (Prefilled) commits nothing: the run goes on with the rest of its prompt."""
@@ -129,47 +139,29 @@ class DecodeRun:
         self.last = self.with_held(response)
 
 
-def advanced(run: DecodeRun, response, started: float, queued: int) -> Exception | None:
-    """A step of TargetServicer._steps_together taken by its run (None), or the exception its row raised or its run
-    met (that run's failure, not its neighbours')."""
-    if isinstance(response, Exception):
-        return response
-    response.queue_depth = queued
-    try:
-        run.advance(response, started)
-    except Exception as exc:  # noqa: BLE001 - handed to this run's caller alone
-        return exc
-    return None
-
-
 class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
+    """`engine`: the engine itself (run on a thread of this process, EngineThread) or an EngineProcess."""
+
     def __init__(self, engine, world_size: int, max_batch: int = 1, max_wait_s: float = 0.0,
                  inline_max_s: float = 0.0):
-        self._engine = engine
-        self._world_size = world_size
-        self._runner = EngineRunner(inline_max_s)
-        self._batcher = Batcher(self._verify_batch, max_batch, max_wait_s)
-        self._runs = 0                    # decode runs in progress
-        self._plain: dict[int, tuple[DecodeRun, threading.Event]] = {}   # id() of a plain run's step waiting in the
-                                          # Batcher -> its run (and its withdrawn flag), for _steps_together
-        self._releasing = 0               # Release calls waiting for the engine (they do not go through the Batcher)
+        if getattr(engine, "is_engine_side", False):
+            self._side, self._signals = engine, engine.signals
+        else:
+            self._signals = Signals()
+            self._side = EngineThread(engine, world_size, self._signals, inline_max_s)
+        self._batcher = Batcher(self._verify_batch, max_batch, max_wait_s, self._signals)
+        self._plain: dict[int, DecodeRun] = {}   # id() of a plain run's step waiting in the Batcher -> its run
         self._verdicts = Verdicts()       # recent verify calls' verdicts, for the staged calls that follow them
         self._handoffs = WaitingRoom()    # drafts handed straight here, for the calls that wait for them
-
-    @property
-    def _alone(self) -> bool:
-        """Whether one decode run is all this worker has to do (read on the engine thread too)."""
-        return self._runs == 1 and not self._batcher.waiting
 
     async def _verify_batch(self, requests: list, gone=None) -> list:
         runs = [self._plain.get(id(request)) for request in requests]
         if len(runs) > 1 and all(runs):
-            return await self._runner.run(self._steps_together, runs)
-        batch = worker_pb2.VerifyBatch(requests=requests)
+            return await self._side.together(runs)
         # A staged round never runs inline: the verdict it follows must go out while it runs; nor does a prefill
         # (a session start or a long prompt's chunk), which the calls arriving meanwhile should not wait behind.
         inline = all(not prefills(request) and not request.HasField("staged") for request in requests)
-        return await self._runner.run(lead, self._engine, VERIFY_BATCH, batch, self._world_size, inline=inline)
+        return await self._side.verify_batch(worker_pb2.VerifyBatch(requests=requests), inline=inline)
 
     async def _verified(self, request: worker_pb2.VerifyRequest) -> worker_pb2.VerifyResponse:
         """A verify call, its verdict kept for the staged call that may follow it."""
@@ -207,61 +199,38 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
                 self._handoffs.done(key)
 
     async def _decode_run(self, request: worker_pb2.VerifyRequest, emit: Callable) -> worker_pb2.VerifyResponse:
-        """A decode run: its steps alone on the engine thread while no other call waits, else one at a time
-        through the Batcher. A withdrawn call stops it at its next step."""
+        """A decode run: its steps alone on the engine while no other call waits, else one at a time through the
+        Batcher. A withdrawn call stops it at its next step."""
         loop = asyncio.get_running_loop()
-        run, withdrawn = DecodeRun(request, lambda response: loop.call_soon_threadsafe(emit, response)), \
-            threading.Event()
-        self._runs += 1
+        run = DecodeRun(request, lambda response: loop.call_soon_threadsafe(emit, response))
+        self._signals.runs += 1
         try:
             while run.last is None:
-                if self._alone:
-                    await self._runner.run(self._steps_alone, run, withdrawn)
+                if self._signals.alone:
+                    await self._side.alone(run)
                 else:
-                    await self._step(run, withdrawn)
+                    await self._step(run)
         except LookupMissed:
             run.end(worker_pb2.VerifyResponse(missed=True))
         except asyncio.CancelledError:
-            withdrawn.set()
+            self._signals.withdrawn += 1
             raise
         finally:
-            self._runs -= 1
+            self._signals.runs -= 1
         return run.last
 
-    async def _step(self, run: DecodeRun, withdrawn: threading.Event) -> None:
+    async def _step(self, run: DecodeRun) -> None:
         """A run's next step through the Batcher, batched with whatever else waits; a plain run's, batched only with
-        other plain runs, may take several there (_steps_together), which advanced the run already."""
+        other plain runs, may take several there (EngineSteps.together), which advanced the run already."""
         started, request = time.perf_counter(), run.request
         if run.lookup is None:                # a plain run (a lookup run's first request sets run.lookup)
-            self._plain[id(request)] = (run, withdrawn)
+            self._plain[id(request)] = run
         try:
             response = await self._batcher.submit(request)
         finally:
             self._plain.pop(id(request), None)
         if response is not None:
             run.advance(response, started)
-
-    def _steps_together(self, runs: list[tuple[DecodeRun, threading.Event]]) -> list:
-        """On the engine thread: several plain runs' steps back to back, each step one batched forward of them all,
-        with no event-loop or thread hop between steps (as _steps_alone for one run), until a run ends, fails or
-        is withdrawn, or another call (a Release too) waits. Each row's result: None (its run advanced here) or the
-        exception its row raised."""
-        while True:
-            started = time.perf_counter()
-            batch = worker_pb2.VerifyBatch(requests=[run.request for run, _ in runs])
-            responses = timed(lead, self._engine, VERIFY_BATCH, batch, self._world_size)
-            queued = max(self._batcher.waiting - len(runs), 0)                    # as the Batcher stamps it
-            results = [advanced(run, response, started, queued) for (run, _), response in zip(runs, responses)]
-            if any(results) or any(run.last is not None or withdrawn.is_set() for run, withdrawn in runs) \
-                    or self._batcher.waiting > len(runs) or self._releasing:
-                return results
-
-    def _steps_alone(self, run: DecodeRun, withdrawn: threading.Event) -> None:
-        """On the engine thread: the run's steps back to back until it ends, is withdrawn or another call waits."""
-        while run.last is None and not withdrawn.is_set() and self._alone:
-            started = time.perf_counter()
-            batch = worker_pb2.VerifyBatch(requests=[run.request])
-            run.advance(only_answer(timed(lead, self._engine, VERIFY_BATCH, batch, self._world_size)), started)
 
     def _submit(self, request: worker_pb2.VerifyRequest, emit: Callable):
         if request.HasField("staged"):
@@ -288,9 +257,9 @@ class TargetServicer(worker_pb2_grpc.TargetWorkerServicer):
         return worker_pb2.HandoffAck()
 
     async def Release(self, request, context):
-        self._releasing += 1                  # runs stepping together let it in at their next step
+        self._signals.releasing += 1          # runs stepping together let it in at their next step
         try:
-            await self._runner.call(context, lead, self._engine, RELEASE, request, self._world_size)
+            await answer(context, self._side.release(request))
         finally:
-            self._releasing -= 1
+            self._signals.releasing -= 1
         return worker_pb2.ReleaseResponse()

@@ -130,18 +130,18 @@ def test_runs_batch_with_each_other_and_match_themselves_alone(engine):
 
 def test_plain_runs_step_together_on_the_engine_thread_and_each_matches_itself_alone(engine):
     """Plain runs of different lengths, batched only with each other, take several steps at a time on the engine
-    thread (_steps_together): each still commits what it would alone, the shorter ones end on time, and the
+    thread (EngineSteps.together): each still commits what it would alone, the shorter ones end on time, and the
     others go on."""
     async def scenario():
         servicer = TargetServicer(engine, 1, max_batch=4)
         alone = [await decode(servicer, start(40 + i, 0.9, steps=steps)) for i, steps in enumerate((5, 9, 14))]
-        stepped, together = [], servicer._steps_together
+        stepped, together = [], servicer._side.together
 
-        def counted(runs):
-            results = together(runs)
+        async def counted(runs):
+            results = await together(runs)
             stepped.append(len(runs))
             return results
-        servicer._steps_together = counted
+        servicer._side.together = counted
         runs = await asyncio.gather(*(decode(servicer, start(50 + i, 0.9, steps=steps))
                                       for i, steps in enumerate((5, 9, 14))))
         return alone, runs, stepped
