@@ -52,44 +52,51 @@ def reference(service, max_new: int) -> dict:
 
 
 def pinning_section(data: dict, cfg: BenchConfig, streams: list[int], repeats: int) -> dict:
-    """Every row's tokens/s per repeat (each row one pass over cfg's prompts a repeat): {row: {PINNED: [...],
-    FREE: [...]}} and {transformers row: [...]}."""
-    rows = measures(cfg, streams)
-    runs = {name: {PINNED: [], FREE: []} for name, _ in rows}
-    with running_data(with_cpus(data, "auto"), label=PINNED) as pinned, \
-            running_data(with_cpus(data, ""), label=FREE) as free:
-        hf = reference(free, cfg.max_new_tokens)
+    """pinned (cpus auto) against not pinned: see side_by_side."""
+    return side_by_side({PINNED: with_cpus(data, "auto"), FREE: with_cpus(data, "")}, cfg, streams, repeats)
+
+
+def side_by_side(services: dict[str, dict], cfg: BenchConfig, streams: list[int], repeats: int) -> dict:
+    """Two services ({label: config data}) side by side: every row's tokens/s per repeat (each row one pass over
+    cfg's prompts a repeat, the two services the other way round every other repeat): {row: {label: [...]}} and
+    {transformers row: [...]}."""
+    rows, (a, b) = measures(cfg, streams), services
+    runs = {name: {a: [], b: []} for name, _ in rows}
+    with running_data(services[a], label=a) as first, running_data(services[b], label=b) as second:
+        hf = reference(second, cfg.max_new_tokens)
         hf_runs = {name: [] for name in hf}
         for repeat in range(repeats):
-            order = [(PINNED, pinned), (FREE, free)][::1 if repeat % 2 == 0 else -1]
+            order = [(a, first), (b, second)][::1 if repeat % 2 == 0 else -1]
             for name, measure in rows:
                 for label, service in order:
                     runs[name][label].append(measure(service))
             for name, rate in hf.items():
                 hf_runs[name].append(rate())
-            log(f"pinning repeat {repeat + 1}/{repeats}: " + ", ".join(
-                f"{name} {r[PINNED][-1]:.0f}/{r[FREE][-1]:.0f}" for name, r in runs.items()) + " tokens/s")
-    return {"rows": runs, "transformers": hf_runs}
+            log(f"repeat {repeat + 1}/{repeats} ({a}/{b}): " + ", ".join(
+                f"{name} {r[a][-1]:.0f}/{r[b][-1]:.0f}" for name, r in runs.items()) + " tokens/s")
+    return {"rows": runs, "transformers": hf_runs, "labels": [a, b]}
 
 
 def markdown(section: dict) -> str:
     def ratio(a: list, b: list) -> str:
         median, low, high = paired({"rates": a}, {"rates": b})
         return f"{median:.3f} ({low:.2f}-{high:.2f})"
-    lines = [f"| row | {PINNED} tokens/s | {FREE} tokens/s | {PINNED} / {FREE} |", "|---|---|---|---|"]
+    first, second = section.get("labels", (PINNED, FREE))
+    lines = [f"| row | {first} tokens/s | {second} tokens/s | {first} / {second} |", "|---|---|---|---|"]
     for name, r in section["rows"].items():
-        lines.append(f"| {name} | {statistics.median(r[PINNED]):.1f} | {statistics.median(r[FREE]):.1f} | "
-                     f"{ratio(r[PINNED], r[FREE])} |")
+        lines.append(f"| {name} | {statistics.median(r[first]):.1f} | {statistics.median(r[second]):.1f} | "
+                     f"{ratio(r[first], r[second])} |")
     hf, rows = section["transformers"], section["rows"]
     lines += ["", *(f"- {name}: {statistics.median(rates):.1f} tokens/s" for name, rates in hf.items())]
-    for label in (PINNED, FREE):
+    for label in (first, second):
         lines.append(f"- {label}: K=0 / generate() {ratio(rows['K=0'][label], hf[GENERATE])}, overlap adaptive / "
                      f"assisted K=6 {ratio(rows['overlap adaptive'][label], hf[ASSISTED])}")
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, compare=pinning_section, description: str = __doc__) -> None:
+    """Parse the command line, run `compare(data, cfg, streams, repeats)` (a side_by_side) and print its table."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("--config", default=BenchConfig.config)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--max-new-tokens", type=int, default=BenchConfig.max_new_tokens)
@@ -103,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     data = load_service_config(cfg.config)
     data = heavy_config(data, args.heavy_layers) if args.heavy_layers else data
     try:
-        section = pinning_section(data, cfg, [int(n) for n in args.streams.split(",") if n], args.repeats)
+        section = compare(data, cfg, [int(n) for n in args.streams.split(",") if n], args.repeats)
     finally:
         import ray
         ray.shutdown()

@@ -111,8 +111,6 @@ class TargetConfig(PoolConfig):
         super().validate(section)
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"{section}.tensor_parallel_size: must be >= 1 (got {self.tensor_parallel_size!r})")
-        if not isinstance(self.engine_process, bool):
-            raise ConfigError(f"{section}.engine_process: must be true or false (got {self.engine_process!r})")
         if self.engine_process and self.tensor_parallel_size > 1:
             raise ConfigError(f"{section}.engine_process: a tensor-parallel group's ranks keep their engines on a "
                               f"thread; needs tensor_parallel_size 1 (got {self.tensor_parallel_size!r})")

@@ -114,6 +114,10 @@ class TargetRank(EngineActor):
                   f"{','.join(map(str, engine_cpus))}; gRPC on {','.join(map(str, others))}", flush=True)
         return self._process, model, engine_cpus
 
+    def engine_pid(self) -> int:
+        """The process the engine runs in: its own (target.engine_process), else this one."""
+        return self._process.pid if self._process else os.getpid()
+
     def active_sessions(self) -> int:
         return self._process.ask("active_sessions") if self._process else super().active_sessions()
 

@@ -2,17 +2,24 @@
 TargetServicer on an EngineProcess answers exactly what it answers with the engine on a thread, for verify calls,
 decode runs alone and stepping together, and seeded sampling; a bad call is answered with its error and the
 process goes on serving; a run withdrawn mid-way stops; a lost engine process fails its calls at once. The byte
-pair, in-process (no Ray, no gRPC): the child is a real spawned process."""
+pair, in-process (no Ray, no gRPC; the child a real spawned process), then a service with it through Ray: greedy
+output identical to the target alone, the two processes on their CPUs, and the engine's process killed
+mid-request with the same tokens after."""
 import asyncio
 import os
+import re
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import ray
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
+from settings.schema import ConfigError, config_from_dict
 from target_worker.engine_process import EngineProcess
 from target_worker.server import TargetServicer
 from target_worker.verifier import TargetEngine
+from tests.conftest import service_config
 from tests.test_decode_run import PROMPT, decode, start
 
 
@@ -125,3 +132,62 @@ def test_a_lost_engine_process_fails_its_calls_and_tells_the_worker(byte_pair):
             await servicer._submit(verify(31, 0, PROMPT), None)
         return lost
     assert asyncio.run(scenario()) == [True]
+
+
+# Through Ray, gRPC and the router.
+
+CPUS = sorted(os.sched_getaffinity(0))[:2] if hasattr(os, "sched_getaffinity") else []
+LONG = 120
+
+
+@pytest.fixture(scope="module")
+def service(start_service, byte_pair):
+    cpus = ({"target": {"engine_process": True, "cpus": CPUS[:1]}, "draft": {"cpus": CPUS[1:]}} if len(CPUS) == 2
+            else {"target": {"engine_process": True}})
+    return start_service(service_config(byte_pair, router={"target_recovery_s": 120.0}, **cpus))
+
+
+def greedy(k: int, max_new: int = 24, prompt=(10, 200, 3, 77, 150, 42)):
+    request = generation_pb2.GenerateRequest(prompt_token_ids=list(prompt), max_new_tokens=max_new)
+    request.speculation.k = k
+    return request
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+def test_a_service_with_an_engine_process_is_identical_to_the_target_alone(service, reference_generate, k):
+    expected = reference_generate([10, 200, 3, 77, 150, 42], 24)
+    streamed = [t for chunk in service.stub.GenerateStream(greedy(k)) for t in chunk.token_ids]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda _: list(service.stub.Generate(greedy(k)).token_ids), range(4)))
+    assert streamed == expected and together == [expected] * 4
+
+
+@pytest.mark.skipif(len(CPUS) != 2, reason="needs two CPUs and Linux's CPU affinity")
+def test_the_engine_process_has_the_targets_cpu_and_the_grpc_process_the_other(service):
+    rank = service.service.pools.target_actors[0][0]
+    grpc_pid, engine_pid = ray.get([rank.pid.remote(), rank.engine_pid.remote()])
+    affinity = lambda pid: {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")}  # noqa
+    assert engine_pid != grpc_pid
+    assert affinity(engine_pid) == {frozenset(CPUS[:1])} and affinity(grpc_pid) == {frozenset(CPUS[1:])}
+
+
+def test_the_engine_process_killed_mid_request_gives_identical_tokens(service, reference_generate):
+    """SIGKILL the engine's process mid-stream: its worker exits with it, Ray restarts the worker, and the router
+    goes on (re-prefilling on the new one) with the same tokens."""
+    rank = service.service.pools.target_actors[0][0]
+    engine_pid, chunks = ray.get(rank.engine_pid.remote()), []
+    for chunk in service.stub.GenerateStream(greedy(3, LONG), timeout=180):
+        chunks.append(chunk)
+        if len(chunks) == 5:
+            os.kill(engine_pid, signal.SIGKILL)
+    assert [t for chunk in chunks for t in chunk.token_ids] == reference_generate([10, 200, 3, 77, 150, 42], LONG)
+    assert ray.get(rank.engine_pid.remote()) != engine_pid          # a new worker, with an engine process of its own
+
+
+@pytest.mark.parametrize("target, message", [
+    ({"engine_process": True, "tensor_parallel_size": 2}, "target.engine_process: a tensor-parallel group's ranks"),
+    ({"engine_process": "yes"}, "target.engine_process: must be bool (got 'yes')"),
+])
+def test_an_engine_process_the_config_cannot_have_is_refused_naming_the_key(target, message):
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        config_from_dict({"target": target})
