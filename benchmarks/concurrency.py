@@ -1,8 +1,8 @@
 """The concurrency sweep: n concurrent streams (stream j runs through the prompt set once, starting at prompt
 j) for each n of --concurrency. Aggregate tokens/s of specpool adaptive with batching on (the config's
-max_batch_size) and off (max_batch_size 1), K = 0 with batching on (interleaved with adaptive on, repeat by
-repeat), and transformers generate() of the target
-as left-padded batches of n; forward passes per generated token and mean batch from the workers'
+max_batch_size) and off (max_batch_size 1), K = 0 with batching on and transformers generate() of the target as
+left-padded batches of n (in this process, the service up and idle), those three interleaved repeat by repeat;
+forward passes per generated token and mean batch from the workers'
 batch_stats(); the ratios between them and their goals.
 
     python -m benchmarks.speedup --sweep-only --quick --concurrency 1,2   # a smoke run of the sweep alone
@@ -73,8 +73,9 @@ def sweep_sample(service, cfg: BenchConfig, n: int, k: int | None) -> dict:
     return sample
 
 
-def specpool_sweep(service, cfg: BenchConfig, variants: dict[str, int | None]) -> dict:
-    """{name: {n: level}} of the running service for each named K (None: adaptive) and stream count n: medians
+def specpool_sweep(service, cfg: BenchConfig, variants: dict) -> dict:
+    """{name: {n: level}} of the running service for each named K (None: adaptive; a callable: sample(n), another
+    system's, such as hf_batched_sampler's) and stream count n: medians
     over repeats of sweep_sample() and each repeat's tokens/s ("rates"), the variants' samples interleaved (each
     variant once, then each again, in the reverse order every other repeat), so that the machine's drift over
     minutes, and whatever the sample before leaves behind, falls on all of them alike and their ratio compares
@@ -84,28 +85,28 @@ def specpool_sweep(service, cfg: BenchConfig, variants: dict[str, int | None]) -
         samples = {name: [] for name in variants}
         for repeat in range(cfg.repeats):
             for name, k in list(variants.items())[::-1 if repeat % 2 else 1]:
-                samples[name].append(sweep_sample(service, cfg, n, k))
+                samples[name].append(k(n) if callable(k) else sweep_sample(service, cfg, n, k))
         for name, runs in samples.items():
             result[name][n] = level = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
             level["rates"] = [run["tokens_per_s"] for run in runs]
-            log(f"{name}, {n} stream(s): {level['tokens_per_s']:.1f} tokens/s, "
-                f"{level['target_passes_per_token']:.3f} target passes/token, mean target batch "
-                f"{level['target_mean_batch']:.2f}, target busy {level['target_busy']:.2f}")
+            log(f"{name}, {n} stream(s): {level['tokens_per_s']:.1f} tokens/s" + (
+                f", {level['target_passes_per_token']:.3f} target passes/token, mean target batch "
+                f"{level['target_mean_batch']:.2f}, target busy {level['target_busy']:.2f}" if "target_busy" in level
+                else ""))
     return result
 
 
-def hf_batched_sweep(cfg: BenchConfig, model_path: str) -> dict:
-    """transformers generate() of the target over the sweep's prompts, as left-padded batches of n."""
+def hf_batched_sampler(cfg: BenchConfig, model_path: str):
+    """sample(n): one run of transformers generate() of the target over the sweep's prompts as left-padded batches
+    of n, in this process ({"tokens_per_s"}), for specpool_sweep to interleave with the service's samples."""
     target, tokenizer = load_hf(model_path)
     hf_run(target, tokenizer, [cfg.prompts[:2]], 4)     # warm-up
-    result = {}
-    for n in cfg.concurrency:
+
+    def sample(n: int) -> dict:
         batches = [[stream_prompts(cfg, j)[i] for j in range(n)] for i in range(len(cfg.prompts))]
-        rates = [tokens / seconds for seconds, tokens in
-                 (hf_run(target, tokenizer, batches, cfg.max_new_tokens) for _ in range(cfg.repeats))]
-        result[n] = {"tokens_per_s": statistics.median(rates)}
-        log(f"{HF_BATCHED}, {n} stream(s): {result[n]['tokens_per_s']:.1f} tokens/s")
-    return result
+        seconds, tokens = hf_run(target, tokenizer, batches, cfg.max_new_tokens)
+        return {"tokens_per_s": tokens / seconds}
+    return sample
 
 
 def batching_config(service) -> dict:
@@ -117,9 +118,9 @@ def batching_config(service) -> dict:
 
 def sweep_ratios(sweep: dict) -> dict:
     """Per stream count: batching on / off, adaptive / K=0, adaptive / transformers batched; and each
-    variant's aggregate tokens/s over its own at the fewest streams ("scaling"). Adaptive / K=0, whose samples
-    were taken side by side, is the median of their ratios repeat by repeat (benchmarks/repeats.py `paired`); the
-    others, measured apart, are ratios of medians."""
+    variant's aggregate tokens/s over its own at the fewest streams ("scaling"). Adaptive / K=0 and adaptive /
+    transformers batched, whose samples were taken side by side, are the median of their ratios repeat by repeat
+    (benchmarks/repeats.py `paired`); batching on / off, measured apart, is a ratio of medians."""
     def ratio(a: str, b: str) -> dict:
         return {n: sweep[a][n]["tokens_per_s"] / sweep[b][n]["tokens_per_s"] for n in sweep[a]}
 
@@ -129,7 +130,7 @@ def sweep_ratios(sweep: dict) -> dict:
     def scaling(variant: dict) -> dict:
         return {n: level["tokens_per_s"] / variant[min(variant)]["tokens_per_s"] for n, level in variant.items()}
     return {"batching on / off": ratio(ON_ADAPTIVE, OFF_ADAPTIVE), "adaptive / K=0": side_by_side(ON_ADAPTIVE, ON_K0),
-            "adaptive / transformers batched": ratio(ON_ADAPTIVE, HF_BATCHED),
+            "adaptive / transformers batched": side_by_side(ON_ADAPTIVE, HF_BATCHED),
             "scaling": {name: scaling(variant) for name, variant in sweep.items()}}
 
 

@@ -15,7 +15,8 @@ Then a concurrency sweep over 1, 2, 4, 8, 16 streams (benchmarks/concurrency.py;
 prompt set once, stream j starting at prompt j): aggregate tokens/s of specpool adaptive with request batching
 on (the config's draft/target max_batch_size), adaptive with batching off (max_batch_size 1, a fresh
 service), K = 0 with batching on, and transformers generate() of the target over the same prompts as
-left-padded batches of n (greedy, in process); target (and draft) forward passes per generated token from the
+left-padded batches of n (greedy, in process, interleaved with the two batching-on rows while their service is up
+and idle); target (and draft) forward passes per generated token from the
 workers' batch_stats(); ratios batching on / off, n streams / 1 stream, adaptive / K = 0 and adaptive /
 transformers batched, against their goals.
 
@@ -47,7 +48,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")   # Ray forks while gRPC thread
 import torch
 
 from benchmarks.concurrency import (HF_BATCHED, OFF_ADAPTIVE, ON_ADAPTIVE, ON_K0, batching_config, goal_lines,
-                                    hf_batched_sweep, specpool_sweep, sweep_ratios)
+                                    hf_batched_sampler, specpool_sweep, sweep_ratios)
 from benchmarks.lookup import lookup_section
 from benchmarks.prefix import PREFIX_TOKENS, prefix_section
 from benchmarks.plan import QUICK, BenchConfig
@@ -77,8 +78,8 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
 
 
 def run(cfg: BenchConfig) -> tuple[dict, dict | None]:
-    """Everything, services one after another: batching on (single-stream rows, adaptive and K=0
-    sweeps), batching off (adaptive sweep), then transformers batched with no service running."""
+    """Everything, services one after another: batching on (single-stream rows; adaptive, K=0 and transformers
+    batched sweeps, interleaved), batching off (adaptive sweep)."""
     results, trace, sweep = {"bench": dataclasses.asdict(cfg), "batching": {}}, None, {}
     with running(cfg.config, batching=True) as service:
         if not cfg.sweep_only:
@@ -86,9 +87,9 @@ def run(cfg: BenchConfig) -> tuple[dict, dict | None]:
             results["overlap"] = overlap_section(service, cfg)
             results["lookup"] = lookup_section(service, cfg)
             results["prefix"] = {"demo pair": prefix_section(service, cfg, PREFIX_TOKENS)}
-        sweep.update(specpool_sweep(service, cfg, {ON_ADAPTIVE: None, ON_K0: 0}))
+        hf_batched = hf_batched_sampler(cfg, service.service.pools.target_info["model_path"])
+        sweep.update(specpool_sweep(service, cfg, {ON_ADAPTIVE: None, ON_K0: 0, HF_BATCHED: hf_batched}))
         results["batching"]["on"] = batching_config(service)
-        model_path = service.service.pools.target_info["model_path"]
     with running(cfg.config, batching=False) as service:
         sweep.update(specpool_sweep(service, cfg, {OFF_ADAPTIVE: None}))
         results["batching"]["off"] = batching_config(service)
@@ -97,7 +98,6 @@ def run(cfg: BenchConfig) -> tuple[dict, dict | None]:
         with running_data(heavy_config(load_service_config(cfg.config), cfg.heavy_layers), label="the heavy pair") \
                 as service:
             results["prefix"]["heavy pair"] = prefix_section(service, cfg, PREFIX_TOKENS)
-    sweep[HF_BATCHED] = hf_batched_sweep(cfg, model_path)
     results.update(sweep=sweep, ratios=sweep_ratios(sweep))
     results["goals"] = goal_lines(results["ratios"])
     return results, trace
