@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from openai_api import beam_search
 from openai_api.chat import ChatTemplate, find_chat_template, no_template_error
 from openai_api.functions import as_tools, deprecated_plan
 from openai_api.protocol import (DEFAULT_CHAT_MAX_TOKENS, ApiError, ChatRequest, CompletionRequest,
@@ -93,19 +94,27 @@ class Api:
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         router = self.router()
         model = check_model(body, self.model_name(router))
+        if body.use_beam_search:
+            beam_search.check(body)
         prompts = completion_prompts(body)
         generates = [generate_request(body, prompt, body.max_tokens, body.logprobs) for prompt in prompts]
         echo = [prompt if isinstance(prompt, str) else True for prompt in prompts for _ in range(body.n)]
         kind = Completions(_decoder(router), _text_of(router, body.skip_special_tokens), echo if body.echo else False,
                            body.logprobs)
+        if body.use_beam_search:
+            return await beam_answer(request, router, body, generates, kind, model)
         return await answer(request, router, body, generates, kind, model)
 
     async def chat(self, body: ChatRequest, request: Request) -> Response:
         router = self.router()
         model = check_model(body, self.model_name(router))
+        if body.use_beam_search:
+            beam_search.check(body)
         body, deprecated = as_tools(body, PARSERS.get(self.http.tool_call_parser))
         generate, plan, reasoning = self.chat_generate(router, body, deprecated)
         kind = ChatCompletions(_decoder(router), plan, deprecated, reasoning)
+        if body.use_beam_search:
+            return await beam_answer(request, router, body, [generate], kind, model)
         return await answer(request, router, body, [generate], kind, model)
 
     async def responses(self, body: ResponsesRequest, request: Request) -> Response:
@@ -505,6 +514,28 @@ async def answer(request: Request, router: Router, body: SamplingBody, generates
     choices = [kind.choice(i, "".join(texts[i]), logprobs[i], FINISH.get(s.finish_reason))
                for i, s in enumerate(states)]
     return JSONResponse(kind.whole(request_id, model, choices), headers=headers)
+
+
+async def beam_answer(request: Request, router: Router, body: SamplingBody, generates: list, kind: Completions,
+                      model: str) -> Response:
+    """use_beam_search: each prompt's n best beams as its n choices, best first, read whole (openai_api/beam_search.py;
+    the body passed beam_search.check)."""
+    client, given = client_request(request), request_id_header(request)
+    client.request_id = kind.logged_id(given, given) if given else ""
+    client.states, client.per_prompt = (await admit(router, generates, body))[::body.n], 1    # validated, never run
+    request_id = given or uuid.uuid4().hex
+    client.request_id = kind.logged_id(request_id, given)
+
+    async def searched() -> list:
+        beams = [state for base in client.states for state in await beam_search.beam_states(router, body, base)]
+        client.states, client.per_prompt = beams, body.n
+        return beams
+    states = await until_disconnected(request, tracked(router, searched(), client))
+    kind.bind(states, None, body.n)
+    text_of = _text_of(router, body.skip_special_tokens)
+    choices = [kind.choice(i, text_of(state.tokens[state.prompt_len:]), None, FINISH.get(state.finish_reason))
+               for i, state in enumerate(states)]
+    return JSONResponse(kind.whole(request_id, model, choices), headers={"X-Request-Id": request_id})
 
 
 async def choice_chunks(router: Router, states: list, at_once: int = 0) -> AsyncIterator[tuple]:

@@ -192,8 +192,6 @@ REFUSED: dict[str, Any] = {
     # vLLM's and SGLang's own sampling extensions, which clients moving from them send (those specpool has,
     # repetition_penalty, ignore_eos, min_p, min_tokens and the structured-output ones, are fields above): the same
     # rule, so that no such request silently gets other output than it asked for
-    "use_beam_search": False,
-    "length_penalty": 1,
     "logits_processors": None,
     "truncate_prompt_tokens": None, "spaces_between_special_tokens": True,
     "detokenize": True, "return_tokens_as_token_ids": False, "guided_whitespace_pattern": None,
@@ -271,6 +269,8 @@ class SamplingFields(Body):
     skip_special_tokens: Flag = True                            # vLLM's: false keeps special tokens in the text
     bad_words: Optional[list[Text]] = None                      # vLLM's: words the output never completes
     n: strict(int, ge=1, le=MAX_N) = 1
+    use_beam_search: Flag = False                               # vLLM's: n is the beam width (openai_api/beam_search)
+    length_penalty: number(ge=-10, le=10) = 1.0                 # ... a beam's score: logprob / length ** this
     stop_token_ids: Optional[list[StopTokenId]] = None
     allowed_token_ids: Annotated[list[AllowedTokenId], Field(min_length=1)] | None = None     # vLLM's
     stream: Flag = False

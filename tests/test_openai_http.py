@@ -435,7 +435,6 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     ("/chat/completions", {"verbosity": "high"}, "verbosity"),
     ("/chat/completions", {"web_search_options": {}}, "web_search_options"),
     ("/chat/completions", {"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
-    ("/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/chat/completions", {"logits_processors": ["x"]}, "logits_processors"),
     ("/completions", {"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
     ("/completions", {"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
