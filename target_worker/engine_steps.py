@@ -22,9 +22,6 @@ from engine.batching import only_answer
 from engine.worker_server import EngineRunner, timed
 from target_worker.tensor_parallel import RELEASE, VERIFY_BATCH, lead
 
-_WAITING, _RELEASING, _RUNS, _WITHDRAWN = range(4)
-
-
 class Signals:
     """Counters the gRPC side writes and the engine's loops read between steps: calls waiting in the Batcher,
     releases waiting, decode runs in progress, runs withdrawn so far. A RawArray, so that an engine process
@@ -33,12 +30,9 @@ class Signals:
     def __init__(self, shared=None):
         self.shared = shared if shared is not None else RawArray("q", 4)
 
-    waiting = property(lambda self: self.shared[_WAITING], lambda self, n: self.shared.__setitem__(_WAITING, n))
-    releasing = property(lambda self: self.shared[_RELEASING],
-                         lambda self, n: self.shared.__setitem__(_RELEASING, n))
-    runs = property(lambda self: self.shared[_RUNS], lambda self, n: self.shared.__setitem__(_RUNS, n))
-    withdrawn = property(lambda self: self.shared[_WITHDRAWN],
-                         lambda self, n: self.shared.__setitem__(_WITHDRAWN, n))
+    waiting, releasing, runs, withdrawn = (property(lambda self, i=i: self.shared[i],
+                                                    lambda self, n, i=i: self.shared.__setitem__(i, n))
+                                           for i in range(4))
 
     @property
     def alone(self) -> bool:
@@ -69,7 +63,7 @@ class EngineSteps:
         return timed(lead, self.engine, VERIFY_BATCH, batch, self.world_size)
 
     def release(self, request: worker_pb2.ReleaseRequest) -> worker_pb2.ReleaseResponse:
-        return timed(lead, self.engine, RELEASE, request, self.world_size)
+        return lead(self.engine, RELEASE, request, self.world_size)
 
     def together(self, runs: list, withdrawn: int) -> list:
         """Several plain runs' steps back to back, each step one batched forward of them all, with no event-loop or
@@ -102,7 +96,7 @@ class EngineThread:
         self._runner = EngineRunner(inline_max_s)
 
     async def verify_batch(self, batch: worker_pb2.VerifyBatch, inline: bool = False) -> list:
-        return await self._runner.run(lambda: lead(self.steps.engine, VERIFY_BATCH, batch, self.steps.world_size),
+        return await self._runner.run(lead, self.steps.engine, VERIFY_BATCH, batch, self.steps.world_size,
                                       inline=inline)
 
     async def release(self, request: worker_pb2.ReleaseRequest):
