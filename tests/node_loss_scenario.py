@@ -3,6 +3,7 @@ ray.cluster_utils does not mix with other Ray instances started earlier in the s
 
     python -m tests.node_loss_scenario DRAFT_DIR TARGET_DIR   # prints one JSON line
 """
+import faulthandler
 import json
 import os
 import sys
@@ -13,13 +14,27 @@ from tests.conftest import RunningService, service_config
 
 POOL_NODE = {"num_cpus": 4, "resources": {"draft_pool": 1, "target_pool": 1}}
 PROMPT = [2, 7, 1, 8]
+RESULT_OUT = "node-loss scenario: result out, the service stopped; Ray's teardown next"
 
 
-def main(draft: str, target: str) -> dict:
+def main(draft: str, target: str) -> None:
+    """Prints the scenario's result, then tears Ray down. The result goes out before the teardown, and each
+    phase says so on stderr, so that a crash inside Ray's own teardown (a SIGSEGV in its core worker, seen in
+    CI in sessions 32 and 48) is told apart from one while the request runs; faulthandler prints the stacks."""
     import ray
     from ray.cluster_utils import Cluster
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    ray.init(address=cluster.address, namespace="specpool-node-loss", log_to_driver=False)
+    try:
+        ray.init(address=cluster.address, namespace="specpool-node-loss", log_to_driver=False)
+        result = run(cluster, draft, target)
+        print(json.dumps(result), flush=True)
+        print(RESULT_OUT, file=sys.stderr, flush=True)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def run(cluster, draft: str, target: str) -> dict:
     doomed = cluster.add_node(**POOL_NODE)
     cluster.wait_for_nodes()
     router_config = {"target_recovery_s": 500.0, "worker_timeout_s": 120.0}
@@ -50,12 +65,11 @@ def main(draft: str, target: str) -> dict:
                 **router_config}
     finally:
         service.stop()
-        ray.shutdown()
-        cluster.shutdown()
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2])), flush=True)
+    faulthandler.enable()
+    main(sys.argv[1], sys.argv[2])
     sys.stderr.flush()
     # Everything is stopped and the result is out: leave without the interpreter's teardown, as `specpool serve`
     # does, since Ray's exit handler can crash a driver with SIGSEGV after a clean stop (README, Failures,
