@@ -38,6 +38,11 @@ class BatchStats:
 
 START_SLACK, START_SHARE = 32, 0.25   # padding a forward of session starts may carry: tokens, plus a share of it
 START_TOKENS = 4096                   # the most tokens (padding included) a forward of several session starts takes
+SHARED_LEAD = 4 * BLOCK               # a start waits for a later forward to find its lead cached only when the lead it
+                                      # shares with another start of the forward is this long: a forward's own cost
+                                      # (about 2 ms on the demo pair here, 15 tokens' compute) exceeds computing a
+                                      # shorter lead twice. Replayed, a 16-stream sample's starts (20-32 tokens, 3
+                                      # prompts) took 0.88x the time computing it twice (2 forwards a call, not 2-6).
 PREFILL_TOKENS = 32                   # a call appending more tokens than this (a long prompt's later chunks, a draft
                                       # far behind) runs with the session starts, not beside the decode rows
 
@@ -63,21 +68,23 @@ def start_groups(starts: list, requests: list, prefix_cached: bool = True) -> li
     """Session starts in as few forwards as padding allows: shortest first, each start joining the forward being
     formed while its padding (each row right-padded to the longest) stays within START_SLACK tokens plus START_SHARE
     of the forward, and START_TOKENS in all. Each row keeps only its own logits (extend_batch). With a prefix cache,
-    a start whose first block another start of that forward begins with goes in a later one, so that it finds the
-    block cached (engine/prefix_cache.py) instead of computing it again (the n choices of a prompt)."""
-    groups, pending = [], sorted(starts, key=lambda row: len(requests[row[0]].new_token_ids))
+    a start whose first SHARED_LEAD tokens another start of that forward begins with goes in a later one, so that it
+    finds them cached (engine/prefix_cache.py) instead of computing them again: the n choices of a long prompt run in
+    two forwards, the first choice's and then the others'. A shorter shared lead is computed twice, in one forward."""
+    groups, pending, cached = [], sorted(starts, key=lambda row: len(requests[row[0]].new_token_ids)), {None}
     while pending:
         group, lengths, leads, later = [], [], set(), []
         for row in pending:
             tokens = requests[row[0]].new_token_ids
-            lead = tuple(tokens[:BLOCK]) if prefix_cached and len(tokens) > BLOCK else None
-            if group and ((lead is not None and lead in leads) or not _padding_fits(lengths + [len(tokens)])):
+            lead = tuple(tokens[:SHARED_LEAD]) if prefix_cached and len(tokens) > SHARED_LEAD else None
+            if group and ((lead in leads and lead not in cached) or not _padding_fits(lengths + [len(tokens)])):
                 later.append(row)
                 continue
             group.append(row)
             lengths.append(len(tokens))
             leads.add(lead)
         groups.append(group)
+        cached |= leads            # an earlier forward's leads are cached by the time a later one runs
         pending = later
     return groups
 

@@ -17,7 +17,7 @@ import torch
 
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from engine import modeling
-from engine.batching import START_SHARE, START_SLACK, Batcher, start_groups
+from engine.batching import SHARED_LEAD, START_SHARE, START_SLACK, Batcher, start_groups
 from engine.prefix_cache import BLOCK
 from engine.sampling import Sampling
 from engine.sessions import Session, SessionLost
@@ -118,17 +118,22 @@ def test_session_starts_share_forwards_within_the_padding_bound_and_match_each_a
     assert sorted(i for group in groups for i, _ in group) == list(range(len(PROMPTS)))
 
 
-def test_start_groups_bound_the_padding_and_put_a_shared_first_block_in_a_later_forward():
+def test_start_groups_bound_the_padding_and_put_a_long_shared_lead_in_a_later_forward():
     lengths = [3, 40, 5, 4, 38, 2, 36, 90, 12]
     calls = [worker_pb2.VerifyRequest(new_token_ids=list(range(100 + i, 100 + i + n))) for i, n in enumerate(lengths)]
+    calls.append(worker_pb2.VerifyRequest(new_token_ids=list(calls[7].new_token_ids[:SHARED_LEAD]) + [7] * 10))
     calls.append(worker_pb2.VerifyRequest(new_token_ids=list(calls[1].new_token_ids[:BLOCK]) + [7] * 28))
     groups = [[i for i, _ in group] for group in start_groups([(i, None) for i in range(len(calls))], calls)]
     # shortest first, padding within START_SLACK + START_SHARE of the forward: 6 (36 tokens) would pad the first
-    # group's 5 starts by 154; 9 (44 tokens) would fit beside 6, 4 and 1 but begins with 1's first block, so it
-    # runs after it, and 7 (90 tokens) would pad 6, 4 and 1 by 156
-    assert groups == [[5, 0, 3, 2, 8], [6, 4, 1], [9, 7]]
+    # group's 5 starts by 154; 10 (44 tokens) begins with 1's first block only, a lead too short to wait for, so it
+    # runs beside 1; 9 (74 tokens) would pad 6, 4, 1 and 10 by 138; 7 (90 tokens) begins with 9's SHARED_LEAD
+    # tokens, so it runs after 9, to find them cached
+    assert groups == [[5, 0, 3, 2, 8], [6, 4, 1, 10], [9], [7]]
     uncached = start_groups([(i, None) for i in range(len(calls))], calls, prefix_cached=False)
-    assert [[i for i, _ in group] for group in uncached] == [[5, 0, 3, 2, 8], [6, 4, 1, 9], [7]]  # nothing to find
+    assert [[i for i, _ in group] for group in uncached] == [[5, 0, 3, 2, 8], [6, 4, 1, 10], [9, 7]]  # nothing to find
+    copies = [worker_pb2.VerifyRequest(new_token_ids=list(range(90)))] * 5        # n = 5 choices of one prompt
+    assert [[i for i, _ in group] for group in start_groups([(i, None) for i in range(5)], copies)] == \
+        [[0], [1, 2, 3, 4]]                          # the first, then the others together, finding its blocks
     for group in groups:
         held = [len(calls[i].new_token_ids) for i in group]
         assert max(held) * len(held) - sum(held) <= START_SLACK + START_SHARE * max(held) * len(held)

@@ -18,6 +18,7 @@ from tests.engine_rounds import run_rounds
 
 BLOCK = 16
 SHARED = [(7 * i + 3) % 250 for i in range(40)]      # 2 full blocks and 8 tokens
+LONG = [(5 * i + 1) % 250 for i in range(90)]        # 5 full blocks and 10: past engine.batching.SHARED_LEAD
 
 
 @pytest.fixture(scope="module")
@@ -141,22 +142,27 @@ def test_engines_answer_the_same_with_and_without_the_cache(byte_pair, temperatu
     assert [a[3:] for a in plain[::4]] == [(0, 0, 43), (0, 0, 43), (0, 0, 35), (0, 0, 40), (0, 0, 3)]   # off
 
 
-def test_a_session_start_finds_what_one_before_it_in_the_same_batch_put_there(byte_pair):
-    """The n choices of one request arrive together: a start whose first block another start of the batch begins
-    with runs in a forward after that one's, once it has put its blocks in (engine.batching.start_groups), on the
-    draft and on the target alike."""
+@pytest.mark.parametrize("prompt, found", [(LONG, [0, 80, 80]), (SHARED, [0, 0, 0])], ids=["long lead", "short lead"])
+def test_a_session_start_finds_what_one_before_it_in_the_same_batch_put_there_where_its_lead_is_long(byte_pair,
+                                                                                                    prompt, found):
+    """The n choices of one request arrive together: a start whose first SHARED_LEAD tokens another start of the
+    batch begins with runs in a forward after that one's, once it has put its blocks in (engine.batching.start_groups),
+    on the draft and on the target alike; with a shorter shared lead all three run in one forward, computing it
+    thrice (a forward costs more). Every choice answers the same either way."""
     from draft_worker.proposer import DraftEngine
     from target_worker.verifier import TargetEngine
     draft_path, target_path = byte_pair
     draft, target = DraftEngine(draft_path, prefix_cache_tokens=1024), TargetEngine(target_path, draft_path,
                                                                                     prefix_cache_tokens=1024)
     params = generation_pb2.SamplingParams(top_p=1.0)
-    drafted = draft.propose_batch([worker_pb2.ProposeRequest(session_id=i, new_token_ids=SHARED, k=2, sampling=params)
+    drafted = draft.propose_batch([worker_pb2.ProposeRequest(session_id=i, new_token_ids=prompt, k=2, sampling=params)
                                    for i in range(3)])
-    verdicts = target.verify_batch([worker_pb2.VerifyRequest(session_id=i, new_token_ids=SHARED, sampling=params,
+    verdicts = target.verify_batch([worker_pb2.VerifyRequest(session_id=i, new_token_ids=prompt, sampling=params,
                                                              draft_token_ids=d.draft_token_ids)
                                     for i, d in enumerate(drafted)])
-    assert [d.prefix_cache.found for d in drafted] == [v.prefix_cache.found for v in verdicts] == [0, 32, 32]
+    assert [d.prefix_cache.found for d in drafted] == [v.prefix_cache.found for v in verdicts] == found
+    forwards = 2 if found[1] else 1                   # the first choice's, then the other two's: or all at once
+    assert target.stats.forward_passes == forwards and draft.stats.forward_passes == 2 * forwards   # K = 2: 2 steps
     assert len({tuple(d.draft_token_ids) for d in drafted}) == 1
     assert len({(v.num_accepted, v.next_token_id) for v in verdicts}) == 1
 
