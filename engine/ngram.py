@@ -14,9 +14,19 @@ indexed only once a token follows it, so the context's own suffix never matches 
 The continuation is copied LZ77-style: proposal token j is context[start + j], where positions past the end of
 the context continue into the proposal itself, so a periodic run ("a b a b a b") proposes K tokens, not only the
 few that follow its last occurrence.
+
+A prediction (OpenAI's Predicted Outputs: the output a request expects, such as the file being edited) is a second
+text to copy from. While the output so far is the prediction's beginning, the proposal is what follows in the
+prediction; once the output leaves it (an edit), the context's longest suffix is looked up in the prediction too,
+at its first occurrence at or after where the output last was in it (so a repeated line resumes where the edit
+did, not at the file's top), and a match there at least as long as one in the context wins:
+
+    index = NgramIndex(2, 4, prediction=predicted_ids, output_from=len(prompt_ids))
+    index.propose(prompt_ids + output_so_far, k=8)
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,8 +37,10 @@ class LookupMissed(Exception):
 
 @dataclass(frozen=True)
 class Match:
-    start: int          # where, in the context, the continuation begins
-    size: int           # tokens of the context's suffix that matched (n)
+    start: int          # where, in the context (or the prediction), the continuation begins
+    size: int           # tokens of the context's suffix that matched (n); the longest size while the output
+                        # so far is the prediction's beginning
+    predicted: bool = False     # the continuation is the prediction's
 
 
 def continuation(tokens: list[int], start: int, k: int) -> list[int]:
@@ -40,10 +52,50 @@ def continuation(tokens: list[int], start: int, k: int) -> list[int]:
     return out
 
 
-class NgramIndex:
-    """The n-gram index of one request's committed tokens (an append-only list it is shown each round)."""
+class Prediction:
+    """The tokens a request predicts its output to be, indexed by n-gram (every occurrence), and where the output
+    has got to in them."""
 
-    def __init__(self, min_n: int = 2, max_n: int = 4):
+    def __init__(self, tokens: Sequence[int], sizes: range, output_from: int):
+        self.tokens, self.sizes, self.output_from = list(tokens), sizes, output_from
+        self._positions: dict[int, dict[tuple, list[int]]] = {n: {} for n in sizes}   # -> starts after it, ascending
+        for end in range(len(self.tokens) - 1):             # an n-gram ending at the last token has no continuation
+            for n in sizes:
+                if end + 1 >= n:
+                    self._positions[n].setdefault(tuple(self.tokens[end + 1 - n:end + 1]), []).append(end + 1)
+        self.cursor = 0                                     # where the output last was in the prediction
+        self._aligned, self._checked = True, 0              # the output's first _checked tokens are the prediction's
+
+    def match(self, tokens: list[int]) -> Match | None:
+        """The prediction's continuation of `tokens`: aligned (the output so far is the prediction's beginning), else
+        after its longest suffix found in the prediction, at or after the cursor (else the nearest before it)."""
+        output = len(tokens) - self.output_from
+        if self._aligned_for(tokens) and output < len(self.tokens):
+            self.cursor = output
+            return Match(output, self.sizes[0], predicted=True)
+        for n in self.sizes:
+            starts = self._positions[n].get(tuple(tokens[-n:])) if len(tokens) >= n else None
+            if starts:
+                at = bisect_left(starts, self.cursor)
+                self.cursor = starts[at] if at < len(starts) else starts[-1]
+                return Match(self.cursor, n, predicted=True)
+        return None
+
+    def _aligned_for(self, tokens: list[int]) -> bool:
+        """Whether the output in `tokens` (an append-only list) is still the prediction's beginning."""
+        for i in range(self._checked, len(tokens) - self.output_from):
+            if not self._aligned:
+                break
+            self._aligned = i < len(self.tokens) and tokens[self.output_from + i] == self.tokens[i]
+            self._checked = i + 1
+        return self._aligned
+
+
+class NgramIndex:
+    """The n-gram index of one request's committed tokens (an append-only list it is shown each round), and of its
+    prediction, if it has one (Prediction; `output_from`: where the output begins in those tokens)."""
+
+    def __init__(self, min_n: int = 2, max_n: int = 4, prediction: Sequence[int] = (), output_from: int = 0):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n (got {min_n}, {max_n})")
         self.min_n, self.max_n = min_n, max_n
@@ -51,6 +103,7 @@ class NgramIndex:
         self._tables: dict[int, dict[tuple, int]] = {n: {} for n in self.sizes}
         self._next_end = 0                                  # n-grams ending before this position are indexed
         self._last: tuple[int, Match | None] | None = None  # (context length, its match)
+        self.prediction = Prediction(prediction, self.sizes, output_from) if prediction else None
 
     def _catch_up(self, tokens: list[int]) -> None:
         """Index the n-grams that end at positions [_next_end, len - 2]: each has a token after it."""
@@ -61,7 +114,8 @@ class NgramIndex:
         self._next_end = max(self._next_end, len(tokens) - 1)
 
     def match(self, tokens: list[int]) -> Match | None:
-        """The longest suffix of `tokens` seen before, at its most recent occurrence, or None."""
+        """The longest suffix of `tokens` seen before, at its most recent occurrence, or None; the prediction's
+        match instead where it is at least as long."""
         if self._last is not None and self._last[0] == len(tokens):
             return self._last[1]
         self._catch_up(tokens)
@@ -71,6 +125,9 @@ class NgramIndex:
             if start is not None:
                 found = Match(start, n)
                 break
+        predicted = self.prediction.match(tokens) if self.prediction is not None else None
+        if predicted is not None and (found is None or predicted.size >= found.size):
+            found = predicted
         self._last = (len(tokens), found)
         return found
 
@@ -82,4 +139,7 @@ class NgramIndex:
             return []
         if found.size - self.min_n < len(k_by_size):
             k = min(k, k_by_size[found.size - self.min_n])
-        return continuation(tokens, found.start, k) if k > 0 else []
+        if k <= 0:
+            return []
+        return self.prediction.tokens[found.start:found.start + k] if found.predicted else \
+            continuation(tokens, found.start, k)

@@ -38,6 +38,7 @@ class Session:
     prompt_logprobs: object = None  # the target's, while its prefill gathers them (target_worker/prompt_logprobs.py)
     opened: int = 0                # the store's open count when it was last opened (SessionStore._evict)
     checkpoints: list | None = None  # a recurrent model's: where a rollback goes back to (engine.recurrent_states)
+    prediction: tuple = ()         # the target's: the request's predicted output (VerifyRequest.prediction_token_ids)
     _own: object = field(default=None, repr=False)     # its own DynamicCache, as last handed back
     _batch: object = field(default=None, repr=False)   # the RaggedBatch it was left in, not handed back yet
     _row: int = field(default=0, repr=False)           # its row there
@@ -174,13 +175,16 @@ def sampling_from_proto(params, prompt_length: int = 0, min_tokens=None, grammar
 
 
 def open_session(store: SessionStore, request) -> Session:
-    """Open the session a Propose/Verify request names (sampling, prompt_length, min_tokens and grammar travel only
-    with position 0)."""
+    """Open the session a Propose/Verify request names (sampling, prompt_length, min_tokens, grammar and a Verify
+    request's prediction travel only with position 0)."""
     sampling = (sampling_from_proto(request.sampling, request.prompt_length,
                                     request.min_tokens if request.HasField("min_tokens") else None,
                                     request.grammar if request.HasField("grammar") else None, request.bad_words)
                 if request.HasField("sampling") else None)
-    return store.open(request.session_id, request.position, sampling)
+    session = store.open(request.session_id, request.position, sampling)
+    if request.position == 0 and getattr(request, "prediction_token_ids", None):     # a VerifyRequest's start
+        session.prediction = tuple(request.prediction_token_ids)
+    return session
 
 
 def open_sessions(store: SessionStore, requests: list, results: list) -> list[tuple[int, Session]]:

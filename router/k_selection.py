@@ -3,7 +3,8 @@
 Statistics are kept per (proposal source, sampling regime): the draft model and prompt lookup accept at
 different rates and cost different amounts, and so do greedy and sampled requests (a greedy draft's tokens
 are often the target's argmax but rarely its sample at a high temperature). So the pool keeps one KController
-per (source, regime), and a sampled request is never given a K learned from greedy traffic. A request also keeps
+per (source, regime), and a sampled request is never given a K learned from greedy traffic; nor is a request
+with a prediction (its own regimes, "greedy predicted" and "sampled predicted") one learned from others. A request also keeps
 its own controller per source, and uses it once it has drafted `warmup_rounds` of its own rounds from that source
 (rounds at K = 0 teach no acceptance rate), its regime's pool controller before. Every round feeds both, and the
 metrics. A request's controller learns its own acceptance, shrunk towards its pool controller's (not towards a
@@ -54,12 +55,14 @@ from settings.schema import ControllerConfig
 from router.metrics import Metrics
 from router.request_state import MODEL, NGRAM, SOURCE_NAMES, RequestState, Round
 
-REGIMES = ("greedy", "sampled")
+REGIMES = ("greedy", "sampled", "greedy predicted", "sampled predicted")
 
 
 def regime(state: RequestState) -> str:
-    """The request's sampling regime: greedy (temperature 0) or sampled."""
-    return "greedy" if state.sampling.temperature == 0 else "sampled"
+    """The request's sampling regime: greedy (temperature 0) or sampled, and "predicted" for a request with a
+    prediction (router/prediction.py), whose lookup drafts copy from it and are accepted far more often."""
+    name = "greedy" if state.sampling.temperature == 0 else "sampled"
+    return f"{name} predicted" if state.prediction else name
 
 
 @dataclass
@@ -105,22 +108,38 @@ def source_config(config: ControllerConfig, source: int, ngram_tokens: int) -> C
     return dataclasses.replace(config, k_max=k_max, k=min(config.k, k_max), overlap=False)
 
 
+class Pools(dict):
+    """(source, regime) -> the pool's KController of that source and regime, made on first use by `make`."""
+
+    def __init__(self, make):
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key: tuple) -> KController:
+        self[key] = controller = self._make(key)
+        return controller
+
+
 class KSelector:
     """The pool's KControllers per (source, regime), per-request KControllers per source, and the metrics they
     feed."""
 
     def __init__(self, config: ControllerConfig, metrics: Metrics, rng: random.Random | None = None,
-                 ngram_tokens: int = 8, method: str = "model"):
-        """`method` (draft.method) only says whose K the `k` gauge shows before a request has said (see show_k)."""
+                 ngram_tokens: int = 8, method: str = "model", prediction_tokens: int = 32):
+        """`method` (draft.method) only says whose K the `k` gauge shows before a request has said (see show_k);
+        n-gram rounds draft up to `ngram_tokens` (draft.ngram_max_tokens), those of a request with a prediction up
+        to `prediction_tokens` (draft.prediction_max_tokens)."""
         self._rng = rng or random.Random()
-        self.config, self.ngram_tokens = config, ngram_tokens
+        self.config, self.ngram_tokens, self.prediction_tokens = config, ngram_tokens, prediction_tokens
         self._shown_source = _shown_source(method)
-        self.pools = {(source, name): KController(self._config(source), random.Random(self._rng.getrandbits(64)))
-                      for source in SOURCE_NAMES for name in REGIMES}
+        self.pools = Pools(lambda key: KController(self._config(*key), random.Random(self._rng.getrandbits(64))))
+        for source in SOURCE_NAMES:          # the predicted regimes' are made when a request with a prediction comes
+            for name in REGIMES[:2]:
+                self.pools[(source, name)]
         self.metrics = metrics
         self.by_match: dict[tuple, KController] = {}   # (regime, n-gram match length, the longest size?) -> its
                                                         # controller (a match of the longest size is "at least")
-        self.active: dict[int, dict[int, KController]] = {}     # session id -> its controllers per source
+        self.active: dict[int, tuple[str, dict]] = {}     # session id -> (its regime, its controllers per source)
         self.delivered = {(kind, name): Delivered() for kind in ("both", "lookup") for name in REGIMES}
         self._show_pool_k()
 
@@ -129,18 +148,21 @@ class KSelector:
         """The draft model's controller for greedy requests (status's "pool"; the `k` gauge: see show_k)."""
         return self.pools[(MODEL, "greedy")]
 
-    def _config(self, source: int) -> ControllerConfig:
-        return source_config(self.config, source, self.ngram_tokens)
+    def _config(self, source: int, name: str = "greedy") -> ControllerConfig:
+        """The controller config of a source in regime `name`."""
+        tokens = self.prediction_tokens if name.endswith("predicted") else self.ngram_tokens
+        return source_config(self.config, source, tokens)
 
     def attach(self, state: RequestState) -> None:
         """Give the request its own controllers; a greedy one's method says which source the `k` gauge follows."""
         if regime(state) == "greedy":
             self._shown_source = _shown_source(state.method)
         state.lookup_alone = self._lookup_alone(state)
-        state.controller = {source: KController(self._config(source), random.Random(self._rng.getrandbits(64)),
-                                                pool=self.pools[(source, regime(state))])
+        name = regime(state)
+        state.controller = {source: KController(self._config(source, name), random.Random(self._rng.getrandbits(64)),
+                                                pool=self.pools[(source, name)])
                             for source in SOURCE_NAMES}
-        self.active[state.session_id] = state.controller
+        self.active[state.session_id] = (name, state.controller)
 
     def detach(self, state: RequestState) -> None:
         self.active.pop(state.session_id, None)
@@ -193,7 +215,7 @@ class KSelector:
         when a reload has made the longest size larger."""
         key = (regime(state), size, size >= state.ngram.max_n)
         if key not in self.by_match:
-            self.by_match[key] = KController(self._config(NGRAM), random.Random(self._rng.getrandbits(64)),
+            self.by_match[key] = KController(self._config(NGRAM, key[0]), random.Random(self._rng.getrandbits(64)),
                                              pool=self.pools[(NGRAM, key[0])])
         return self.by_match[key]
 
@@ -368,7 +390,7 @@ class KSelector:
         self.metrics.observe_source(SOURCE_NAMES[round_.source], round_.k, round_.accepted)
 
     def update_config(self, config: ControllerConfig, ngram_tokens: int | None = None,
-                      method: str | None = None) -> None:
+                      method: str | None = None, prediction_tokens: int | None = None) -> None:
         """Between rounds: new requests and the pool use it; statistics are kept. A reload that changes
         speculation.k (and only that: not a new ngram_max_tokens that clamps the n-gram controllers' k) moves
         every controller, the pool's, the requests' and the match lengths', to it for a fresh warm-up."""
@@ -376,10 +398,11 @@ class KSelector:
         self.config = config
         self._shown_source = self._shown_source if method is None else _shown_source(method)
         self.ngram_tokens = self.ngram_tokens if ngram_tokens is None else ngram_tokens
-        owned = [(source, c) for controllers in self.active.values() for source, c in controllers.items()]
-        by_match = [(NGRAM, c) for c in self.by_match.values()]
-        for source, controller in [(source, c) for (source, _), c in self.pools.items()] + owned + by_match:
-            controller.update_config(self._config(source), restart)
+        self.prediction_tokens = self.prediction_tokens if prediction_tokens is None else prediction_tokens
+        owned = [(source, name, c) for name, controllers in self.active.values() for source, c in controllers.items()]
+        by_match = [(NGRAM, name, c) for (name, _, _), c in self.by_match.items()]
+        for source, name, controller in [(source, name, c) for (source, name), c in self.pools.items()] + owned + by_match:
+            controller.update_config(self._config(source, name), restart)
         self._show_pool_k()
 
     def snapshot(self) -> dict:

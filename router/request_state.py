@@ -61,6 +61,8 @@ class RequestState:
     bad_words: list = field(default_factory=list)   # token sequences the output never completes
     prompt_top_logprobs: int | None = None  # set: the target's prefill answers the prompt's logprobs, with this
     prompt_logprobs: list | None = None     # ... many alternatives: generation_pb2.TokenLogprob per prompt token 1..
+    prediction: tuple = ()                  # the output predicted (GenerateRequest.prediction): prompt lookup copies
+                                            # from it too, on the router (ngram) and on the target (target_start)
 
     @property
     def generated(self) -> int:
@@ -80,10 +82,13 @@ class RequestState:
 
     @property
     def target_start(self) -> dict:
-        """session_start for the target: the prompt's logprobs asked for too, until they have come."""
+        """session_start for the target: the prediction with it, and the prompt's logprobs asked for too, until they
+        have come."""
+        start = {**self.session_start, "prediction_token_ids": self.prediction} if self.prediction else \
+            self.session_start
         if self.prompt_top_logprobs is None or self.prompt_logprobs is not None:
-            return self.session_start
-        return {**self.session_start, "prompt_logprobs": self.prompt_top_logprobs}
+            return start
+        return {**start, "prompt_logprobs": self.prompt_top_logprobs}
 
     def count_out_of_memory(self, pool: str) -> None:
         self.out_of_memory[pool] = self.out_of_memory.get(pool, 0) + 1

@@ -30,6 +30,7 @@ from router.failures import worker_failure
 from router.k_selection import KSelector
 from router.metrics import Metrics
 from router.oplog import say
+from router.prediction import method_for, prediction_ids
 from router.reload import RestartRequired, check_reloadable, logged_reload, reload_document, with_overrides
 from engine.ngram import NgramIndex
 from router.request_log import ClientRequest, request_line
@@ -69,7 +70,8 @@ class Router:
         self.metrics = metrics or Metrics()      # made (and its port bound) before the pools start: Service
         self.metrics.count_replicas({"draft": self.drafts, "target": self.targets})
         self.k_selector = KSelector(config.speculation, self.metrics, random.Random(self._rng.getrandbits(64)),
-                                    config.draft.ngram_max_tokens, config.draft.method)
+                                    config.draft.ngram_max_tokens, config.draft.method,
+                                    config.draft.prediction_max_tokens)
         self._slots = asyncio.Semaphore(config.router.max_active_requests)
         self.queued = 0
         self.running = 0            # requests holding a slot
@@ -171,6 +173,7 @@ class Router:
         else:
             prompt_ids = list(request.prompt_token_ids)
         validate(request, prompt_ids, self.limits)
+        prediction = await prediction_ids(request, self.tokenizer, self.limits)
         grammar = await asyncio.to_thread(lambda: compiled(request, self.eos_ids, self.grammar_tokenizer,
                                                            self.added_token)) \
             if request.HasField("structured_output") else None      # off the loop: the tokenizer's first build too
@@ -191,8 +194,9 @@ class Router:
                             fixed_k=fixed_k, draft_mode=DRAFT_MODES[mode], max_context=self.limits.max_context,
                             stop_ids=frozenset(request.stop_token_ids),
                             eos_ids=frozenset() if request.ignore_eos else self.eos_ids,
-                            method=self.config.draft.method,
-                            ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max),
+                            method=method_for(self.config.draft.method, prediction), prediction=tuple(prediction),
+                            ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max, prediction,
+                                             len(prompt_ids)),
                             stop_strings=tuple(request.stop), include_stop=request.include_stop_str_in_output,
                             keep_special=request.keep_special_tokens,
                             top_logprobs=request.logprobs if request.HasField("logprobs") else None,
@@ -279,7 +283,8 @@ class Router:
                 factories = await asyncio.to_thread(self._scale_up, name, extra)
                 for make in factories:
                     await self._add_replica(name, clients, make())
-        self.k_selector.update_config(new.speculation, new.draft.ngram_max_tokens, new.draft.method)
+        self.k_selector.update_config(new.speculation, new.draft.ngram_max_tokens, new.draft.method,
+                                      new.draft.prediction_max_tokens)
         self.config = new
 
     async def _add_replica(self, pool: str, clients: list, client) -> None:

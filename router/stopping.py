@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from protos.specpool.v1 import generation_pb2
+from router.prediction import count_prediction
 from router.text import IncrementalDetokenizer
 
 
@@ -90,4 +91,6 @@ async def output_chunks(rounds: AsyncIterator[list[int]], state, tokenizer) -> A
             end = state.prompt_len + start + piece.kept
             del state.tokens[end:], state.logprobs[start + piece.kept:]
             state.finish_reason = generation_pb2.FINISH_REASON_STOP
+        if state.finish_reason:
+            await count_prediction(state)       # the last chunk's stats carry it
         yield Chunk(tokens[:piece.kept], piece.text, state.logprobs[start:start + piece.kept], state.finish_reason)

@@ -154,6 +154,8 @@ class DraftConfig(PoolConfig):
     ngram_min: int = 2              # smallest n-gram (suffix of the context) that prompt lookup matches
     ngram_max: int = 4              # largest; the longest match wins
     ngram_max_tokens: int = 8       # longest continuation an n-gram round proposes (its K range's top)
+    prediction_max_tokens: int = 32  # ... for a request with a prediction (OpenAI's Predicted Outputs), whose drafts
+                                    # copied from it are accepted far more often (router/prediction.py)
 
     def validate(self, section: str = "draft") -> None:
         super().validate(section)
@@ -161,7 +163,8 @@ class DraftConfig(PoolConfig):
                   ("ngram_min", self.ngram_min >= 1, "must be >= 1"),
                   ("ngram_max", self.ngram_min <= self.ngram_max <= NGRAM_LIMIT,
                    f"must be in [ngram_min, {NGRAM_LIMIT}] = [{self.ngram_min}, {NGRAM_LIMIT}]"),
-                  ("ngram_max_tokens", 1 <= self.ngram_max_tokens <= K_LIMIT, f"must be in [1, {K_LIMIT}]"))
+                  ("ngram_max_tokens", 1 <= self.ngram_max_tokens <= K_LIMIT, f"must be in [1, {K_LIMIT}]"),
+                  ("prediction_max_tokens", 1 <= self.prediction_max_tokens <= K_LIMIT, f"must be in [1, {K_LIMIT}]"))
         for key, ok, rule in checks:
             if not ok:
                 raise ConfigError(f"{section}.{key}: {rule} (got {getattr(self, key)!r})")

@@ -49,7 +49,8 @@ def own_drafts(request: worker_pb2.VerifyRequest, session, constraint_of=lambda 
     if request.draft_token_ids or not request.HasField("lookup"):
         return list(request.draft_token_ids)
     if session.ngram is None:
-        session.ngram = NgramIndex(request.lookup.min_n, request.lookup.max_n)
+        session.ngram = NgramIndex(request.lookup.min_n, request.lookup.max_n, session.prediction,
+                                   session.sampling.prompt_length)
     lookup = request.lookup
     drafts = session.ngram.propose(session.tokens, lookup.max_tokens, lookup.min_match, lookup.max_tokens_by_match)
     constraint = constraint_of(session) if drafts else None

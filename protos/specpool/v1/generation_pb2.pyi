@@ -67,7 +67,7 @@ class SpeculationParams(_message.Message):
     def __init__(self, k: _Optional[int] = ..., disable: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "prompt_token_ids", "max_new_tokens", "sampling", "speculation", "stop_token_ids", "request_id", "stop", "logprobs", "ignore_eos", "min_new_tokens", "structured_output", "include_stop_str_in_output", "bad_words", "prompt_logprobs", "keep_special_tokens")
+    __slots__ = ("prompt", "prompt_token_ids", "max_new_tokens", "sampling", "speculation", "stop_token_ids", "request_id", "stop", "logprobs", "ignore_eos", "min_new_tokens", "structured_output", "include_stop_str_in_output", "bad_words", "prompt_logprobs", "keep_special_tokens", "prediction", "prediction_token_ids")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,8 @@ class GenerateRequest(_message.Message):
     BAD_WORDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     KEEP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
@@ -100,7 +102,9 @@ class GenerateRequest(_message.Message):
     bad_words: _containers.RepeatedScalarFieldContainer[str]
     prompt_logprobs: int
     keep_special_tokens: bool
-    def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., stop: _Optional[_Iterable[str]] = ..., logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., min_new_tokens: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., include_stop_str_in_output: _Optional[bool] = ..., bad_words: _Optional[_Iterable[str]] = ..., prompt_logprobs: _Optional[int] = ..., keep_special_tokens: _Optional[bool] = ...) -> None: ...
+    prediction: str
+    prediction_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., stop: _Optional[_Iterable[str]] = ..., logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., min_new_tokens: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., include_stop_str_in_output: _Optional[bool] = ..., bad_words: _Optional[_Iterable[str]] = ..., prompt_logprobs: _Optional[int] = ..., keep_special_tokens: _Optional[bool] = ..., prediction: _Optional[str] = ..., prediction_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar", "reasoning_end", "reasoning_start", "harmony_final")
@@ -149,7 +153,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("target_passes", "draft_tokens", "accepted_tokens", "k_per_round", "wire_bytes", "predrafts", "predraft_hits", "source_per_round", "sources", "target_calls", "predraft_branch_hits", "target_answers", "staged_rounds", "cached_prompt_tokens", "target_prefix_cache", "draft_prefix_cache", "handed_off_rounds", "handoffs_from_router")
+    __slots__ = ("target_passes", "draft_tokens", "accepted_tokens", "k_per_round", "wire_bytes", "predrafts", "predraft_hits", "source_per_round", "sources", "target_calls", "predraft_branch_hits", "target_answers", "staged_rounds", "cached_prompt_tokens", "target_prefix_cache", "draft_prefix_cache", "handed_off_rounds", "handoffs_from_router", "accepted_prediction_tokens", "rejected_prediction_tokens")
     TARGET_PASSES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +172,8 @@ class GenerationStats(_message.Message):
     DRAFT_PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     HANDED_OFF_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     HANDOFFS_FROM_ROUTER_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     target_passes: int
     draft_tokens: int
     accepted_tokens: int
@@ -186,7 +192,9 @@ class GenerationStats(_message.Message):
     draft_prefix_cache: PrefixCacheStats
     handed_off_rounds: int
     handoffs_from_router: int
-    def __init__(self, target_passes: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., k_per_round: _Optional[_Iterable[int]] = ..., wire_bytes: _Optional[int] = ..., predrafts: _Optional[int] = ..., predraft_hits: _Optional[int] = ..., source_per_round: _Optional[_Iterable[_Union[ProposalSource, str]]] = ..., sources: _Optional[_Iterable[_Union[SourceStats, _Mapping]]] = ..., target_calls: _Optional[int] = ..., predraft_branch_hits: _Optional[int] = ..., target_answers: _Optional[int] = ..., staged_rounds: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., target_prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., draft_prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., handed_off_rounds: _Optional[int] = ..., handoffs_from_router: _Optional[int] = ...) -> None: ...
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+    def __init__(self, target_passes: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., k_per_round: _Optional[_Iterable[int]] = ..., wire_bytes: _Optional[int] = ..., predrafts: _Optional[int] = ..., predraft_hits: _Optional[int] = ..., source_per_round: _Optional[_Iterable[_Union[ProposalSource, str]]] = ..., sources: _Optional[_Iterable[_Union[SourceStats, _Mapping]]] = ..., target_calls: _Optional[int] = ..., predraft_branch_hits: _Optional[int] = ..., target_answers: _Optional[int] = ..., staged_rounds: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., target_prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., draft_prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., handed_off_rounds: _Optional[int] = ..., handoffs_from_router: _Optional[int] = ..., accepted_prediction_tokens: _Optional[int] = ..., rejected_prediction_tokens: _Optional[int] = ...) -> None: ...
 
 class PrefixCacheStats(_message.Message):
     __slots__ = ("looked_up", "found")

@@ -114,7 +114,7 @@ class ProposeResponse(_message.Message):
     def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., compute_us: _Optional[int] = ..., batch_size: _Optional[int] = ..., handler_us: _Optional[int] = ..., call_id: _Optional[int] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ..., runner_up_token_ids: _Optional[_Iterable[int]] = ..., branch_drafts: _Optional[_Iterable[_Union[BranchDrafts, _Mapping]]] = ..., third_choice_token_ids: _Optional[_Iterable[int]] = ..., prefix_cache: _Optional[_Union[_generation_pb2.PrefixCacheStats, _Mapping]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs", "decode_steps", "stop_token_ids", "lookup", "answer_delay_us", "staged", "handoff_id", "prompt_length", "min_tokens", "grammar", "bad_words", "prompt_logprobs")
+    __slots__ = ("session_id", "position", "new_token_ids", "draft_token_ids", "draft_hidden_states", "sampling", "call_id", "cancel", "top_logprobs", "decode_steps", "stop_token_ids", "lookup", "answer_delay_us", "staged", "handoff_id", "prompt_length", "min_tokens", "grammar", "bad_words", "prompt_logprobs", "prediction_token_ids")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class VerifyRequest(_message.Message):
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     BAD_WORDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     session_id: int
     position: int
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -155,7 +156,8 @@ class VerifyRequest(_message.Message):
     grammar: Grammar
     bad_words: _containers.RepeatedCompositeFieldContainer[TokenSequence]
     prompt_logprobs: int
-    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., decode_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., lookup: _Optional[_Union[PromptLookup, _Mapping]] = ..., answer_delay_us: _Optional[int] = ..., staged: _Optional[_Union[StagedRound, _Mapping]] = ..., handoff_id: _Optional[int] = ..., prompt_length: _Optional[int] = ..., min_tokens: _Optional[_Union[MinTokens, _Mapping]] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ..., bad_words: _Optional[_Iterable[_Union[TokenSequence, _Mapping]]] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
+    prediction_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[int] = ..., position: _Optional[int] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., call_id: _Optional[int] = ..., cancel: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., decode_steps: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., lookup: _Optional[_Union[PromptLookup, _Mapping]] = ..., answer_delay_us: _Optional[int] = ..., staged: _Optional[_Union[StagedRound, _Mapping]] = ..., handoff_id: _Optional[int] = ..., prompt_length: _Optional[int] = ..., min_tokens: _Optional[_Union[MinTokens, _Mapping]] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ..., bad_words: _Optional[_Iterable[_Union[TokenSequence, _Mapping]]] = ..., prompt_logprobs: _Optional[int] = ..., prediction_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TokenSequence(_message.Message):
     __slots__ = ("token_ids",)

@@ -1,0 +1,67 @@
+"""Predicted Outputs (OpenAI's `prediction`; GenerateRequest.prediction): the output a request expects, such as the
+file it is editing. Prompt lookup copies drafts from it as well as from the context (engine/ngram.py), so where the
+output follows it the target verifies long runs of drafts in one pass; the output is exactly what it would be
+without it. A request with a prediction drafts from the draft model and from lookup (model+ngram) where the pool's
+method is the model alone, and its statistics are kept apart from other requests' (router.k_selection.regime).
+
+    ids = await prediction_ids(request, tokenizer, limits)     # [] without one; RequestError naming the field
+    accepted, rejected = prediction_usage(ids, output_ids)     # OpenAI's completion_tokens_details (count_prediction)
+"""
+from __future__ import annotations
+
+import asyncio
+import difflib
+import functools
+
+from protos.specpool.v1 import generation_pb2
+from router.text import encode
+from router.validation import ModelLimits, RequestError, check_token_ids
+
+
+async def prediction_ids(request: generation_pb2.GenerateRequest, tokenizer, limits: ModelLimits) -> list[int]:
+    """The request's prediction as token IDs (text encoded as the output would be written: no special tokens added,
+    off the event loop when long), checked: not both forms, in the vocabulary, at most the model's context."""
+    if request.prediction and request.prediction_token_ids:
+        raise RequestError("prediction", "set prediction or prediction_token_ids, not both")
+    limit = limits.max_context
+    if request.prediction:
+        if limit and limits.max_token_chars and len(request.prediction) > limit * limits.max_token_chars:
+            raise RequestError("prediction", f"{len(request.prediction)} characters is over the limit of {limit} "
+                               f"tokens (a token here is at most {limits.max_token_chars} characters)")
+        ids = await encode(tokenizer, request.prediction, special=False)
+        field = "prediction"
+    else:
+        ids, field = list(request.prediction_token_ids), "prediction_token_ids"
+    if limit and len(ids) > limit:
+        raise RequestError(field, f"{len(ids)} tokens is over the model's context of {limit}")
+    check_token_ids(field, ids, limits.vocab_size)
+    return ids
+
+
+def method_for(method: str, prediction: list[int]) -> str:
+    """draft.method for a request: model+ngram where the pool drafts with the model alone and the request predicts
+    its output (so lookup may copy from the prediction); the pool's otherwise."""
+    return "model+ngram" if prediction and method == "model" else method
+
+
+def prediction_usage(prediction: list[int], output: list[int]) -> tuple[int, int]:
+    """(accepted, rejected) prediction tokens: those of the prediction that appear in the output, in order (the
+    matching blocks difflib finds), and the others."""
+    if not prediction:
+        return 0, 0
+    accepted = sum(block.size for block in difflib.SequenceMatcher(None, prediction, output).get_matching_blocks())
+    return accepted, len(prediction) - accepted
+
+
+INLINE_TOKENS = 1024     # prediction and output this short are compared on the event loop (about 1 ms here)
+
+
+async def count_prediction(state) -> None:
+    """A finished request's accepted and rejected prediction tokens, into its stats (before its last answer goes
+    out: router.stopping.output_chunks); compared on a thread when long (4,000 tokens each: 6 ms here)."""
+    if not state.prediction:
+        return
+    work = functools.partial(prediction_usage, list(state.prediction), state.tokens[state.prompt_len:])
+    inline = len(state.prediction) + state.generated <= INLINE_TOKENS
+    counts = work() if inline else await asyncio.to_thread(work)
+    state.stats.accepted_prediction_tokens, state.stats.rejected_prediction_tokens = counts
