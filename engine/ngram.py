@@ -18,8 +18,9 @@ few that follow its last occurrence.
 A prediction (OpenAI's Predicted Outputs: the output a request expects, such as the file being edited) is a second
 text to copy from. While the output so far is the prediction's beginning, the proposal is what follows in the
 prediction; once the output leaves it (an edit), the context's longest suffix is looked up in the prediction too,
-at its first occurrence at or after where the output last was in it (so a repeated line resumes where the edit
-did, not at the file's top), and a match there at least as long as one in the context wins:
+at its first occurrence at or after where the output left it (so a repeated line resumes where the edit did, not
+at the file's top), and from there the output follows it again; a match there at least as long as one in the
+context wins:
 
     index = NgramIndex(2, 4, prediction=predicted_ids, output_from=len(prompt_ids))
     index.propose(prompt_ids + output_so_far, k=8)
@@ -54,7 +55,8 @@ def continuation(tokens: list[int], start: int, k: int) -> list[int]:
 
 class Prediction:
     """The tokens a request predicts its output to be, indexed by n-gram (every occurrence), and where the output
-    has got to in them."""
+    has got to in them: from an anchor (an output position and a prediction position; at first both 0) the output
+    follows the prediction as far as it repeats it."""
 
     def __init__(self, tokens: Sequence[int], sizes: range, output_from: int):
         self.tokens, self.sizes, self.output_from = list(tokens), sizes, output_from
@@ -63,32 +65,33 @@ class Prediction:
             for n in sizes:
                 if end + 1 >= n:
                     self._positions[n].setdefault(tuple(self.tokens[end + 1 - n:end + 1]), []).append(end + 1)
-        self.cursor = 0                                     # where the output last was in the prediction
-        self._aligned, self._checked = True, 0              # the output's first _checked tokens are the prediction's
+        self._anchor, self._followed, self._following = (0, 0), 0, True
 
     def match(self, tokens: list[int]) -> Match | None:
-        """The prediction's continuation of `tokens`: aligned (the output so far is the prediction's beginning), else
-        after its longest suffix found in the prediction, at or after the cursor (else the nearest before it)."""
-        output = len(tokens) - self.output_from
-        if self._aligned_for(tokens) and output < len(self.tokens):
-            self.cursor = output
-            return Match(output, self.sizes[0], predicted=True)
+        """The prediction's continuation of `tokens` (an append-only list): where the output has got to while it
+        follows the prediction from the anchor; else after its longest suffix found in the prediction, at the first
+        occurrence at or after where the output left it (else the last one before), which becomes the anchor."""
+        reached = self._reach(tokens)
+        if self._following and reached < len(self.tokens):
+            return Match(reached, self.sizes[0], predicted=True)
         for n in self.sizes:
             starts = self._positions[n].get(tuple(tokens[-n:])) if len(tokens) >= n else None
             if starts:
-                at = bisect_left(starts, self.cursor)
-                self.cursor = starts[at] if at < len(starts) else starts[-1]
-                return Match(self.cursor, n, predicted=True)
+                at = bisect_left(starts, reached)
+                start = starts[at] if at < len(starts) else starts[-1]
+                self._anchor, self._followed, self._following = (len(tokens) - self.output_from, start), 0, True
+                return Match(start, n, predicted=True)
         return None
 
-    def _aligned_for(self, tokens: list[int]) -> bool:
-        """Whether the output in `tokens` (an append-only list) is still the prediction's beginning."""
-        for i in range(self._checked, len(tokens) - self.output_from):
-            if not self._aligned:
-                break
-            self._aligned = i < len(self.tokens) and tokens[self.output_from + i] == self.tokens[i]
-            self._checked = i + 1
-        return self._aligned
+    def _reach(self, tokens: list[int]) -> int:
+        """How far into the prediction the output has followed it from the anchor."""
+        output, predicted = self._anchor
+        while self._following and self.output_from + output + self._followed < len(tokens):
+            at = predicted + self._followed
+            self._following = at < len(self.tokens) and tokens[self.output_from + output + self._followed] == \
+                self.tokens[at]
+            self._followed += self._following
+        return predicted + self._followed
 
 
 class NgramIndex:

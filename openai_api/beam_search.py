@@ -28,7 +28,7 @@ MAX_WIDTH = 10          # 2W alternatives a step: the router's most logprobs (20
 ALLOWED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "use_beam_search",
            "length_penalty", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "echo",
            "temperature", "seed", "user", "speculation", "add_generation_prompt", "continue_final_message",
-           "chat_template_kwargs", "reasoning_effort"}
+           "chat_template_kwargs", "reasoning_effort", "prediction"}     # (a prediction changes no output: unused)
 
 Step = Callable[[tuple], Awaitable[list[tuple[int, float]]]]    # a beam's tokens -> [(next token, logprob)]
 

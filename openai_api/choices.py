@@ -25,12 +25,18 @@ def finite(logprob: float) -> float:
 def usage(states: list, per_prompt: int = 1) -> dict:
     """OpenAI's usage: each prompt counted once (its `per_prompt` choices are consecutive), the completions of every
     choice; of each prompt, the most tokens any of its choices found in the target's prefix cache
-    (`prompt_tokens_details.cached_tokens`)."""
+    (`prompt_tokens_details.cached_tokens`); with a prediction, its tokens that the outputs repeat and the others
+    (`completion_tokens_details`)."""
     groups = [states[at:at + per_prompt] for at in range(0, len(states), per_prompt)]
     prompt, completion = sum(group[0].prompt_len for group in groups), sum(state.generated for state in states)
     cached = sum(max(state.stats.cached_prompt_tokens for state in group) for group in groups)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    counted = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+               "prompt_tokens_details": {"cached_tokens": cached}}
+    if any(state.prediction for state in states):      # Predicted Outputs (router/prediction.py)
+        counted["completion_tokens_details"] = {
+            "accepted_prediction_tokens": sum(state.stats.accepted_prediction_tokens for state in states),
+            "rejected_prediction_tokens": sum(state.stats.rejected_prediction_tokens for state in states)}
+    return counted
 
 
 def spec_stats(states: list) -> dict:
@@ -216,7 +222,8 @@ class ChatCompletions(Completions):
         if not self.reasoning:
             return counted
         thought = sum(self.reasoning.reasoning_tokens(self.output_pieces(state)) for state in states)
-        return {**counted, "completion_tokens_details": {"reasoning_tokens": thought}}
+        return {**counted, "completion_tokens_details": {**counted.get("completion_tokens_details", {}),
+                                                         "reasoning_tokens": thought}}
 
     def output_pieces(self, state) -> list[str]:
         """Each output token's text, as the reasoning parser counts tokens over it."""

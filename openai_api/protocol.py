@@ -182,8 +182,8 @@ class SameAs:
 # chat/completion_create_params.py) that would change the output and that specpool does not implement -> the
 # value that changes nothing, the only one accepted (None: no such value; a null is absent, so always accepted).
 # Both endpoints refuse each (vLLM's completions take response_format too). Parameters that
-# do not change the output (user, metadata, store, service_tier, parallel_tool_calls, prediction: a latency
-# hint whose output is the model's own, prompt_cache_key, safety_identifier) are ignored, as any unknown key.
+# do not change the output (user, metadata, store, service_tier, parallel_tool_calls, prompt_cache_key,
+# safety_identifier) are ignored, as any unknown key; prediction, which does not either, is served (Prediction).
 REFUSED: dict[str, Any] = {
     "best_of": SameAs("n"), "suffix": "",
     "tools": [], "tool_choice": "none", "functions": [], "function_call": "none",
@@ -249,6 +249,24 @@ def only_when_false(flag: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+class ContentPart(Body):
+    type: Literal["text"]
+    text: Text
+
+
+Content = one_of("a string or a list of content parts", Text, list[ContentPart], list[ContentPart])
+
+
+class Prediction(Body):
+    """OpenAI's Predicted Outputs: text the output is expected to repeat much of (router/prediction.py)."""
+    type: Literal["content"]
+    content: Content
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
 class SamplingFields(Body):
     """Fields common to both endpoints (SamplingBody adds the refused parameters)."""
     model: Text
@@ -277,6 +295,7 @@ class SamplingFields(Body):
     stream_options: Annotated[StreamOptions | None, only_when_true("stream")] = None
     prompt_logprobs: Annotated[PromptLogprobs, only_when_false("stream")] = None    # vLLM's: each prompt token's
     speculation: Speculation | None = None
+    prediction: Prediction | None = None                       # OpenAI's Predicted Outputs: drafts copied from it
     user: Text | None = None
     response_format: ResponseFormat | None = None              # structured output (openai_api/structured.py)
     structured_outputs: StructuredOutputs | None = None        # ... vLLM's
@@ -315,14 +334,6 @@ class CompletionRequest(SamplingBody):
     max_tokens: MaxTokens = 16
     logprobs: TopLogprobs = None
     echo: Flag = False                 # the prompt before the output (with `logprobs`, the prompt's logprobs too)
-
-
-class ContentPart(Body):
-    type: Literal["text"]
-    text: Text
-
-
-Content = one_of("a string or a list of content parts", Text, list[ContentPart], list[ContentPart])
 
 
 def _assistants_only(calls: Any, info: ValidationInfo) -> Any:
@@ -483,7 +494,7 @@ PARAMS = {"max_new_tokens": "max_tokens", "sampling.temperature": "temperature",
           "sampling.frequency_penalty": "frequency_penalty", "sampling.presence_penalty": "presence_penalty",
           "sampling.repetition_penalty": "repetition_penalty", "sampling.logit_bias": "logit_bias",
           "sampling.min_p": "min_p", "min_new_tokens": "min_tokens",
-          "sampling.allowed_token_ids": "allowed_token_ids"}
+          "sampling.allowed_token_ids": "allowed_token_ids", "prediction": "prediction.content"}
 
 
 def http_error(exc: RequestError, params: dict[str, str]) -> ApiError:
@@ -529,6 +540,8 @@ def generate_request(body: SamplingBody, prompt: str | list[int], max_tokens: in
             request.speculation.k = body.speculation.k
     if logprobs is not None:
         request.logprobs = logprobs
+    if body.prediction is not None:
+        request.prediction = body.prediction.text
     asked = [n for n in (logprobs if getattr(body, "echo", False) else None, body.prompt_logprobs) if n is not None]
     if asked:                           # an echo's and vLLM's prompt_logprobs: the most alternatives either asks
         request.prompt_logprobs = max(asked)

@@ -149,9 +149,13 @@ class KSelector:
         return self.pools[(MODEL, "greedy")]
 
     def _config(self, source: int, name: str = "greedy") -> ControllerConfig:
-        """The controller config of a source in regime `name`."""
-        tokens = self.prediction_tokens if name.endswith("predicted") else self.ngram_tokens
-        return source_config(self.config, source, tokens)
+        """The controller config of a source in regime `name`: a predicted regime's n-gram controllers draft up to
+        prediction_tokens and start there, since drafts copied from a prediction are mostly the output itself (the
+        controller steps down where they are not)."""
+        if not name.endswith("predicted"):
+            return source_config(self.config, source, self.ngram_tokens)
+        config = source_config(self.config, source, self.prediction_tokens)
+        return dataclasses.replace(config, k=config.k_max) if source == NGRAM else config
 
     def attach(self, state: RequestState) -> None:
         """Give the request its own controllers; a greedy one's method says which source the `k` gauge follows."""

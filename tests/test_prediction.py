@@ -1,0 +1,204 @@
+"""Predicted Outputs (OpenAI's `prediction`; GenerateRequest.prediction, router/prediction.py): prompt lookup copies
+drafts from the prediction too, so a request whose output follows it takes far fewer target passes, and the output
+is exactly what it is without one.
+
+Unit: the lookup proposes the prediction's next tokens while the output follows it, resumes in it after an edit at
+the n-gram after where the output was (a repeated line included), yields to a longer match in the context, and
+stops at its end; the accepted and rejected counts; the predicted requests' own controller regimes; the target
+engine drafting from a prediction its session start carried. End to end (the demo pair over gRPC and HTTP): greedy
+output identical to the target alone with an exact, an edited and an unrelated prediction, adaptive and at a fixed
+K, the exact one in a quarter of the target passes (adaptive) or every draft accepted (K = 4); a seeded sampled request's tokens the same with a prediction as
+without; bad predictions refused naming the field, and OpenAI's usage counts."""
+import random
+
+import grpc
+import httpx
+import pytest
+
+from engine.ngram import NgramIndex
+from protos.specpool.v1 import generation_pb2, worker_pb2
+from router.k_selection import KSelector, regime
+from router.metrics import Metrics
+from router.prediction import method_for, prediction_usage
+from settings.schema import SpeculationConfig
+from tests.test_openai_http import PROMPT, demo_target, greedy_alone, served_over_http
+
+PROMPT_IDS = [1, 2, 3, 4, 5]
+
+
+def index(prediction, min_n=2, max_n=4) -> NgramIndex:
+    return NgramIndex(min_n, max_n, prediction, output_from=len(PROMPT_IDS))
+
+
+def test_lookup_proposes_the_prediction_while_the_output_follows_it_and_stops_at_its_end():
+    predicted = list(range(10, 30))
+    lookup = index(predicted)
+    assert lookup.propose(PROMPT_IDS, 6) == predicted[:6]                       # no output yet: its beginning
+    assert lookup.propose(PROMPT_IDS + predicted[:9], 6) == predicted[9:15]
+    assert lookup.propose(PROMPT_IDS + predicted[:17], 6) == predicted[17:]     # no more than it has
+    assert lookup.propose(PROMPT_IDS + predicted, 6) == []                      # nothing past its end
+
+
+def test_after_an_edit_lookup_resumes_in_the_prediction_where_the_output_was():
+    line = [40, 41, 42, 43]
+    predicted = line + [50, 51] + line + [60, 61, 62] + line + [70, 71, 72]      # a line three times
+    lookup = index(predicted)
+    output = predicted[:6] + line[:2] + [99]                  # the second line, edited
+    assert lookup.propose(PROMPT_IDS + output, 4) == []       # no match of [.., 41, 99] anywhere
+    output += line[2:]                                        # back on the line: [.., 42, 43]
+    assert lookup.propose(PROMPT_IDS + output, 4) == [60, 61, 62, 40]   # its second place, not its first
+    output += [60, 61, 62] + line
+    assert lookup.propose(PROMPT_IDS + output, 4) == [70, 71, 72]       # the third, the cursor moving on
+
+
+def test_a_longer_context_match_beats_the_prediction_and_an_equal_one_loses_to_it():
+    context = PROMPT_IDS + [7, 8, 9, 1, 2, 3] + [200, 7, 8, 9]        # [7, 8, 9] seen before, followed by 1
+    assert index([201, 8, 9, 30, 31]).propose(context, 2) == [1, 2]        # context: 3 tokens; prediction: 2
+    assert index([200, 7, 8, 9, 30, 31]).propose(context, 2) == [30, 31]   # 4 against 3... and equal sizes too:
+    assert index([9, 7, 8, 9, 30], max_n=3).propose(context, 2) == [30]
+
+
+@pytest.mark.parametrize("output, counts", [(list(range(10)), (10, 0)), ([50, 51], (0, 10)),
+                                            (list(range(4)) + [77, 78] + list(range(6, 12)), (8, 2))],
+                         ids=["identical", "unrelated", "edited"])
+def test_accepted_and_rejected_prediction_tokens(output, counts):
+    assert prediction_usage(list(range(10)), output) == counts
+    assert prediction_usage([], output) == (0, 0)
+
+
+def test_requests_with_a_prediction_learn_in_regimes_of_their_own():
+    from router.request_state import MODEL, NGRAM, RequestState
+    selector = KSelector(SpeculationConfig(k=3), Metrics(), random.Random(0), ngram_tokens=8, prediction_tokens=24)
+    plain, predicted = (RequestState(session_id=i, tokens=[1, 2], prompt_len=2, max_new_tokens=8,
+                                     sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None, draft_mode=0,
+                                     max_context=0, prediction=prediction) for i, prediction in ((1, ()), (2, (5,))))
+    assert (regime(plain), regime(predicted)) == ("greedy", "greedy predicted")
+    assert selector.controller(predicted, NGRAM) is selector.pools[(NGRAM, "greedy predicted")]
+    assert selector.pools[(NGRAM, "greedy predicted")].config.k_max == 24      # draft.prediction_max_tokens
+    assert selector.pools[(NGRAM, "greedy")].config.k_max == 8                 # draft.ngram_max_tokens
+    selector.pools[(MODEL, "greedy predicted")].observe(3, 3, None)
+    assert selector.pools[(MODEL, "greedy")].rounds == 0
+    assert method_for("model", [5]) == "model+ngram" and method_for("ngram", [5]) == "ngram"
+    assert method_for("model", []) == "model"
+
+
+def test_the_target_drafts_from_the_prediction_its_session_start_carried(byte_engines, reference_generate):
+    """A verify call with `lookup` on a session whose start carried a prediction verifies the prediction's next
+    tokens (they are the target's own greedy output here, so all are accepted), and commits what the target alone
+    would."""
+    _, target, _ = byte_engines
+    prompt = [72, 101, 108, 108, 111]
+    expected = reference_generate(prompt, 12)
+    lookup = worker_pb2.PromptLookup(min_n=2, max_n=3, max_tokens=8)
+    start = worker_pb2.VerifyRequest(session_id=77, new_token_ids=prompt, prediction_token_ids=expected,
+                                     sampling=generation_pb2.SamplingParams(top_p=1.0), prompt_length=len(prompt),
+                                     lookup=lookup)
+    verdict = target.verify(start)
+    assert list(verdict.draft_token_ids) == expected[:8] and verdict.num_accepted == 8
+    assert verdict.next_token_id == expected[8]
+    target.release(77)
+
+
+# --- end to end, the demo pair ---
+
+@pytest.fixture(scope="module")
+def served(start_service):
+    return served_over_http(start_service, http={"store_responses": 0})
+
+
+@pytest.fixture(scope="module")
+def target():
+    return demo_target()
+
+
+def generate(served, prediction=None, k=None, n=96, **sampling) -> generation_pb2.GenerateResponse:
+    request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=n)
+    if prediction is not None:
+        request.prediction_token_ids.extend(prediction)
+    if k is not None:
+        request.speculation.k = k
+    for key, value in sampling.items():
+        setattr(request.sampling, key, value)
+    return served.stub.Generate(request, timeout=120)
+
+
+def edited(tokens: list[int]) -> list[int]:
+    """The tokens with a few in the middle changed and one dropped: a predicted file with an edit in it."""
+    middle = len(tokens) // 2
+    return tokens[:middle] + [(t + 1) % 700 for t in tokens[middle:middle + 4]] + tokens[middle + 5:]
+
+
+@pytest.mark.parametrize("k", [None, 4], ids=["adaptive", "K=4"])
+def test_greedy_output_is_the_target_alone_with_any_prediction_and_an_exact_one_takes_few_passes(
+        served, target, k):
+    expected = greedy_alone(target, PROMPT, 96)
+    without = generate(served, k=k)
+    assert list(without.token_ids) == expected
+    for name, prediction in (("exact", expected), ("edited", edited(expected)), ("unrelated", list(range(3, 99)))):
+        response = generate(served, prediction, k)
+        assert list(response.token_ids) == expected, name
+        stats = response.stats
+        assert stats.accepted_prediction_tokens + stats.rejected_prediction_tokens == len(prediction), name
+        if name == "exact":                 # adaptive: a few passes of ~31 drafts; K = 4: 5 tokens a pass
+            assert (stats.accepted_prediction_tokens, stats.rejected_prediction_tokens) == (96, 0)
+            most = without.stats.target_passes / 4 if k is None else 96 / (k + 1) + 2
+            assert stats.target_passes <= most, (stats.target_passes, without.stats.target_passes)
+        if name == "edited":                # 4 tokens changed and 1 dropped: 91 of its 95 repeated
+            assert stats.rejected_prediction_tokens <= 4 and stats.target_passes < without.stats.target_passes
+
+
+def test_a_seeded_sampled_request_answers_the_same_tokens_with_a_prediction(served):
+    """A greedy draft's verification is coupled to plain decoding (router/server.py): whatever the drafts, a seed
+    gives the same tokens, so prediction drafts leave the output's distribution exactly the target's."""
+    for seed in (1, 2, 3):
+        plain = generate(served, temperature=0.8, seed=seed)
+        for prediction in (list(plain.token_ids), edited(list(plain.token_ids))):
+            assert list(generate(served, prediction, temperature=0.8, seed=seed).token_ids) == \
+                list(plain.token_ids), seed
+
+
+@pytest.mark.parametrize("fields, named", [({"prediction": "x", "prediction_token_ids": [1]}, "prediction"),
+                                           ({"prediction_token_ids": [1, 10 ** 6]}, "prediction_token_ids[1]"),
+                                           ({"prediction_token_ids": [1] * 70000}, "prediction_token_ids")])
+def test_a_bad_prediction_is_invalid_argument_naming_the_field(served, fields, named):
+    request = generation_pb2.GenerateRequest(prompt=PROMPT, max_new_tokens=4, **fields)
+    with pytest.raises(grpc.RpcError) as raised:
+        served.stub.Generate(request, timeout=60)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details().startswith(f"{named}: "), raised.value.details()
+    assert list(generate(served, n=4).token_ids)                      # and it serves on
+
+
+def test_over_http_a_prediction_changes_no_text_and_usage_counts_it(served, target):
+    _, tokenizer = target
+    messages = [{"role": "user", "content": PROMPT}]
+    plain = served.client.chat.completions.create(model=served.model, messages=messages, max_tokens=48,
+                                                  temperature=0)
+    text = plain.choices[0].message.content
+    predicted_tokens = len(tokenizer(text, add_special_tokens=False).input_ids)
+    for content in (text, [{"type": "text", "text": text[:7]}, {"type": "text", "text": text[7:]}]):
+        answer = served.client.chat.completions.create(model=served.model, messages=messages, max_tokens=48,
+                                                       temperature=0, prediction={"type": "content",
+                                                                                  "content": content})
+        assert answer.choices[0].message.content == text
+        details = answer.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == predicted_tokens
+        assert details.accepted_prediction_tokens >= 0.9 * answer.usage.completion_tokens
+    completion = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=32, temperature=0)
+    again = served.client.completions.create(model=served.model, prompt=PROMPT, max_tokens=32, temperature=0,
+                                             extra_body={"prediction": {"type": "content",
+                                                                        "content": completion.choices[0].text}})
+    assert again.choices[0].text == completion.choices[0].text
+    assert again.usage.completion_tokens_details.accepted_prediction_tokens > 0
+    assert plain.usage.completion_tokens_details is None                  # no prediction, no such counts
+
+
+@pytest.mark.parametrize("prediction, param", [({"type": "url", "content": "x"}, "prediction.type"),
+                                               ({"type": "content", "content": 5}, "prediction.content"),
+                                               ({"type": "content"}, "prediction.content")])
+def test_over_http_a_malformed_prediction_is_a_400_naming_it(served, prediction, param):
+    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 4, "prediction": prediction}
+    answer = httpx.post(f"{served.base_url}/completions", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param, answer.json()
+
