@@ -17,7 +17,6 @@ token is the client's wait for the first streamed token (transformers: its strea
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 
@@ -25,7 +24,7 @@ from benchmarks.hf_baseline import hf_run, load_hf
 from benchmarks.overlap import heavy_config
 from benchmarks.plan import PREDICTABLE, BenchConfig
 from benchmarks.repeats import paired
-from benchmarks.sections import write_sections
+from benchmarks.sections import pair_arguments, ratio_lines, write_sections
 from benchmarks.service import load_service_config, log, running_data, stream_one
 
 PREAMBLE_LINE = ("import {0}\nfrom {0}.core import {1}, {1}Error\n\n\nclass {1}Handler({1}):\n"
@@ -108,20 +107,13 @@ def markdown(section: dict) -> str:
         cached = "" if row["cached_tokens"] is None else f"{row['cached_tokens']:.0f}"
         lines.append(f"| {name} | {row['tokens_per_s']:.1f} | {1e3 * row['ttft_s']:.1f} | {cached} |")
     lines.append("")
-    lines += [f"- {name}: {ratio:.2f} ({low:.2f}-{high:.2f} over the repeats)"
-              for name, (ratio, low, high) in section["ratios"].items()]
+    lines += ratio_lines(section["ratios"])
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=BenchConfig.config)
-    parser.add_argument("--out", default=BenchConfig.out)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = pair_arguments(__doc__.splitlines()[0], max_new_tokens=32, repeats=5)
     parser.add_argument("--prefix-tokens", type=int, default=PREFIX_TOKENS, help="the preamble's length, at least")
-    parser.add_argument("--heavy-layers", type=int, default=0, help="also on the heavy pair with this many "
-                        "zero-output layers (tools/heavy_pair.py)")
     args = parser.parse_args(argv)
     import torch
     torch.set_num_threads(1)

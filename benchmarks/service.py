@@ -36,9 +36,11 @@ def load_service_config(path: str | os.PathLike) -> dict:
     return with_model_paths_from(read_yaml(path) or {}, Path(path).parent)
 
 
-def bench_request(prompt: str, max_new: int, k: int | None, temperature: float) -> generation_pb2.GenerateRequest:
-    """A benchmark request: greedy, or seeded sampling at `temperature`; K = k (None: the adaptive policy)."""
-    request = generation_pb2.GenerateRequest(prompt=prompt, max_new_tokens=max_new)
+def bench_request(prompt: str, max_new: int, k: int | None, temperature: float,
+                  prediction: str = "") -> generation_pb2.GenerateRequest:
+    """A benchmark request: greedy, or seeded sampling at `temperature`; K = k (None: the adaptive policy); with
+    the output predicted (GenerateRequest.prediction), if given."""
+    request = generation_pb2.GenerateRequest(prompt=prompt, max_new_tokens=max_new, prediction=prediction)
     request.sampling.temperature = temperature
     if temperature:
         request.sampling.seed = 1
@@ -52,7 +54,8 @@ def stats_fields(stats: generation_pb2.GenerationStats) -> dict:
     return {"draft": stats.draft_tokens, "accepted": stats.accepted_tokens, "rounds": stats.target_passes,
             "wire": stats.wire_bytes, "predraft_hits": stats.predraft_hits, "staged": stats.staged_rounds,
             "sources": list(stats.source_per_round),
-            "k_per_round": list(stats.k_per_round), "cached_prompt_tokens": stats.cached_prompt_tokens}
+            "k_per_round": list(stats.k_per_round), "cached_prompt_tokens": stats.cached_prompt_tokens,
+            "accepted_prediction": stats.accepted_prediction_tokens}
 
 
 def round_record(round_) -> dict:
@@ -79,12 +82,12 @@ def recorded(selector):
         selector.observe = observe
 
 
-def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: float = 0.0) -> dict:
+def stream_one(stub, prompt: str, max_new: int, k: int | None, temperature: float = 0.0, prediction: str = "") -> dict:
     """One GenerateStream request (k None: the adaptive policy), timed per chunk: seconds, tokens, time to
     first token, inter-token gaps (a chunk's gap shared by its tokens), the client's waits between chunks, the
     request's stats."""
     started, arrivals, chunks = time.perf_counter(), [], []
-    for chunk in stub.GenerateStream(bench_request(prompt, max_new, k, temperature)):
+    for chunk in stub.GenerateStream(bench_request(prompt, max_new, k, temperature, prediction)):
         arrivals.append(time.perf_counter())
         chunks.append(chunk)
     gaps = [(b - a) / len(c.token_ids) for a, b, c in zip(arrivals, arrivals[1:], chunks[1:]) for _ in c.token_ids]
