@@ -53,6 +53,10 @@ def continuation(tokens: list[int], start: int, k: int) -> list[int]:
     return out
 
 
+INDEX_STEP = 256        # a prediction's tokens indexed per lookup, at most (about 0.8 ms here): a long one is indexed
+                        # as the lookups come, far ahead of the output, never in one stall of the caller's thread
+
+
 class Prediction:
     """The tokens a request predicts its output to be, indexed by n-gram (every occurrence), and where the output
     has got to in them: from an anchor (an output position and a prediction position; at first both 0) the output
@@ -61,27 +65,37 @@ class Prediction:
     def __init__(self, tokens: Sequence[int], sizes: range, output_from: int):
         self.tokens, self.sizes, self.output_from = list(tokens), sizes, output_from
         self._positions: dict[int, dict[tuple, list[int]]] = {n: {} for n in sizes}   # -> starts after it, ascending
-        for end in range(len(self.tokens) - 1):             # an n-gram ending at the last token has no continuation
-            for n in sizes:
-                if end + 1 >= n:
-                    self._positions[n].setdefault(tuple(self.tokens[end + 1 - n:end + 1]), []).append(end + 1)
-        self._anchor, self._followed, self._following = (0, 0), 0, True
+        self._indexed = 0                                   # n-grams ending before this position are indexed
+        self._anchor, self._size, self._followed, self._following = (0, 0), sizes[0], 0, True
 
     def match(self, tokens: list[int]) -> Match | None:
         """The prediction's continuation of `tokens` (an append-only list): where the output has got to while it
-        follows the prediction from the anchor; else after its longest suffix found in the prediction, at the first
-        occurrence at or after where the output left it (else the last one before), which becomes the anchor."""
+        follows the prediction from the anchor (its size: the anchor's match and the tokens followed since, the
+        longest size from the start); else after its longest suffix found in the prediction, at the first occurrence
+        at or after where the output left it (else the last one before), which becomes the anchor."""
+        self._index_more()
         reached = self._reach(tokens)
         if self._following and reached < len(self.tokens):
-            return Match(reached, self.sizes[0], predicted=True)
+            return Match(reached, min(self.sizes[0], self._size + self._followed), predicted=True)
         for n in self.sizes:
             starts = self._positions[n].get(tuple(tokens[-n:])) if len(tokens) >= n else None
             if starts:
                 at = bisect_left(starts, reached)
                 start = starts[at] if at < len(starts) else starts[-1]
-                self._anchor, self._followed, self._following = (len(tokens) - self.output_from, start), 0, True
+                self._anchor, self._size = (len(tokens) - self.output_from, start), n
+                self._followed, self._following = 0, True
                 return Match(start, n, predicted=True)
         return None
+
+    def _index_more(self) -> None:
+        """Index the n-grams ending at the next INDEX_STEP positions (one ending at the last token has no
+        continuation)."""
+        last = min(self._indexed + INDEX_STEP, len(self.tokens) - 1)
+        for end in range(self._indexed, last):
+            for n in self.sizes:
+                if end + 1 >= n:
+                    self._positions[n].setdefault(tuple(self.tokens[end + 1 - n:end + 1]), []).append(end + 1)
+        self._indexed = max(self._indexed, last)
 
     def _reach(self, tokens: list[int]) -> int:
         """How far into the prediction the output has followed it from the anchor."""

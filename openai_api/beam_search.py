@@ -109,7 +109,8 @@ async def beam_states(router, body, base) -> list:
     states = [dataclasses.replace(base, tokens=[*prompt, *(beam.tokens if body.include_stop_str_in_output or not
                                                            beam.ended else beam.tokens[:-1])],
                                   finish_reason=generation_pb2.FINISH_REASON_EOS if beam.ended else
-                                  generation_pb2.FINISH_REASON_LENGTH, stats=generation_pb2.GenerationStats())
+                                  generation_pb2.FINISH_REASON_LENGTH, stats=generation_pb2.GenerationStats(),
+                                  prediction=())           # a beam search drafts nothing: no prediction counted
               for beam in beams]
     for state in spent:
         for name in ("target_passes", "target_answers", "target_calls"):

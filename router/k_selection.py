@@ -396,8 +396,9 @@ class KSelector:
     def update_config(self, config: ControllerConfig, ngram_tokens: int | None = None,
                       method: str | None = None, prediction_tokens: int | None = None) -> None:
         """Between rounds: new requests and the pool use it; statistics are kept. A reload that changes
-        speculation.k (and only that: not a new ngram_max_tokens that clamps the n-gram controllers' k) moves
-        every controller, the pool's, the requests' and the match lengths', to it for a fresh warm-up."""
+        speculation.k (and only that: not a new ngram_max_tokens or prediction_max_tokens, which clamps the n-gram
+        controllers' k) moves every controller, the pool's, the requests' and the match lengths', to it for a fresh
+        warm-up (a predicted regime's n-gram controllers to its k_max, where they start)."""
         restart = config.k != self.config.k
         self.config = config
         self._shown_source = self._shown_source if method is None else _shown_source(method)

@@ -13,14 +13,12 @@ import asyncio
 import difflib
 import functools
 
-from engine.ngram import NgramIndex
 from protos.specpool.v1 import generation_pb2
 from router.text import encode
 from router.validation import ModelLimits, RequestError, check_token_ids
 
 
-INLINE_TOKENS = 1024     # a prediction this short is indexed, and compared with an output this short, on the event
-                         # loop (about 3 and 1 ms here)
+INLINE_TOKENS = 1024     # a prediction and an output this short are compared on the event loop (about 1 ms here)
 
 
 async def prediction_ids(request: generation_pb2.GenerateRequest, tokenizer, limits: ModelLimits) -> list[int]:
@@ -43,17 +41,11 @@ async def prediction_ids(request: generation_pb2.GenerateRequest, tokenizer, lim
     return ids
 
 
-async def lookup_index(min_n: int, max_n: int, prediction: list[int], prompt_len: int) -> NgramIndex:
-    """The request's prompt-lookup index, with its prediction: built on a thread when the prediction is long (its
-    n-grams indexed: 4,096 tokens took 13 ms here)."""
-    make = functools.partial(NgramIndex, min_n, max_n, prediction, prompt_len)
-    return make() if len(prediction) <= INLINE_TOKENS else await asyncio.to_thread(make)
-
-
-def method_for(method: str, prediction: list[int]) -> str:
+def method_for(method: str, prediction: list[int], fixed_k: int | None) -> str:
     """draft.method for a request: model+ngram where the pool drafts with the model alone and the request predicts
-    its output (so lookup may copy from the prediction); the pool's otherwise."""
-    return "model+ngram" if prediction and method == "model" else method
+    its output (so lookup may copy from the prediction); the pool's otherwise, and for a request at K = 0, which
+    drafts nothing (a plain run to its end)."""
+    return "model+ngram" if prediction and method == "model" and fixed_k != 0 else method
 
 
 def prediction_usage(prediction: list[int], output: list[int]) -> tuple[int, int]:

@@ -30,7 +30,8 @@ from router.failures import worker_failure
 from router.k_selection import KSelector
 from router.metrics import Metrics
 from router.oplog import say
-from router.prediction import lookup_index, method_for, prediction_ids
+from engine.ngram import NgramIndex
+from router.prediction import method_for, prediction_ids
 from router.reload import RestartRequired, check_reloadable, logged_reload, reload_document, with_overrides
 from router.request_log import ClientRequest, request_line
 from router.request_state import DRAFT_MODES, RequestState
@@ -172,7 +173,7 @@ class Router:
         else:
             prompt_ids = list(request.prompt_token_ids)
         validate(request, prompt_ids, self.limits)
-        prediction, ngram = await self._lookup(request, prompt_ids)
+        prediction = await prediction_ids(request, self.tokenizer, self.limits)
         grammar = await asyncio.to_thread(lambda: compiled(request, self.eos_ids, self.grammar_tokenizer,
                                                            self.added_token)) \
             if request.HasField("structured_output") else None      # off the loop: the tokenizer's first build too
@@ -193,8 +194,10 @@ class Router:
                             fixed_k=fixed_k, draft_mode=DRAFT_MODES[mode], max_context=self.limits.max_context,
                             stop_ids=frozenset(request.stop_token_ids),
                             eos_ids=frozenset() if request.ignore_eos else self.eos_ids,
-                            method=method_for(self.config.draft.method, prediction), prediction=tuple(prediction),
-                            ngram=ngram,
+                            method=method_for(self.config.draft.method, prediction, fixed_k),
+                            prediction=tuple(prediction), ngram=NgramIndex(self.config.draft.ngram_min,
+                                                                           self.config.draft.ngram_max, prediction,
+                                                                           len(prompt_ids)),
                             stop_strings=tuple(request.stop), include_stop=request.include_stop_str_in_output,
                             keep_special=request.keep_special_tokens,
                             top_logprobs=request.logprobs if request.HasField("logprobs") else None,
@@ -202,12 +205,6 @@ class Router:
                             bad_words=word_sequences(self.tokenizer, request.bad_words),
                             prompt_top_logprobs=request.prompt_logprobs if request.HasField("prompt_logprobs")
                             else None)
-
-    async def _lookup(self, request: generation_pb2.GenerateRequest, prompt_ids: list[int]) -> tuple:
-        """(the request's prediction as token IDs, its prompt-lookup index: over the context and the prediction)."""
-        prediction = await prediction_ids(request, self.tokenizer, self.limits)
-        draft = self.config.draft
-        return prediction, await lookup_index(draft.ngram_min, draft.ngram_max, prediction, len(prompt_ids))
 
     async def run(self, state: RequestState):
         """The request's rounds on the least-loaded draft and target replicas (sticky for the request); counted in

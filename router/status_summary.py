@@ -39,7 +39,8 @@ def k_line(config: dict, stats: dict) -> str:
             f"overlap {overlap}")
 
 
-SOURCES = ("model/greedy", "model/sampled", "ngram/greedy", "ngram/sampled")   # the pool controllers, by source
+SOURCES = tuple(f"{source}/{regime}" for source in ("model", "ngram")     # the pool controllers, by source and
+                for regime in ("greedy", "sampled", "greedy predicted", "sampled predicted"))   # regime
 
 
 def acceptance_lines(pools: dict) -> list[str]:
@@ -68,13 +69,13 @@ def goodput_line(pool: dict, which: str) -> list[str]:
 
 
 def delivery_lines(config: dict, stats: dict) -> list[str]:
-    """Under draft.method model+ngram, per regime with both kinds timed: what requests drafting from both sources
-    and those on prompt lookup alone have delivered, and which way new requests run (random_probe aside; the less
+    """Under draft.method model+ngram (and for requests with a prediction, which draft so on any pool), per regime
+    with both kinds timed: what requests drafting from both sources and those on prompt lookup alone have delivered, and which way new requests run (random_probe aside; the less
     measured way while either has fewer than warmup_rounds behind it)."""
-    if config.get("draft", {}).get("method") != "model+ngram":
-        return []
-    lines = []
-    for name, seen in (stats.get("delivered") or {}).items():
+    lines, delivered = [], stats.get("delivered") or {}
+    for name, seen in delivered.items():
+        if config.get("draft", {}).get("method") != "model+ngram" and "predicted" not in name:
+            continue                                   # (a request with a prediction runs model+ngram anyway)
         both, alone = seen.get("both_tokens_per_s"), seen.get("lookup_alone_tokens_per_s")
         if both and alone:
             lines.append(f"model+ngram, {name}: both sources delivered {both:.0f} tokens/s, lookup alone "

@@ -15,7 +15,7 @@ import grpc
 import httpx
 import pytest
 
-from engine.ngram import NgramIndex
+from engine.ngram import INDEX_STEP, Match, NgramIndex
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from router.k_selection import KSelector, regime
 from router.metrics import Metrics
@@ -51,6 +51,21 @@ def test_after_an_edit_lookup_resumes_in_the_prediction_where_the_output_was():
     assert lookup.propose(PROMPT_IDS + output, 4) == [70, 71, 72]       # the third, the cursor moving on
 
 
+def test_a_match_after_an_edit_counts_the_tokens_followed_since_and_a_long_prediction_is_indexed_as_lookups_come():
+    predicted = list(range(1000, 1000 + 3 * INDEX_STEP))                     # no n-gram twice
+    lookup = index(predicted)
+    output = predicted[:10] + [5, 6] + predicted[20:22]                      # an edit, then a 2-gram from 20
+    assert lookup.match(PROMPT_IDS + output) == Match(22, 2, predicted=True)
+    assert lookup.match(PROMPT_IDS + output + predicted[22:23]) == Match(23, 3, predicted=True)
+    assert lookup.match(PROMPT_IDS + output + predicted[22:25]) == Match(25, 4, predicted=True)   # at most max_n
+    far = index(predicted)
+    output = predicted[:3] + [5] + predicted[2 * INDEX_STEP + 50:2 * INDEX_STEP + 54]
+    assert far.match(PROMPT_IDS + output) is None                             # not indexed that far yet
+    assert far.match(PROMPT_IDS + output + [6]) is None
+    assert far.match(PROMPT_IDS + output + [6] + predicted[2 * INDEX_STEP + 60:2 * INDEX_STEP + 62]) == \
+        Match(2 * INDEX_STEP + 62, 2, predicted=True)                          # its third lookup, 768 indexed
+
+
 def test_a_longer_context_match_beats_the_prediction_and_an_equal_one_loses_to_it():
     context = PROMPT_IDS + [7, 8, 9, 1, 2, 3] + [200, 7, 8, 9]        # [7, 8, 9] seen before, followed by 1
     assert index([201, 8, 9, 30, 31]).propose(context, 2) == [1, 2]        # context: 3 tokens; prediction: 2
@@ -78,8 +93,8 @@ def test_requests_with_a_prediction_learn_in_regimes_of_their_own():
     assert selector.pools[(NGRAM, "greedy")].config.k_max == 8                 # draft.ngram_max_tokens
     selector.pools[(MODEL, "greedy predicted")].observe(3, 3, None)
     assert selector.pools[(MODEL, "greedy")].rounds == 0
-    assert method_for("model", [5]) == "model+ngram" and method_for("ngram", [5]) == "ngram"
-    assert method_for("model", []) == "model"
+    assert method_for("model", [5], None) == "model+ngram" and method_for("ngram", [5], None) == "ngram"
+    assert method_for("model", [], None) == "model" and method_for("model", [5], 0) == "model"   # K = 0: as without
 
 
 def test_the_target_drafts_from_the_prediction_its_session_start_carried(byte_engines, reference_generate):
@@ -202,3 +217,12 @@ def test_over_http_a_malformed_prediction_is_a_400_naming_it(served, prediction,
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param, answer.json()
 
+
+
+def test_beam_search_takes_a_prediction_and_neither_uses_nor_counts_it(served):
+    body = {"model": served.model, "prompt": PROMPT, "max_tokens": 6, "n": 2, "use_beam_search": True}
+    plain = httpx.post(f"{served.base_url}/completions", json=body, timeout=120).json()
+    predicted = httpx.post(f"{served.base_url}/completions", timeout=120,
+                           json={**body, "prediction": {"type": "content", "content": "self):\n"}}).json()
+    assert [c["text"] for c in predicted["choices"]] == [c["text"] for c in plain["choices"]]
+    assert "completion_tokens_details" not in predicted["usage"]
