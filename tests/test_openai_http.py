@@ -896,11 +896,12 @@ def test_their_neutral_values_are_accepted(served, path, neutral):
 
 @pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
 def test_parameters_that_do_not_change_the_output_are_accepted_and_ignored(served, path):
-    """OpenAI's parameters about storing, billing, caching and latency, and a vendor extension specpool does
-    not know, are served with the same output as without them."""
+    """OpenAI's parameters about storing, billing and caching, and a vendor extension specpool does not know, are
+    served with the same output as without them (`prediction`, which changes no output either, is served and
+    counted in the usage: tests/test_prediction.py)."""
     ignored = {"user": "ada", "metadata": {"team": "x"}, "store": False, "service_tier": "auto",
                "parallel_tool_calls": True, "prompt_cache_key": "k", "safety_identifier": "s",
-               "prediction": {"type": "content", "content": "x"}, "vendor_extension": {"any": 1}}
+               "vendor_extension": {"any": 1}}
     assert served_choices(served, path, ignored) == served_choices(served, path, {})
 
 
