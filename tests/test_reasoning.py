@@ -180,7 +180,7 @@ def test_usage_counts_each_choices_reasoning_tokens():
     """chat's completion_tokens_details.reasoning_tokens, summed over the choices; none without a parser."""
     import types
     words = ["<think>", "x", "y", "</think>", "Four"]
-    states = [types.SimpleNamespace(prompt_len=1, tokens=[9, *output], generated=len(output),
+    states = [types.SimpleNamespace(prompt_len=1, tokens=[9, *output], generated=len(output), prediction=(),
                                     stats=types.SimpleNamespace(cached_prompt_tokens=0))
               for output in ([0, 1, 2, 3, 4], [0, 1, 3, 4], [4])]
     kind = ChatCompletions(words.__getitem__, reasoning=PARSERS["unopened"])
@@ -240,7 +240,7 @@ def response_kinds(parser: str, tools: str | None = None, choice=None):
     from openai_api.responses_api import ResponseObjects, ResponsesRequest
     from protos.specpool.v1 import generation_pb2
     body = ResponsesRequest.model_validate({"model": "m", "input": "x"})
-    state = types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=4, tokens=[7] * 7,
+    state = types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=4, tokens=[7] * 7, prediction=(),
                                   stats=generation_pb2.GenerationStats())
     tool_plan = plan(choice) if choice else plan("auto", tools) if tools else plan("none")
     kinds = [ResponseObjects(str, tool_plan, body, reasoning=PARSERS[parser]) for _ in range(2)]
@@ -326,7 +326,8 @@ def test_a_responses_message_carries_only_its_own_tokens_logprobs_whole_and_stre
     from router.stopping import Chunk
     entries = [generation_pb2.TokenLogprob(token_id=i, logprob=-0.5 * i) for i in range(len(pieces))]
     state = types.SimpleNamespace(top_logprobs=0, prompt_len=1, generated=len(pieces), logprobs=entries,
-                                  tokens=[99, *range(len(pieces))], stats=generation_pb2.GenerationStats())
+                                  tokens=[99, *range(len(pieces))], stats=generation_pb2.GenerationStats(),
+                                  prediction=())
 
     def kind():
         made = ResponseObjects(pieces.__getitem__, plan("none"), ResponsesRequest.model_validate(

@@ -573,7 +573,7 @@ def scripted(plan, pieces: list, finish: int, logprobs: bool = True) -> tuple[di
     from router.stopping import Chunk
     body = ResponsesRequest.model_validate({"model": "m", "input": "x"})
     state = types.SimpleNamespace(top_logprobs=1 if logprobs else None, prompt_len=3, generated=len(pieces),
-                                  stats=generation_pb2.GenerationStats())
+                                  stats=generation_pb2.GenerationStats(), prediction=())
     entry = [generation_pb2.TokenLogprob(token_id=i, logprob=-i / 10, top=[generation_pb2.TopLogprob(
         token_id=i, logprob=-i / 10)]) for i in range(len(pieces))]
     chunks = [Chunk([i], piece, [entry[i]] if logprobs else [], finish if i == len(pieces) - 1 else 0)
@@ -633,7 +633,7 @@ def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
     from protos.specpool.v1 import generation_pb2
     kind = ResponseObjects(str, ToolPlan(), ResponsesRequest.model_validate({"model": "m", "input": "x"}),
                            store=lambda response: pytest.fail("a failed response is stored"))
-    kind.bind([types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=0,
+    kind.bind([types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=0, prediction=(),
                                      stats=generation_pb2.GenerationStats())])
     events = kind.events("r", "m")
     from router.stopping import Chunk
@@ -664,7 +664,7 @@ def test_a_background_run_that_breaks_is_stored_failed_and_its_followers_end():
     stored = []
     kind = ResponseObjects(str, ToolPlan(), ResponsesRequest.model_validate({"model": "m", "input": "x",
                                                                              "background": True}), stored.append)
-    kind.bind([types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=1,
+    kind.bind([types.SimpleNamespace(top_logprobs=None, prompt_len=3, generated=1, prediction=(),
                                      stats=generation_pb2.GenerationStats())])
     events, run = kind.events("r", "m"), BackgroundRun()
 
