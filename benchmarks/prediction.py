@@ -7,6 +7,8 @@ The rows differ only in what the request predicts:
 - "exact": F itself (the part of a file an edit leaves alone);
 - "edited": F with a span of EDIT_TOKENS tokens in its middle replaced, as a file predicted before an edit that
   the output then makes (the output leaves the prediction there and must find its way back into it);
+- "renamed": F with RENAMED single tokens replaced, spread evenly, as a name changed in a few places (each a token
+  the output changes alone, which the lookup steps over);
 - "shuffled": F's tokens in a random order (a prediction with nothing to copy but chance n-grams: the cost of
   a useless one; another seed's file would help, the tiny pair writing much alike);
 - "none": no prediction (the adaptive policy as usual);
@@ -31,7 +33,8 @@ from benchmarks.sections import pair_arguments, ratio_lines, write_sections
 from benchmarks.service import load_service_config, log, running_data, stream_one
 
 EDIT_TOKENS = 8
-PREDICTIONS = ("none", "exact", "edited", "shuffled")
+RENAMED = 4
+PREDICTIONS = ("none", "exact", "edited", "renamed", "shuffled")
 
 
 def files(target, tokenizer, seeds: list[str], tokens: int) -> list[list[int]]:
@@ -49,8 +52,12 @@ def predictions(tokenizer, continuations: list[list[int]]) -> dict[str, list[str
         middle = len(ids) // 2
         return ids[:middle] + [(t + 7) % tokenizer.vocab_size for t in ids[middle:middle + EDIT_TOKENS]] + \
             ids[middle + EDIT_TOKENS:]
+    def renamed(ids: list[int]) -> list[int]:
+        places = {len(ids) * (i + 1) // (RENAMED + 1) for i in range(RENAMED)}
+        return [(t + 7) % tokenizer.vocab_size if i in places else t for i, t in enumerate(ids)]
     texts = {"none": [""] * len(continuations), "exact": [tokenizer.decode(ids) for ids in continuations],
-             "edited": [tokenizer.decode(edited(ids)) for ids in continuations]}
+             "edited": [tokenizer.decode(edited(ids)) for ids in continuations],
+             "renamed": [tokenizer.decode(renamed(ids)) for ids in continuations]}
     texts["shuffled"] = [tokenizer.decode(random.Random(0).sample(ids, len(ids))) for ids in continuations]
     return texts
 
@@ -89,7 +96,8 @@ def section(service, cfg: BenchConfig, seeds: list[str]) -> dict:
     rows = {name: summary(r) for name, r in runs.items()}
     baseline = max((HF_PLAIN, HF_LOOKUP), key=lambda name: rows[name]["tokens_per_s"])
     ratios = {f"{name} / none": paired(rows[name], rows["none"]) for name in PREDICTIONS[1:]}
-    ratios.update({f"{name} / {baseline}": paired(rows[name], rows[baseline]) for name in ("exact", "edited")})
+    ratios.update({f"{name} / {baseline}": paired(rows[name], rows[baseline]) for name in ("exact", "edited",
+                                                                                             "renamed")})
     return {"rows": rows, "ratios": ratios}
 
 

@@ -98,14 +98,20 @@ class Prediction:
         self._indexed = max(self._indexed, last)
 
     def _reach(self, tokens: list[int]) -> int:
-        """How far into the prediction the output has followed it from the anchor."""
-        output, predicted = self._anchor
-        while self._following and self.output_from + output + self._followed < len(tokens):
-            at = predicted + self._followed
-            self._following = at < len(self.tokens) and tokens[self.output_from + output + self._followed] == \
-                self.tokens[at]
-            self._followed += self._following
-        return predicted + self._followed
+        """How far into the prediction the output has followed it from the anchor. Where the output's token differs
+        from the prediction's after at least one it repeated, the output is guessed to have changed that token alone
+        (a renamed name, a changed value): the anchor moves past both, and the output follows on from there as far
+        as it repeats the prediction; where its very next token differs too, it has left the prediction."""
+        while self._following and self.output_from + self._anchor[0] + self._followed < len(tokens):
+            (output, predicted), followed = self._anchor, self._followed
+            at = predicted + followed
+            if at < len(self.tokens) and tokens[self.output_from + output + followed] == self.tokens[at]:
+                self._followed += 1
+            elif followed and at + 1 < len(self.tokens):          # one token changed: follow on after it
+                self._anchor, self._size, self._followed = (output + followed + 1, at + 1), self.sizes[-1], 0
+            else:
+                self._following = False
+        return self._anchor[1] + self._followed
 
 
 class NgramIndex:

@@ -3,7 +3,7 @@ drafts from the prediction too, so a request whose output follows it takes far f
 is exactly what it is without one.
 
 Unit: the lookup proposes the prediction's next tokens while the output follows it, resumes in it after an edit at
-the n-gram after where the output was (a repeated line included), yields to a longer match in the context, and
+the n-gram after where the output was (a repeated line included), steps over a token changed alone, yields to a longer match in the context, and
 stops at its end; the accepted and rejected counts; the predicted requests' own controller regimes; the target
 engine drafting from a prediction its session start carried. End to end (the demo pair over gRPC and HTTP): greedy
 output identical to the target alone with an exact, an edited and an unrelated prediction, adaptive and at a fixed
@@ -44,8 +44,8 @@ def test_after_an_edit_lookup_resumes_in_the_prediction_where_the_output_was():
     predicted = line + [50, 51] + line + [60, 61, 62] + line + [70, 71, 72]      # a line three times
     lookup = index(predicted)
     output = predicted[:6] + line[:2] + [99]                  # the second line, edited
-    assert lookup.propose(PROMPT_IDS + output, 4) == []       # no match of [.., 41, 99] anywhere
-    output += line[2:]                                        # back on the line: [.., 42, 43]
+    assert lookup.propose(PROMPT_IDS + output, 4) == [43, 60, 61, 62]   # guessed: 99 in 42's place
+    output += line[2:]                                        # no: inserted; back on the line: [.., 42, 43]
     assert lookup.propose(PROMPT_IDS + output, 4) == [60, 61, 62, 40]   # its second place, not its first
     output += [60, 61, 62] + line
     assert lookup.propose(PROMPT_IDS + output, 4) == [70, 71, 72]       # the third, the cursor moving on
@@ -64,6 +64,15 @@ def test_a_match_after_an_edit_counts_the_tokens_followed_since_and_a_long_predi
     assert far.match(PROMPT_IDS + output + [6]) is None
     assert far.match(PROMPT_IDS + output + [6] + predicted[2 * INDEX_STEP + 60:2 * INDEX_STEP + 62]) == \
         Match(2 * INDEX_STEP + 62, 2, predicted=True)                          # its third lookup, 768 indexed
+
+
+def test_a_token_changed_alone_is_stepped_over_and_two_in_a_row_leave_the_prediction():
+    predicted = list(range(100, 140))
+    renamed = predicted[:10] + [7] + predicted[11:15]                        # one token changed (a rename)
+    assert index(predicted).match(PROMPT_IDS + renamed) == Match(15, 4, predicted=True)
+    assert index(predicted).propose(PROMPT_IDS + renamed[:11], 3) == predicted[11:14]   # guessed before it shows
+    assert index(predicted).match(PROMPT_IDS + predicted[:10] + [7, 8]) is None       # two: left it (no n-gram)
+    assert index(predicted).match(PROMPT_IDS + [7] + predicted[1:5]) == Match(5, 4, predicted=True)   # n-gram
 
 
 def test_a_longer_context_match_beats_the_prediction_and_an_equal_one_loses_to_it():
