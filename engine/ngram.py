@@ -101,14 +101,16 @@ class Prediction:
         """How far into the prediction the output has followed it from the anchor. Where the output's token differs
         from the prediction's after at least one it repeated, the output is guessed to have changed that token alone
         (a renamed name, a changed value): the anchor moves past both, and the output follows on from there as far
-        as it repeats the prediction; where its very next token differs too, it has left the prediction."""
+        as it repeats the prediction, the match as long as the one it followed before; where its very next token
+        differs too, it has left the prediction."""
         while self._following and self.output_from + self._anchor[0] + self._followed < len(tokens):
             (output, predicted), followed = self._anchor, self._followed
             at = predicted + followed
             if at < len(self.tokens) and tokens[self.output_from + output + followed] == self.tokens[at]:
                 self._followed += 1
-            elif followed and at + 1 < len(self.tokens):          # one token changed: follow on after it
-                self._anchor, self._size, self._followed = (output + followed + 1, at + 1), self.sizes[-1], 0
+            elif followed and at + 1 < len(self.tokens):          # one token changed: follow on after it, as
+                self._anchor, self._followed = (output + followed + 1, at + 1), 0     # strong a match as before
+                self._size = min(self.sizes[0], self._size + followed)
             else:
                 self._following = False
         return self._anchor[1] + self._followed

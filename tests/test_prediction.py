@@ -70,6 +70,9 @@ def test_a_token_changed_alone_is_stepped_over_and_two_in_a_row_leave_the_predic
     predicted = list(range(100, 140))
     renamed = predicted[:10] + [7] + predicted[11:15]                        # one token changed (a rename)
     assert index(predicted).match(PROMPT_IDS + renamed) == Match(15, 4, predicted=True)
+    lookup = index(predicted)                                                # after a 2-gram's anchor, a rename:
+    assert lookup.match(PROMPT_IDS + [7, 8] + predicted[20:22]) == Match(22, 2, predicted=True)
+    assert lookup.match(PROMPT_IDS + [7, 8] + predicted[20:23] + [9]) == Match(24, 3, predicted=True)   # 2 + 1
     assert index(predicted).propose(PROMPT_IDS + renamed[:11], 3) == predicted[11:14]   # guessed before it shows
     assert index(predicted).match(PROMPT_IDS + predicted[:10] + [7, 8]) is None       # two: left it (no n-gram)
     assert index(predicted).match(PROMPT_IDS + [7] + predicted[1:5]) == Match(5, 4, predicted=True)   # n-gram
