@@ -4,8 +4,8 @@ Statistics are kept per (proposal source, sampling regime): the draft model and 
 different rates and cost different amounts, and so do greedy and sampled requests (a greedy draft's tokens
 are often the target's argmax but rarely its sample at a high temperature). So the pool keeps one KController
 per (source, regime), and a sampled request is never given a K learned from greedy traffic; nor is a request
-with a prediction (its own regimes, "greedy predicted" and "sampled predicted") one learned from others. A request also keeps
-its own controller per source, and uses it once it has drafted `warmup_rounds` of its own rounds from that source
+with a prediction (its own regimes, "greedy predicted" and "sampled predicted") one learned from others. A
+request also keeps its own controller per source, and uses it once it has drafted `warmup_rounds` of its own rounds from that source
 (rounds at K = 0 teach no acceptance rate), its regime's pool controller before. Every round feeds both, and the
 metrics. A request's controller learns its own acceptance, shrunk towards its pool controller's (not towards a
 fixed prior: 16 rounds are too few to stand alone), and takes its costs (what a draft call, a verify, a round trip
@@ -159,10 +159,10 @@ class KSelector:
 
     def attach(self, state: RequestState) -> None:
         """Give the request its own controllers; a greedy one's method says which source the `k` gauge follows."""
-        if regime(state) == "greedy":
+        name = regime(state)
+        if name == "greedy":
             self._shown_source = _shown_source(state.method)
         state.lookup_alone = self._lookup_alone(state)
-        name = regime(state)
         state.controller = {source: KController(self._config(source, name), random.Random(self._rng.getrandbits(64)),
                                                 pool=self.pools[(source, name)])
                             for source in SOURCE_NAMES}

@@ -57,8 +57,6 @@ def prediction_usage(prediction: list[int], output: list[int]) -> tuple[int, int
     return accepted, len(prediction) - accepted
 
 
-
-
 async def count_prediction(state) -> None:
     """A finished request's accepted and rejected prediction tokens, into its stats (before its last answer goes
     out: router.stopping.output_chunks); compared on a thread when long (4,000 tokens each: 6 ms here)."""
