@@ -403,12 +403,18 @@ def call_item(item_id: str, status: str, call: dict) -> dict:
             "name": call["function"]["name"], "arguments": call["function"].get("arguments", "")}
 
 
+PREDICTION_COUNTS = ("accepted_prediction_tokens", "rejected_prediction_tokens")
+
+
 def responses_usage(chat: dict) -> dict:
-    """A chat answer's usage as a Response counts it."""
-    thought = chat.get("completion_tokens_details", {}).get("reasoning_tokens", 0)
+    """A chat answer's usage as a Response counts it; with a prediction (a specpool extension: OpenAI's Responses
+    API takes none), its accepted and rejected tokens in `output_tokens_details`, as chat counts them."""
+    details = chat.get("completion_tokens_details", {})
+    output = {"reasoning_tokens": details.get("reasoning_tokens", 0),
+              **{key: details[key] for key in PREDICTION_COUNTS if key in details}}
     return {"input_tokens": chat["prompt_tokens"],
             "input_tokens_details": {**chat["prompt_tokens_details"], "cache_write_tokens": 0},
-            "output_tokens": chat["completion_tokens"], "output_tokens_details": {"reasoning_tokens": thought},
+            "output_tokens": chat["completion_tokens"], "output_tokens_details": output,
             "total_tokens": chat["total_tokens"]}
 
 

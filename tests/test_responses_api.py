@@ -545,6 +545,25 @@ def test_a_stored_response_is_found_with_the_api_key_that_stored_it_only():
     assert Api(HttpConfig(), lambda: None).owner(b) == ""      # without keys, one owner: everyone
 
 
+def test_a_prediction_changes_no_text_and_usage_counts_it_as_chat_does(served):
+    """The Responses API passes a prediction (a specpool extension) on to the chat completion it stands for; its
+    usage carries that completion's accepted and rejected prediction tokens, and none without a prediction."""
+    body = {"model": served.model, "input": "a point", "max_output_tokens": 32, "temperature": 0}
+    plain = httpx.post(served.base_url + "/responses", json=body, timeout=120).json()
+    text = plain["output"][0]["content"][0]["text"]
+    assert set(plain["usage"]["output_tokens_details"]) == {"reasoning_tokens"}
+    prediction = {"type": "content", "content": text}
+    predicted = httpx.post(served.base_url + "/responses", json={**body, "prediction": prediction}, timeout=120).json()
+    chat = httpx.post(served.base_url + "/chat/completions", timeout=120, json={
+        "model": served.model, "messages": [{"role": "user", "content": "a point"}], "max_tokens": 32,
+        "temperature": 0, "prediction": prediction}).json()
+    assert predicted["output"][0]["content"][0]["text"] == text
+    details, chat_details = predicted["usage"]["output_tokens_details"], chat["usage"]["completion_tokens_details"]
+    counts = ("accepted_prediction_tokens", "rejected_prediction_tokens")
+    assert [details[key] for key in counts] == [chat_details[key] for key in counts]
+    assert details["accepted_prediction_tokens"] >= 0.9 * predicted["usage"]["output_tokens"]
+
+
 def test_a_length_error_names_max_output_tokens(served):
     response = httpx.post(served.base_url + "/responses", json={"model": served.model, "input": "x",
                                                                  "max_output_tokens": 4, "min_tokens": 9})
