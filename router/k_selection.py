@@ -5,8 +5,8 @@ different rates and cost different amounts, and so do greedy and sampled request
 are often the target's argmax but rarely its sample at a high temperature). So the pool keeps one KController
 per (source, regime), and a sampled request is never given a K learned from greedy traffic; nor is a request
 with a prediction (its own regimes, "greedy predicted" and "sampled predicted") one learned from others. A
-request also keeps its own controller per source, and uses it once it has drafted `warmup_rounds` of its own rounds from that source
-(rounds at K = 0 teach no acceptance rate), its regime's pool controller before. Every round feeds both, and the
+request also keeps its own controller per source, and uses it once it has drafted `warmup_rounds` of its own
+rounds from that source (rounds at K = 0 teach no acceptance rate), its regime's pool controller before. Every round feeds both, and the
 metrics. A request's controller learns its own acceptance, shrunk towards its pool controller's (not towards a
 fixed prior: 16 rounds are too few to stand alone), and takes its costs (what a draft call, a verify, a round trip
 cost) from the pool controller: they belong to the deployment, and a short request would see too few plain rounds

@@ -10,6 +10,7 @@ import types
 import httpx
 import pytest
 
+from openai_api.responses_api import PREDICTION_COUNTS
 from tests.test_openai_http import (CHAT, TIME_TOOL, UNIT_TOOL, demo_target, greedy_alone, requests_counted,
                                     served_over_http, stream_assembled)
 
@@ -559,8 +560,7 @@ def test_a_prediction_changes_no_text_and_usage_counts_it_as_chat_does(served):
         "temperature": 0, "prediction": prediction}).json()
     assert predicted["output"][0]["content"][0]["text"] == text
     details, chat_details = predicted["usage"]["output_tokens_details"], chat["usage"]["completion_tokens_details"]
-    counts = ("accepted_prediction_tokens", "rejected_prediction_tokens")
-    assert [details[key] for key in counts] == [chat_details[key] for key in counts]
+    assert [details[key] for key in PREDICTION_COUNTS] == [chat_details[key] for key in PREDICTION_COUNTS]
     assert details["accepted_prediction_tokens"] >= 0.9 * predicted["usage"]["output_tokens"]
 
 
