@@ -130,6 +130,11 @@ class NgramIndex:
         self._last: tuple[int, Match | None] | None = None  # (context length, its match)
         self.prediction = Prediction(prediction, self.sizes, output_from) if prediction else None
 
+    def drop_prediction(self) -> None:
+        """Copy no more drafts from the prediction (it proved worth less than the request's other drafts:
+        router/prediction.py); the context's own n-grams stay."""
+        self.prediction, self._last = None, None
+
     def _catch_up(self, tokens: list[int]) -> None:
         """Index the n-grams that end at positions [_next_end, len - 2]: each has a token after it."""
         for end in range(self._next_end, len(tokens) - 1):

@@ -60,9 +60,10 @@ REGIMES = ("greedy", "sampled", "greedy predicted", "sampled predicted")
 
 def regime(state: RequestState) -> str:
     """The request's sampling regime: greedy (temperature 0) or sampled, and "predicted" for a request with a
-    prediction (router/prediction.py), whose lookup drafts copy from it and are accepted far more often."""
+    prediction (router/prediction.py), whose lookup drafts copy from it and are accepted far more often, until the
+    request drops it (a useless prediction: PredictionTrial)."""
     name = "greedy" if state.sampling.temperature == 0 else "sampled"
-    return f"{name} predicted" if state.prediction else name
+    return f"{name} predicted" if state.predicting else name
 
 
 @dataclass
@@ -392,6 +393,19 @@ class KSelector:
                                                       self.config.cost_window)
         self.metrics.observe_round(round_)
         self.metrics.observe_source(SOURCE_NAMES[round_.source], round_.k, round_.accepted)
+        if state.predicting and state.prediction_trial is not None and state.prediction_trial.useless(round_):
+            self.drop_prediction(state)
+
+    def drop_prediction(self, state: RequestState) -> None:
+        """A request's prediction proved useless (router.prediction.PredictionTrial): from its next round on it drafts
+        as it would have without one (its pool's draft.method, lookup in its own context alone, and told to the
+        target with its next lookup), with fresh controllers of its plain regime."""
+        state.prediction_dropped, state.method = True, state.prediction_trial.method
+        state.stats.prediction_dropped_at = state.generated
+        if state.ngram is not None:
+            state.ngram.drop_prediction()
+        self.metrics.predictions_dropped.inc()
+        self.attach(state)
 
     def update_config(self, config: ControllerConfig, ngram_tokens: int | None = None,
                       method: str | None = None, prediction_tokens: int | None = None) -> None:

@@ -58,6 +58,9 @@ class Metrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("specpool_e2e_request_latency_seconds", "End-to-end request latency",
                              buckets=LATENCY_BUCKETS, registry=r)
+        self.predictions_dropped = Counter("specpool_predictions_dropped", "Requests whose prediction was dropped "
+                                           "as useless: its drafts delivered fewer tokens per second than the "
+                                           "request's other rounds (router/prediction.py)", registry=r)
         self.requests = Counter("specpool_requests", "Finished requests by final gRPC status", ["code"], registry=r)
         self.out_of_memory = Counter("specpool_out_of_memory", "Draft and verify calls that ran out of device memory, "
                                      "by pool: the target's fail their request (RESOURCE_EXHAUSTED), the draft's cost "

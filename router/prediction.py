@@ -4,21 +4,60 @@ output follows it the target verifies long runs of drafts in one pass; the outpu
 without it. A request with a prediction drafts from the draft model and from lookup (model+ngram) where the pool's
 method is the model alone, and its statistics are kept apart from other requests' (router.k_selection.regime).
 
+A prediction that proves useless is dropped (PredictionTrial): the request then drafts as it would have without
+one, and its rounds count towards the plain regimes again.
+
     ids = await prediction_ids(request, tokenizer, limits)     # [] without one; RequestError naming the field
     accepted, rejected = prediction_usage(ids, output_ids)     # OpenAI's completion_tokens_details (count_prediction)
+    trial = trial_for(pool_method, ids, fixed_k)               # per request; KSelector.observe asks useless()
 """
 from __future__ import annotations
 
 import asyncio
 import difflib
 import functools
+from dataclasses import dataclass, field
 
 from protos.specpool.v1 import generation_pb2
+from router.k_selection import Delivered
+from router.request_state import Round
 from router.text import encode
 from router.validation import ModelLimits, RequestError, check_token_ids
 
 
 INLINE_TOKENS = 1024     # a prediction and an output this short are compared on the event loop (about 1 ms here)
+TRIAL_WINDOW = 16        # a trial weighs each kind of round over about its last this many
+TRIAL_ROUNDS = 8         # ... and judges once both kinds have this many rounds' weight behind them
+TRIAL_WEIGHT = TRIAL_WINDOW * (1 - (1 - 1 / TRIAL_WINDOW) ** TRIAL_ROUNDS)    # (Delivered's decayed count)
+
+
+@dataclass
+class PredictionTrial:
+    """Whether a request's prediction is worth drafting from, judged on the request's own rounds, since what the
+    predicted regimes' statistics learn mixes good predictions with bad. A useless prediction (one the output does
+    not follow) still yields chance n-gram matches, drafted at the predicted regime's long K and nearly all
+    rejected: on the heavy pair a shuffled one cost a request about an eighth of its speed (README, Predicted
+    outputs). So the trial keeps what the request's rounds that drafted from the prediction have delivered
+    (committed tokens per second of their wall time) and what its other rounds have (the draft model's, lookups in
+    its own context, plain decoding), each over about its last TRIAL_WINDOW rounds, measured side by side as the
+    request runs. Once both have about TRIAL_ROUNDS rounds behind them, a prediction whose rounds delivered less is
+    useless. A prediction the output follows drafts nearly every round and delivers far more, so it is never
+    judged, or kept. The request's first round (its prefill) counts towards neither."""
+    method: str                 # the request's draft.method without the prediction (the pool's)
+    predicted: Delivered = field(default_factory=Delivered)
+    other: Delivered = field(default_factory=Delivered)
+    started: bool = False       # the first round has been seen
+
+    def useless(self, round_: Round) -> bool:
+        """Count one of the request's rounds (router.request_state.Round, `predicted` where its drafts were copied
+        from the prediction); whether the prediction has now proved useless."""
+        first, self.started = not self.started, True
+        if first or not round_.parts:
+            return False
+        kind = self.predicted if round_.predicted else self.other
+        kind.add(len(round_.committed), sum(round_.parts.values()), TRIAL_WINDOW)
+        judged = min(self.predicted.rounds, self.other.rounds) >= TRIAL_WEIGHT - 1e-9
+        return judged and self.predicted.rate < self.other.rate
 
 
 async def prediction_ids(request: generation_pb2.GenerateRequest, tokenizer, limits: ModelLimits) -> list[int]:
@@ -46,6 +85,13 @@ def method_for(method: str, prediction: list[int], fixed_k: int | None) -> str:
     its output (so lookup may copy from the prediction); the pool's otherwise, and for a request at K = 0, which
     drafts nothing (a plain run to its end)."""
     return "model+ngram" if prediction and method == "model" and fixed_k != 0 else method
+
+
+def trial_for(method: str, prediction: list[int], fixed_k: int | None) -> PredictionTrial | None:
+    """A request's PredictionTrial under the pool's draft.method `method`: none without a prediction, nor for a
+    request with its own K, whose drafts follow a rule of its tokens alone (so that a seeded request in
+    sampled-draft mode gives one output; a trial's verdict depends on timing)."""
+    return PredictionTrial(method) if prediction and fixed_k is None else None
 
 
 def prediction_usage(prediction: list[int], output: list[int]) -> tuple[int, int]:

@@ -63,10 +63,18 @@ class RequestState:
     prompt_logprobs: list | None = None     # ... many alternatives: generation_pb2.TokenLogprob per prompt token 1..
     prediction: tuple = ()                  # the output predicted (GenerateRequest.prediction): prompt lookup copies
                                             # from it too, on the router (ngram) and on the target (target_start)
+    prediction_trial: object = None         # ... whether it is worth it (router.prediction.PredictionTrial; None:
+                                            # not judged, as for a request with its own K)
+    prediction_dropped: bool = False        # ... it was not: no more drafts are copied from it
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    @property
+    def predicting(self) -> bool:
+        """Whether lookup copies drafts from a prediction of the request's (it has one, not dropped)."""
+        return bool(self.prediction) and not self.prediction_dropped
 
     @functools.cached_property
     def session_start(self) -> dict:
@@ -84,7 +92,7 @@ class RequestState:
     def target_start(self) -> dict:
         """session_start for the target: the prediction with it, and the prompt's logprobs asked for too, until they
         have come."""
-        start = {**self.session_start, "prediction_token_ids": self.prediction} if self.prediction else \
+        start = {**self.session_start, "prediction_token_ids": self.prediction} if self.predicting else \
             self.session_start
         if self.prompt_top_logprobs is None or self.prompt_logprobs is not None:
             return start
@@ -150,6 +158,7 @@ class Round:
     source: int = MODEL              # the drafts' source (for a round with no drafts: the one it planned)
     logprobs: list = field(default_factory=list)  # of `committed`, when the request asked for them
     match_size: int = 0              # n-gram drafts: the length of the context suffix they were looked up after
+    predicted: bool = False          # ... copied from the request's prediction
 
     @property
     def k(self) -> int:

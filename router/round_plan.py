@@ -117,12 +117,14 @@ def prompt_lookup(state: RequestState, policy: KPolicy, k: int, with_model: bool
     worth it against the alternative (the draft model `with_model`, else plain decoding); the run ends at a step
     that finds no match if `end_on_miss`. A run `planned_on` a match is an n-gram round of model+ngram: it also
     drafts after matches as short as that one (a probe may have picked it). A request with its own K drafts up to
-    it after any match (a rule of its tokens alone, as plan_round's)."""
+    it after any match (a rule of its tokens alone, as plan_round's). A request whose prediction was dropped tells
+    the target to draft from it no more."""
     least, by_match = (0, []) if state.fixed_k is not None else policy.lookup_limits(state, k, with_model)
     if planned_on is not None:
         least = min(least, planned_on.size)
     return worker_pb2.PromptLookup(min_n=state.ngram.min_n, max_n=state.ngram.max_n, max_tokens=k,
-                                   end_on_miss=end_on_miss, min_match=least, max_tokens_by_match=by_match)
+                                   end_on_miss=end_on_miss, min_match=least, max_tokens_by_match=by_match,
+                                   drop_prediction=state.prediction_dropped)
 
 
 def prefill_alone(state: RequestState, policy: KPolicy, ready: Proposal | None, k: int) -> bool:

@@ -31,7 +31,7 @@ from router.k_selection import KSelector
 from router.metrics import Metrics
 from router.oplog import say
 from engine.ngram import NgramIndex
-from router.prediction import method_for, prediction_ids
+from router.prediction import method_for, prediction_ids, trial_for
 from router.reload import RestartRequired, check_reloadable, logged_reload, reload_document, with_overrides
 from router.request_log import ClientRequest, request_line
 from router.request_state import DRAFT_MODES, RequestState
@@ -195,9 +195,10 @@ class Router:
                             stop_ids=frozenset(request.stop_token_ids),
                             eos_ids=frozenset() if request.ignore_eos else self.eos_ids,
                             method=method_for(self.config.draft.method, prediction, fixed_k),
-                            prediction=tuple(prediction), ngram=NgramIndex(self.config.draft.ngram_min,
-                                                                           self.config.draft.ngram_max, prediction,
-                                                                           len(prompt_ids)),
+                            prediction=tuple(prediction),
+                            prediction_trial=trial_for(self.config.draft.method, prediction, fixed_k),
+                            ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max, prediction,
+                                             len(prompt_ids)),
                             stop_strings=tuple(request.stop), include_stop=request.include_stop_str_in_output,
                             keep_special=request.keep_special_tokens,
                             top_logprobs=request.logprobs if request.HasField("logprobs") else None,

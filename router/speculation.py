@@ -148,7 +148,7 @@ def conclude(state: RequestState, policy: KPolicy, round_: Round, between: float
     round_.timings.between_seconds = between
     if round_.source == NGRAM and round_.k and state.ngram is not None:   # the tokens are the round's context
         found = state.ngram.match(state.tokens)
-        round_.match_size = found.size if found else 0
+        round_.match_size, round_.predicted = (found.size, found.predicted) if found else (0, False)
     policy.observe(state, round_)
     committed = commit(state, round_.committed)
     state.logprobs.extend(round_.logprobs[:len(committed)])

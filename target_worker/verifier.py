@@ -44,14 +44,17 @@ def restricted(logits: torch.Tensor, tokens: list[int], start: int, sampling: Sa
 
 def own_drafts(request: worker_pb2.VerifyRequest, session, constraint_of=lambda session: None) -> list[int]:
     """The drafts a call verifies: those it carries or, with `lookup` set, the prompt-lookup drafts after the
-    session's committed tokens (session.tokens, the call's new tokens included), up to the first one its grammar
-    (`constraint_of(session)`) forbids there, which the target could only reject (it commits the same tokens)."""
+    session's committed tokens (session.tokens, the call's new tokens included; from its prediction too, until a
+    lookup drops it), up to the first one its grammar (`constraint_of(session)`) forbids there, which the target
+    could only reject (it commits the same tokens)."""
     if request.draft_token_ids or not request.HasField("lookup"):
         return list(request.draft_token_ids)
     if session.ngram is None:
         session.ngram = NgramIndex(request.lookup.min_n, request.lookup.max_n, session.prediction,
                                    session.sampling.prompt_length)
     lookup = request.lookup
+    if lookup.drop_prediction:
+        session.ngram.drop_prediction()
     drafts = session.ngram.propose(session.tokens, lookup.max_tokens, lookup.min_match, lookup.max_tokens_by_match)
     constraint = constraint_of(session) if drafts else None
     if constraint is not None:

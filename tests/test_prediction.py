@@ -17,9 +17,12 @@ import pytest
 
 from engine.ngram import INDEX_STEP, Match, NgramIndex
 from protos.specpool.v1 import generation_pb2, worker_pb2
+from router.controller import RoundTimings
 from router.k_selection import KSelector, regime
 from router.metrics import Metrics
-from router.prediction import method_for, prediction_usage
+from router.prediction import TRIAL_ROUNDS, PredictionTrial, method_for, prediction_usage, trial_for
+from router.request_state import MODEL, NGRAM, RequestState, Round
+from router.round_plan import prompt_lookup
 from settings.schema import SpeculationConfig
 from tests.test_openai_http import PROMPT, demo_target, greedy_alone, served_over_http
 
@@ -94,7 +97,6 @@ def test_accepted_and_rejected_prediction_tokens(output, counts):
 
 
 def test_requests_with_a_prediction_learn_in_regimes_of_their_own():
-    from router.request_state import MODEL, NGRAM, RequestState
     selector = KSelector(SpeculationConfig(k=3), Metrics(), random.Random(0), ngram_tokens=8, prediction_tokens=24)
     plain, predicted = (RequestState(session_id=i, tokens=[1, 2], prompt_len=2, max_new_tokens=8,
                                      sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None, draft_mode=0,
@@ -107,6 +109,65 @@ def test_requests_with_a_prediction_learn_in_regimes_of_their_own():
     assert selector.pools[(MODEL, "greedy")].rounds == 0
     assert method_for("model", [5], None) == "model+ngram" and method_for("ngram", [5], None) == "ngram"
     assert method_for("model", [], None) == "model" and method_for("model", [5], 0) == "model"   # K = 0: as without
+
+
+def timed_round(seconds: float, committed: int, predicted: bool = False) -> Round:
+    """A round that committed `committed` tokens in `seconds` of wall time, its drafts copied from the prediction
+    (an n-gram round) or not (a model round)."""
+    drafts = [9] * 4
+    return Round(drafts, committed - 1, [7] * committed, RoundTimings(), parts={"verify_compute": seconds},
+                 source=NGRAM if predicted else MODEL, predicted=predicted)
+
+
+def trial_verdicts(trial: PredictionTrial, rounds: list[Round]) -> list[bool]:
+    return [trial.useless(round_) for round_ in rounds]
+
+
+def test_a_prediction_is_judged_useless_only_once_its_rounds_delivered_less_than_the_others_over_a_trial():
+    slow, fast = timed_round(0.02, 1, predicted=True), timed_round(0.01, 3)        # 50 against 300 tokens/s
+    verdicts = trial_verdicts(PredictionTrial("model"), [timed_round(5.0, 1)] + [slow, fast] * 12)
+    first = verdicts.index(True)
+    assert not any(verdicts[:first]) and first == 1 + 2 * TRIAL_ROUNDS - 1     # at the 8th of each
+    # ... and not before both kinds have their trial behind them, however slow the prediction's rounds are
+    assert not any(trial_verdicts(PredictionTrial("model"), [fast] + [slow] * 30 + [fast] * (TRIAL_ROUNDS - 1)))
+    # a prediction the output follows delivers more, and is kept
+    follows = timed_round(0.03, 25, predicted=True)
+    assert not any(trial_verdicts(PredictionTrial("model"), [fast] + [follows, fast] * 40))
+    # the first round (the prefill) counts towards neither: here it alone would make the others look slow
+    assert trial_verdicts(PredictionTrial("model"), [timed_round(60.0, 1)] + [slow, fast] * 10)[-1]
+    assert not trial_verdicts(PredictionTrial("model"), [fast, timed_round(60.0, 1)] + [slow, fast] * 10)[-1]
+
+
+def predicted_request(session_id: int = 2, method: str = "model+ngram") -> RequestState:
+    prediction = (50, 51, 52, 53, 54, 55)
+    return RequestState(session_id=session_id, tokens=list(PROMPT_IDS), prompt_len=len(PROMPT_IDS),
+                        max_new_tokens=64, sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
+                        draft_mode=0, max_context=0, method=method, prediction=prediction,
+                        prediction_trial=trial_for("model", list(prediction), None),
+                        ngram=NgramIndex(2, 4, prediction, len(PROMPT_IDS)))
+
+
+def test_a_useless_prediction_is_dropped_and_the_request_drafts_as_it_would_without_one():
+    metrics = Metrics()
+    selector = KSelector(SpeculationConfig(k=3), metrics, random.Random(0), ngram_tokens=8, prediction_tokens=24)
+    state = predicted_request()
+    selector.attach(state)
+    assert state.ngram.propose(state.tokens, 3) == [50, 51, 52] and "prediction_token_ids" in state.target_start
+    rounds = [timed_round(0.5, 1)] + [timed_round(0.02, 1, predicted=True), timed_round(0.01, 3)] * 10
+    for round_ in rounds:
+        selector.observe(state, round_)
+        state.tokens += [7] * len(round_.committed)
+    assert state.prediction_dropped and not state.predicting and regime(state) == "greedy"
+    assert state.method == "model" and state.stats.prediction_dropped_at == 1 + 4 * (TRIAL_ROUNDS - 1) + 1
+    assert selector.controller(state, NGRAM) is selector.pools[(NGRAM, "greedy")]
+    assert selector.active[state.session_id][0] == "greedy"
+    assert metrics.predictions_dropped._value.get() == 1
+    assert "prediction_token_ids" not in state.target_start               # a re-prefill carries it no more
+    assert state.ngram.propose(PROMPT_IDS, 3) == []                       # nothing copied from it on the router
+    lookup = prompt_lookup(state, selector, 8, with_model=True)
+    assert lookup.drop_prediction                                         # ... nor on the target
+    assert not prompt_lookup(predicted_request(3), selector, 8, with_model=True).drop_prediction
+    assert trial_for("model", [5], 4) is None and trial_for("model", [], None) is None   # its own K: no trial
 
 
 def test_the_target_drafts_from_the_prediction_its_session_start_carried(byte_engines, reference_generate):
@@ -124,6 +185,18 @@ def test_the_target_drafts_from_the_prediction_its_session_start_carried(byte_en
     assert list(verdict.draft_token_ids) == expected[:8] and verdict.num_accepted == 8
     assert verdict.next_token_id == expected[8]
     target.release(77)
+
+
+def test_a_lookup_that_drops_the_prediction_drafts_from_the_context_alone(byte_engines):
+    _, target, _ = byte_engines
+    prompt, prediction = [72, 101, 108, 108, 111], [200, 201, 202, 203, 204, 205]     # no 2-gram twice in the prompt
+    for session_id, drop in ((78, False), (79, True)):
+        lookup = worker_pb2.PromptLookup(min_n=2, max_n=3, max_tokens=4, drop_prediction=drop)
+        verdict = target.verify(worker_pb2.VerifyRequest(
+            session_id=session_id, new_token_ids=prompt, prediction_token_ids=prediction, lookup=lookup,
+            sampling=generation_pb2.SamplingParams(top_p=1.0), prompt_length=len(prompt)))
+        assert list(verdict.draft_token_ids) == ([] if drop else prediction[:4]), drop
+        target.release(session_id)
 
 
 # --- end to end, the demo pair ---
@@ -172,6 +245,29 @@ def test_greedy_output_is_the_target_alone_with_any_prediction_and_an_exact_one_
             assert stats.target_passes <= most, (stats.target_passes, without.stats.target_passes)
         if name == "edited":                # 4 tokens changed and 1 dropped: 91 of its 95 repeated
             assert stats.rejected_prediction_tokens <= 4 and stats.target_passes < without.stats.target_passes
+
+
+@pytest.mark.parametrize("method", ["model", "model+ngram"])
+def test_a_prediction_dropped_mid_request_leaves_the_output_the_target_alones_and_is_drafted_from_no_more(
+        served, target, monkeypatch, method):
+    """The trial's verdict forced at the request's second round (PredictionTrial.useless; the router runs in this
+    process) with the exact prediction: the output is still the target alone's, the stats say where it was dropped,
+    and the rest takes more passes than the few of a prediction the output follows (here 13-32 against 3-9 in
+    all). That the router's lookups then tell the target, and the target copies no more, is pinned above."""
+    def at_second_round(trial, round_):
+        trial.seen = getattr(trial, "seen", 0) + 1
+        return trial.seen == 2
+    expected = greedy_alone(target, PROMPT, 96)
+    before = served.reload(draft={"method": method})
+    try:
+        kept = generate(served, expected)
+        monkeypatch.setattr(PredictionTrial, "useless", at_second_round)
+        dropped = generate(served, expected)
+    finally:
+        served.reload(**before)
+    assert list(kept.token_ids) == list(dropped.token_ids) == expected
+    assert kept.stats.prediction_dropped_at == 0 and 0 < dropped.stats.prediction_dropped_at < 96
+    assert dropped.stats.target_passes > 2 * kept.stats.target_passes, (dropped.stats, kept.stats)
 
 
 def test_a_seeded_sampled_request_answers_the_same_tokens_with_a_prediction(served):

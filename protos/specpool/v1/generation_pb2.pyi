@@ -153,7 +153,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("target_passes", "draft_tokens", "accepted_tokens", "k_per_round", "wire_bytes", "predrafts", "predraft_hits", "source_per_round", "sources", "target_calls", "predraft_branch_hits", "target_answers", "staged_rounds", "cached_prompt_tokens", "target_prefix_cache", "draft_prefix_cache", "handed_off_rounds", "handoffs_from_router", "accepted_prediction_tokens", "rejected_prediction_tokens")
+    __slots__ = ("target_passes", "draft_tokens", "accepted_tokens", "k_per_round", "wire_bytes", "predrafts", "predraft_hits", "source_per_round", "sources", "target_calls", "predraft_branch_hits", "target_answers", "staged_rounds", "cached_prompt_tokens", "target_prefix_cache", "draft_prefix_cache", "handed_off_rounds", "handoffs_from_router", "accepted_prediction_tokens", "rejected_prediction_tokens", "prediction_dropped_at")
     TARGET_PASSES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class GenerationStats(_message.Message):
     HANDOFFS_FROM_ROUTER_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_PREDICTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_DROPPED_AT_FIELD_NUMBER: _ClassVar[int]
     target_passes: int
     draft_tokens: int
     accepted_tokens: int
@@ -194,7 +195,8 @@ class GenerationStats(_message.Message):
     handoffs_from_router: int
     accepted_prediction_tokens: int
     rejected_prediction_tokens: int
-    def __init__(self, target_passes: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., k_per_round: _Optional[_Iterable[int]] = ..., wire_bytes: _Optional[int] = ..., predrafts: _Optional[int] = ..., predraft_hits: _Optional[int] = ..., source_per_round: _Optional[_Iterable[_Union[ProposalSource, str]]] = ..., sources: _Optional[_Iterable[_Union[SourceStats, _Mapping]]] = ..., target_calls: _Optional[int] = ..., predraft_branch_hits: _Optional[int] = ..., target_answers: _Optional[int] = ..., staged_rounds: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., target_prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., draft_prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., handed_off_rounds: _Optional[int] = ..., handoffs_from_router: _Optional[int] = ..., accepted_prediction_tokens: _Optional[int] = ..., rejected_prediction_tokens: _Optional[int] = ...) -> None: ...
+    prediction_dropped_at: int
+    def __init__(self, target_passes: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., k_per_round: _Optional[_Iterable[int]] = ..., wire_bytes: _Optional[int] = ..., predrafts: _Optional[int] = ..., predraft_hits: _Optional[int] = ..., source_per_round: _Optional[_Iterable[_Union[ProposalSource, str]]] = ..., sources: _Optional[_Iterable[_Union[SourceStats, _Mapping]]] = ..., target_calls: _Optional[int] = ..., predraft_branch_hits: _Optional[int] = ..., target_answers: _Optional[int] = ..., staged_rounds: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., target_prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., draft_prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., handed_off_rounds: _Optional[int] = ..., handoffs_from_router: _Optional[int] = ..., accepted_prediction_tokens: _Optional[int] = ..., rejected_prediction_tokens: _Optional[int] = ..., prediction_dropped_at: _Optional[int] = ...) -> None: ...
 
 class PrefixCacheStats(_message.Message):
     __slots__ = ("looked_up", "found")

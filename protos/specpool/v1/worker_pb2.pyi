@@ -218,20 +218,22 @@ class StagedDrafts(_message.Message):
     def __init__(self, num_accepted: _Optional[int] = ..., next_token_id: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_hidden_states: _Optional[bytes] = ...) -> None: ...
 
 class PromptLookup(_message.Message):
-    __slots__ = ("min_n", "max_n", "max_tokens", "end_on_miss", "min_match", "max_tokens_by_match")
+    __slots__ = ("min_n", "max_n", "max_tokens", "end_on_miss", "min_match", "max_tokens_by_match", "drop_prediction")
     MIN_N_FIELD_NUMBER: _ClassVar[int]
     MAX_N_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     END_ON_MISS_FIELD_NUMBER: _ClassVar[int]
     MIN_MATCH_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_BY_MATCH_FIELD_NUMBER: _ClassVar[int]
+    DROP_PREDICTION_FIELD_NUMBER: _ClassVar[int]
     min_n: int
     max_n: int
     max_tokens: int
     end_on_miss: bool
     min_match: int
     max_tokens_by_match: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, min_n: _Optional[int] = ..., max_n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., end_on_miss: _Optional[bool] = ..., min_match: _Optional[int] = ..., max_tokens_by_match: _Optional[_Iterable[int]] = ...) -> None: ...
+    drop_prediction: bool
+    def __init__(self, min_n: _Optional[int] = ..., max_n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., end_on_miss: _Optional[bool] = ..., min_match: _Optional[int] = ..., max_tokens_by_match: _Optional[_Iterable[int]] = ..., drop_prediction: _Optional[bool] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("num_accepted", "next_token_id", "compute_us", "batch_size", "batch_tokens", "queue_depth", "handler_us", "call_id", "status", "logprobs", "more", "draft_token_ids", "missed", "earlier", "prefix_cache", "handoff_wait_us", "handoff_from_router", "prompt_logprobs")
