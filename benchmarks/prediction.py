@@ -12,6 +12,8 @@ The rows differ only in what the request predicts:
 - "shuffled": F's tokens in a random order (a prediction with nothing to copy but chance n-grams: the cost of
   a useless one; another seed's file would help, the tiny pair writing much alike);
 - "none": no prediction (the adaptive policy as usual);
+"predictions dropped" is the share of a row's requests whose prediction proved useless (router/prediction.py,
+PredictionTrial) and was dropped;
 and transformers generate() and its prompt lookup (which has no prediction to copy from) run on the same prompts.
 Repeats are interleaved, the specpool rows in reverse order every other repeat; tokens/s is the median over
 repeats and a ratio the median of the two rows' ratios repeat by repeat (with their range).
@@ -65,7 +67,9 @@ def predictions(tokenizer, continuations: list[list[int]]) -> dict[str, list[str
 def predicted_run(stub, prompts: list[str], max_new: int, predicted: list[str]) -> dict:
     """One pass over the prompts at the adaptive policy, each streamed with its prediction."""
     runs = [stream_one(stub, p, max_new, None, 0.0, text) for p, text in zip(prompts, predicted)]
-    return {key: sum(r[key] for r in runs) for key in ("tokens", "seconds", "rounds", "accepted_prediction")}
+    return {"requests": len(runs), **{key: sum(r[key] for r in runs) for key in ("tokens", "seconds", "rounds",
+                                                                                "accepted_prediction",
+                                                                                "prediction_dropped")}}
 
 
 def summary(runs: list[dict]) -> dict:
@@ -74,7 +78,8 @@ def summary(runs: list[dict]) -> dict:
     if "rounds" in runs[0]:
         total = {key: sum(r[key] for r in runs) for key in runs[0]}
         out.update(tokens_per_pass=total["tokens"] / total["rounds"],
-                   accepted_prediction_share=total["accepted_prediction"] / total["tokens"])
+                   accepted_prediction_share=total["accepted_prediction"] / total["tokens"],
+                   dropped_share=total["prediction_dropped"] / total["requests"])
     return out
 
 
@@ -102,10 +107,11 @@ def section(service, cfg: BenchConfig, seeds: list[str]) -> dict:
 
 
 def markdown(section: dict) -> str:
-    lines = ["| row | tokens/s | tokens per target pass | output tokens from the prediction |", "|---|---|---|---|"]
+    lines = ["| row | tokens/s | tokens per target pass | output tokens from the prediction | predictions dropped |",
+             "|---|---|---|---|---|"]
     for name, row in section["rows"].items():
-        extra = (f"{row['tokens_per_pass']:.2f} | {100 * row['accepted_prediction_share']:.0f} %"
-                 if "tokens_per_pass" in row else " | ")
+        extra = (f"{row['tokens_per_pass']:.2f} | {100 * row['accepted_prediction_share']:.0f} % | "
+                 f"{100 * row['dropped_share']:.0f} %" if "tokens_per_pass" in row else " | | ")
         lines.append(f"| {'specpool, prediction ' + name if name in PREDICTIONS else name} | "
                      f"{row['tokens_per_s']:.1f} | {extra} |")
     lines += ratio_lines(section["ratios"])

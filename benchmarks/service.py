@@ -55,7 +55,8 @@ def stats_fields(stats: generation_pb2.GenerationStats) -> dict:
             "wire": stats.wire_bytes, "predraft_hits": stats.predraft_hits, "staged": stats.staged_rounds,
             "sources": list(stats.source_per_round),
             "k_per_round": list(stats.k_per_round), "cached_prompt_tokens": stats.cached_prompt_tokens,
-            "accepted_prediction": stats.accepted_prediction_tokens}
+            "accepted_prediction": stats.accepted_prediction_tokens,
+            "prediction_dropped": int(stats.prediction_dropped_at > 0)}
 
 
 def round_record(round_) -> dict:

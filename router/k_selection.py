@@ -397,10 +397,11 @@ class KSelector:
             self.drop_prediction(state)
 
     def drop_prediction(self, state: RequestState) -> None:
-        """A request's prediction proved useless (router.prediction.PredictionTrial): from its next round on it drafts
-        as it would have without one (its pool's draft.method, lookup in its own context alone, and told to the
-        target with its next lookup), with fresh controllers of its plain regime."""
-        state.prediction_dropped, state.method = True, state.prediction_trial.method
+        """A request's prediction proved useless (router.prediction.PredictionTrial): from its next round on its
+        lookups copy from its own context alone (the target told so with its next lookup), and it learns with fresh
+        controllers of its plain regime. It keeps model+ngram: where lookup in its context pays (the demo pair's
+        repetitive output), the source choice finds it; where not, the draft model's rounds win."""
+        state.prediction_dropped = True
         state.stats.prediction_dropped_at = state.generated
         if state.ngram is not None:
             state.ngram.drop_prediction()

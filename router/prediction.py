@@ -4,12 +4,12 @@ output follows it the target verifies long runs of drafts in one pass; the outpu
 without it. A request with a prediction drafts from the draft model and from lookup (model+ngram) where the pool's
 method is the model alone, and its statistics are kept apart from other requests' (router.k_selection.regime).
 
-A prediction that proves useless is dropped (PredictionTrial): the request then drafts as it would have without
-one, and its rounds count towards the plain regimes again.
+A prediction that proves useless is dropped (PredictionTrial): the request then drafts from the draft model and
+its own context, and its rounds count towards the plain regimes again.
 
     ids = await prediction_ids(request, tokenizer, limits)     # [] without one; RequestError naming the field
     accepted, rejected = prediction_usage(ids, output_ids)     # OpenAI's completion_tokens_details (count_prediction)
-    trial = trial_for(pool_method, ids, fixed_k)               # per request; KSelector.observe asks useless()
+    trial = trial_for(ids, fixed_k)                            # per request; KSelector.observe asks useless()
 """
 from __future__ import annotations
 
@@ -43,7 +43,6 @@ class PredictionTrial:
     request runs. Once both have about TRIAL_ROUNDS rounds behind them, a prediction whose rounds delivered less is
     useless. A prediction the output follows drafts nearly every round and delivers far more, so it is never
     judged, or kept. The request's first round (its prefill) counts towards neither."""
-    method: str                 # the request's draft.method without the prediction (the pool's)
     predicted: Delivered = field(default_factory=Delivered)
     other: Delivered = field(default_factory=Delivered)
     started: bool = False       # the first round has been seen
@@ -87,11 +86,11 @@ def method_for(method: str, prediction: list[int], fixed_k: int | None) -> str:
     return "model+ngram" if prediction and method == "model" and fixed_k != 0 else method
 
 
-def trial_for(method: str, prediction: list[int], fixed_k: int | None) -> PredictionTrial | None:
-    """A request's PredictionTrial under the pool's draft.method `method`: none without a prediction, nor for a
-    request with its own K, whose drafts follow a rule of its tokens alone (so that a seeded request in
-    sampled-draft mode gives one output; a trial's verdict depends on timing)."""
-    return PredictionTrial(method) if prediction and fixed_k is None else None
+def trial_for(prediction: list[int], fixed_k: int | None) -> PredictionTrial | None:
+    """A request's PredictionTrial: none without a prediction, nor for a request with its own K, whose drafts follow
+    a rule of its tokens alone (so that a seeded request in sampled-draft mode gives one output; a trial's verdict
+    depends on timing)."""
+    return PredictionTrial() if prediction and fixed_k is None else None
 
 
 def prediction_usage(prediction: list[int], output: list[int]) -> tuple[int, int]:
