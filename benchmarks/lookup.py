@@ -21,15 +21,14 @@ import argparse
 import dataclasses
 import statistics
 
-import yaml
-
 from benchmarks.hf_baseline import hf_run, load_hf
 from benchmarks.plan import PREDICTABLE, BenchConfig
 from benchmarks.repeats import best, paired
 from benchmarks.overlap import heavy_config
 from benchmarks.sections import write_sections
-from benchmarks.service import load_service_config, log, running, running_data, stream_one, whole_one
-from protos.specpool.v1 import admin_pb2, generation_pb2
+from benchmarks.service import (load_service_config, log, reload_section, running, running_data, stream_one,
+                                whole_one)
+from protos.specpool.v1 import generation_pb2
 
 SEEDS = PREDICTABLE + ["class Node:\n    def __init__(self, name, value=None):\n",
                        "def read_config(path, defaults=None):\n    result = dict(defaults or {})\n",
@@ -52,9 +51,7 @@ def grounded_prompts(target, tokenizer, file_tokens: int) -> list[str]:
 
 def set_method(service, method: str) -> None:
     """Hot-reload draft.method on the running service."""
-    data = service.data
-    data["draft"] = {**(data.get("draft") or {}), "method": method}
-    service.admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(data)))
+    reload_section(service, "draft", method=method)
 
 
 def specpool_run(stub, prompts: list[str], max_new: int, call=stream_one) -> dict:

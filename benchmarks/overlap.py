@@ -12,22 +12,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import yaml
-
 from benchmarks.plan import PREDICTABLE, BenchConfig
-from benchmarks.service import log, running_data, stream_one, whole_one
+from benchmarks.service import log, reload_section, running_data, stream_one, whole_one
 from benchmarks.repeats import best, combine, paired
 from benchmarks.single_stream import BASE_ROW, hf_plan, specpool_row, with_model_terms
 from settings.schema import SpeculationConfig
-from protos.specpool.v1 import admin_pb2
 from router.round_timing import PARTS
 
 
 def set_speculation(service, **values) -> None:
     """Hot-reload speculation.<key> = value (overlap, decode_steps) on the running service."""
-    data = service.data
-    data["speculation"] = {**(data.get("speculation") or {}), **values}
-    service.admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(data)))
+    reload_section(service, "speculation", **values)
 
 
 ONE_CALL_PER_TOKEN = "in turn K=0, one call per token"   # decode runs off (speculation.decode_steps 1)

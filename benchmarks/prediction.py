@@ -11,9 +11,10 @@ The rows differ only in what the request predicts:
   the output changes alone, which the lookup steps over);
 - "shuffled": F's tokens in a random order (a prediction with nothing to copy but chance n-grams: the cost of
   a useless one; another seed's file would help, the tiny pair writing much alike);
+- "shuffled, never dropped": the same with draft.prediction_trial_rounds 0 (hot-reloaded for the row), so that
+  the trial that drops a useless prediction (router/prediction.py, PredictionTrial) is measured against none;
 - "none": no prediction (the adaptive policy as usual);
-"predictions dropped" is the share of a row's requests whose prediction proved useless (router/prediction.py,
-PredictionTrial) and was dropped;
+"predictions dropped" is the share of a row's requests whose prediction its trial dropped;
 and transformers generate() and its prompt lookup (which has no prediction to copy from) run on the same prompts.
 Repeats are interleaved, the specpool rows in reverse order every other repeat; tokens/s is the median over
 repeats and a ratio the median of the two rows' ratios repeat by repeat (with their range).
@@ -32,11 +33,12 @@ from benchmarks.overlap import heavy_config
 from benchmarks.plan import BenchConfig
 from benchmarks.repeats import paired
 from benchmarks.sections import pair_arguments, ratio_lines, write_sections
-from benchmarks.service import load_service_config, log, running_data, stream_one
+from benchmarks.service import load_service_config, log, reload_section, running_data, stream_one
 
 EDIT_TOKENS = 8
 RENAMED = 4
-PREDICTIONS = ("none", "exact", "edited", "renamed", "shuffled")
+NEVER_DROPPED = "shuffled, never dropped"
+PREDICTIONS = ("none", "exact", "edited", "renamed", "shuffled", NEVER_DROPPED)
 
 
 def files(target, tokenizer, seeds: list[str], tokens: int) -> list[list[int]]:
@@ -60,7 +62,8 @@ def predictions(tokenizer, continuations: list[list[int]]) -> dict[str, list[str
     texts = {"none": [""] * len(continuations), "exact": [tokenizer.decode(ids) for ids in continuations],
              "edited": [tokenizer.decode(edited(ids)) for ids in continuations],
              "renamed": [tokenizer.decode(renamed(ids)) for ids in continuations]}
-    texts["shuffled"] = [tokenizer.decode(random.Random(0).sample(ids, len(ids))) for ids in continuations]
+    texts["shuffled"] = texts[NEVER_DROPPED] = [tokenizer.decode(random.Random(0).sample(ids, len(ids)))
+                                                for ids in continuations]
     return texts
 
 
@@ -70,6 +73,19 @@ def predicted_run(stub, prompts: list[str], max_new: int, predicted: list[str]) 
     return {"requests": len(runs), **{key: sum(r[key] for r in runs) for key in ("tokens", "seconds", "rounds",
                                                                                 "accepted_prediction",
                                                                                 "prediction_dropped")}}
+
+
+def predicted_row(service, name: str, prompts: list[str], max_new: int, predicted: list[str]) -> dict:
+    """predicted_run for the row `name`; the never-dropped row with draft.prediction_trial_rounds 0 for its
+    duration."""
+    if name != NEVER_DROPPED:
+        return service.client(predicted_run, prompts, max_new, predicted)
+    trial = service.service.config.draft.prediction_trial_rounds
+    reload_section(service, "draft", prediction_trial_rounds=0)
+    try:
+        return service.client(predicted_run, prompts, max_new, predicted)
+    finally:
+        reload_section(service, "draft", prediction_trial_rounds=trial)
 
 
 def summary(runs: list[dict]) -> dict:
@@ -95,7 +111,7 @@ def section(service, cfg: BenchConfig, seeds: list[str]) -> dict:
             seconds, tokens = hf_run(target, tokenizer, [[s] for s in seeds], cfg.max_new_tokens, **extra)
             runs[name].append({"tokens": tokens, "seconds": seconds})
         for name in PREDICTIONS if repeat % 2 == 0 else PREDICTIONS[::-1]:
-            runs[name].append(service.client(predicted_run, seeds, cfg.max_new_tokens, texts[name]))
+            runs[name].append(predicted_row(service, name, seeds, cfg.max_new_tokens, texts[name]))
         log(f"repeat {repeat + 1}: " + ", ".join(f"{n} {r[-1]['tokens'] / r[-1]['seconds']:.0f}"
                                                    for n, r in runs.items()))
     rows = {name: summary(r) for name, r in runs.items()}
@@ -103,6 +119,7 @@ def section(service, cfg: BenchConfig, seeds: list[str]) -> dict:
     ratios = {f"{name} / none": paired(rows[name], rows["none"]) for name in PREDICTIONS[1:]}
     ratios.update({f"{name} / {baseline}": paired(rows[name], rows[baseline]) for name in ("exact", "edited",
                                                                                              "renamed")})
+    ratios[f"shuffled / {NEVER_DROPPED}"] = paired(rows["shuffled"], rows[NEVER_DROPPED])
     return {"rows": rows, "ratios": ratios}
 
 

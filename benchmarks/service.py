@@ -21,9 +21,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import grpc
+import yaml
 
 from benchmarks.plan import PREDICTABLE
-from protos.specpool.v1 import admin_pb2_grpc, generation_pb2, generation_pb2_grpc
+from protos.specpool.v1 import admin_pb2, admin_pb2_grpc, generation_pb2, generation_pb2_grpc
 from settings.schema import config_from_dict, read_yaml, with_model_paths_from
 
 
@@ -185,6 +186,14 @@ def running(config_path: str | os.PathLike, batching: bool = True):
     """A fresh specpool from the YAML at `config_path` on any free port (batching off: max_batch_size 1 for
     the draft and the target), stopped (its actors killed) on exit; Ray stays up for the next one."""
     return running_data(load_service_config(config_path), batching, str(config_path))
+
+
+def reload_section(service, section: str, **values) -> None:
+    """Hot-reload `section`.<key> = value on the running service (InProcessService), as Admin.Reload would; the
+    service's config dict keeps them (a later reload keeps the settings of the one before)."""
+    data = service.data
+    data[section] = {**(data.get(section) or {}), **values}
+    service.admin.Reload(admin_pb2.ReloadRequest(config_yaml=yaml.safe_dump(data)))
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ its own context, and its rounds count towards the plain regimes again.
 
     ids = await prediction_ids(request, tokenizer, limits)     # [] without one; RequestError naming the field
     accepted, rejected = prediction_usage(ids, output_ids)     # OpenAI's completion_tokens_details (count_prediction)
-    trial = trial_for(ids, fixed_k)                            # per request; KSelector.observe asks useless()
+    trial = trial_for(ids, fixed_k, rounds)                    # per request; KSelector.observe asks useless()
 """
 from __future__ import annotations
 
@@ -26,9 +26,7 @@ from router.validation import ModelLimits, RequestError, check_token_ids
 
 
 INLINE_TOKENS = 1024     # a prediction and an output this short are compared on the event loop (about 1 ms here)
-TRIAL_WINDOW = 16        # a trial weighs each kind of round over about its last this many
-TRIAL_ROUNDS = 8         # ... and judges once both kinds have this many rounds' weight behind them
-TRIAL_WEIGHT = TRIAL_WINDOW * (1 - (1 - 1 / TRIAL_WINDOW) ** TRIAL_ROUNDS)    # (Delivered's decayed count)
+TRIAL_WINDOW = 16        # a trial weighs each kind of round over about its last this many, at least
 
 
 @dataclass
@@ -39,13 +37,23 @@ class PredictionTrial:
     rejected: on the heavy pair a shuffled one cost a request about an eighth of its speed (README, Predicted
     outputs). So the trial keeps what the request's rounds that drafted from the prediction have delivered
     (committed tokens per second of their wall time) and what its other rounds have (the draft model's, lookups in
-    its own context, plain decoding), each over about its last TRIAL_WINDOW rounds, measured side by side as the
-    request runs. Once both have about TRIAL_ROUNDS rounds behind them, a prediction whose rounds delivered less is
-    useless. A prediction the output follows drafts nearly every round and delivers far more, so it is never
+    its own context, plain decoding), each over about its last TRIAL_WINDOW rounds (or 2 x `rounds`), measured side
+    by side as the request runs. Once both have `rounds` rounds behind them (draft.prediction_trial_rounds), a
+    prediction whose rounds delivered less is useless. A prediction the output follows drafts nearly every round and delivers far more, so it is never
     judged, or kept. The request's first round (its prefill) counts towards neither."""
+    rounds: int                 # draft.prediction_trial_rounds (> 0)
     predicted: Delivered = field(default_factory=Delivered)
     other: Delivered = field(default_factory=Delivered)
     started: bool = False       # the first round has been seen
+
+    @property
+    def window(self) -> int:
+        return max(TRIAL_WINDOW, 2 * self.rounds)
+
+    @property
+    def weight(self) -> float:
+        """The weight (Delivered.rounds) of `rounds` rounds."""
+        return self.window * (1 - (1 - 1 / self.window) ** self.rounds)
 
     def useless(self, round_: Round) -> bool:
         """Count one of the request's rounds (router.request_state.Round, `predicted` where its drafts were copied
@@ -54,8 +62,8 @@ class PredictionTrial:
         if first or not round_.parts:
             return False
         kind = self.predicted if round_.predicted else self.other
-        kind.add(len(round_.committed), sum(round_.parts.values()), TRIAL_WINDOW)
-        judged = min(self.predicted.rounds, self.other.rounds) >= TRIAL_WEIGHT - 1e-9
+        kind.add(len(round_.committed), sum(round_.parts.values()), self.window)
+        judged = min(self.predicted.rounds, self.other.rounds) >= self.weight - 1e-9
         return judged and self.predicted.rate < self.other.rate
 
 
@@ -86,11 +94,11 @@ def method_for(method: str, prediction: list[int], fixed_k: int | None) -> str:
     return "model+ngram" if prediction and method == "model" and fixed_k != 0 else method
 
 
-def trial_for(prediction: list[int], fixed_k: int | None) -> PredictionTrial | None:
-    """A request's PredictionTrial: none without a prediction, nor for a request with its own K, whose drafts follow
-    a rule of its tokens alone (so that a seeded request in sampled-draft mode gives one output; a trial's verdict
-    depends on timing)."""
-    return PredictionTrial() if prediction and fixed_k is None else None
+def trial_for(prediction: list[int], fixed_k: int | None, rounds: int) -> PredictionTrial | None:
+    """A request's PredictionTrial of `rounds` (draft.prediction_trial_rounds): none without a prediction, where
+    `rounds` is 0, or for a request with its own K, whose drafts follow a rule of its tokens alone (so that a seeded
+    request in sampled-draft mode gives one output; a trial's verdict depends on timing)."""
+    return PredictionTrial(rounds) if prediction and rounds and fixed_k is None else None
 
 
 def prediction_usage(prediction: list[int], output: list[int]) -> tuple[int, int]:

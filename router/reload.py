@@ -76,7 +76,8 @@ async def logged_reload(router: "Router", read: Callable[[], dict], config_dir: 
     return changes
 
 
-DRAFT_RELOADABLE = ("method", "ngram_min", "ngram_max", "ngram_max_tokens", "prediction_max_tokens")   # router-side: apply to new requests
+DRAFT_RELOADABLE = ("method", "ngram_min", "ngram_max", "ngram_max_tokens", "prediction_max_tokens",   # router-side:
+                    "prediction_trial_rounds")                                                      # new requests
 ROUTER_RELOADABLE = ("log_requests", "admin_keys")          # read as each request ends, as each Admin call comes
 
 

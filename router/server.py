@@ -196,7 +196,7 @@ class Router:
                             eos_ids=frozenset() if request.ignore_eos else self.eos_ids,
                             method=method_for(self.config.draft.method, prediction, fixed_k),
                             prediction=tuple(prediction),
-                            prediction_trial=trial_for(prediction, fixed_k),
+                            prediction_trial=trial_for(prediction, fixed_k, self.config.draft.prediction_trial_rounds),
                             ngram=NgramIndex(self.config.draft.ngram_min, self.config.draft.ngram_max, prediction,
                                              len(prompt_ids)),
                             stop_strings=tuple(request.stop), include_stop=request.include_stop_str_in_output,

@@ -39,6 +39,7 @@ BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:
 # in `specpool status`): k_max 100000 pinned the router's event loop for minutes.
 K_LIMIT = 64               # speculation.k_max, draft.ngram_max_tokens (the n-gram controller's k_max)
 NGRAM_LIMIT = 32           # draft.ngram_max: each lookup tries every size, and each size has its own controller
+TRIAL_LIMIT = 1024         # draft.prediction_trial_rounds (its window is twice as long, at least 16 rounds)
 BRANCH_LIMIT = 2 * K_LIMIT  # speculation.overlap_branches: a pre-draft beside K drafts has at most 2 K branches
 DECODE_STEPS_LIMIT = 1024  # speculation.decode_steps: a run that long keeps the policy from re-planning (or
                            # probing) for up to 4x that many tokens under load
@@ -156,6 +157,8 @@ class DraftConfig(PoolConfig):
     ngram_max_tokens: int = 8       # longest continuation an n-gram round proposes (its K range's top)
     prediction_max_tokens: int = 32  # ... for a request with a prediction (OpenAI's Predicted Outputs), whose drafts
                                     # copied from it are accepted far more often (router/prediction.py)
+    prediction_trial_rounds: int = 8  # ... whose prediction is dropped once about this many of its rounds that
+                                    # drafted from it, and as many others, show it delivering less (0: never)
 
     def validate(self, section: str = "draft") -> None:
         super().validate(section)
@@ -164,7 +167,9 @@ class DraftConfig(PoolConfig):
                   ("ngram_max", self.ngram_min <= self.ngram_max <= NGRAM_LIMIT,
                    f"must be in [ngram_min, {NGRAM_LIMIT}] = [{self.ngram_min}, {NGRAM_LIMIT}]"),
                   ("ngram_max_tokens", 1 <= self.ngram_max_tokens <= K_LIMIT, f"must be in [1, {K_LIMIT}]"),
-                  ("prediction_max_tokens", 1 <= self.prediction_max_tokens <= K_LIMIT, f"must be in [1, {K_LIMIT}]"))
+                  ("prediction_max_tokens", 1 <= self.prediction_max_tokens <= K_LIMIT, f"must be in [1, {K_LIMIT}]"),
+                  ("prediction_trial_rounds", 0 <= self.prediction_trial_rounds <= TRIAL_LIMIT,
+                   f"must be in [0, {TRIAL_LIMIT}]"))
         for key, ok, rule in checks:
             if not ok:
                 raise ConfigError(f"{section}.{key}: {rule} (got {getattr(self, key)!r})")

@@ -18,6 +18,7 @@ TOO_LARGE = [
     ("speculation", "change_recent", 1025, "must be in [1, 1024]"),
     ("draft", "ngram_max_tokens", 65, "must be in [1, 64]"),
     ("draft", "ngram_max", 33, "must be in [ngram_min, 32] = [2, 32]"),
+    ("draft", "prediction_trial_rounds", 1025, "must be in [0, 1024]"),
     ("http", "store_responses", 1_000_001, "must be in [0, 1000000]"),       # responses kept in memory
     ("http", "store_responses_mb", 1_000_001, "must be in [1, 1000000]"),
 ]

@@ -20,13 +20,14 @@ from protos.specpool.v1 import generation_pb2, worker_pb2
 from router.controller import RoundTimings
 from router.k_selection import KSelector, regime
 from router.metrics import Metrics
-from router.prediction import TRIAL_ROUNDS, PredictionTrial, method_for, prediction_usage, trial_for
+from router.prediction import PredictionTrial, method_for, prediction_usage, trial_for
 from router.request_state import MODEL, NGRAM, RequestState, Round
 from router.round_plan import prompt_lookup
 from settings.schema import SpeculationConfig
 from tests.test_openai_http import PROMPT, demo_target, greedy_alone, served_over_http
 
 PROMPT_IDS = [1, 2, 3, 4, 5]
+TRIAL_ROUNDS = 8            # draft.prediction_trial_rounds' default
 
 
 def index(prediction, min_n=2, max_n=4) -> NgramIndex:
@@ -125,17 +126,17 @@ def trial_verdicts(trial: PredictionTrial, rounds: list[Round]) -> list[bool]:
 
 def test_a_prediction_is_judged_useless_only_once_its_rounds_delivered_less_than_the_others_over_a_trial():
     slow, fast = timed_round(0.02, 1, predicted=True), timed_round(0.01, 3)        # 50 against 300 tokens/s
-    verdicts = trial_verdicts(PredictionTrial(), [timed_round(5.0, 1)] + [slow, fast] * 12)
+    verdicts = trial_verdicts(PredictionTrial(TRIAL_ROUNDS), [timed_round(5.0, 1)] + [slow, fast] * 12)
     first = verdicts.index(True)
     assert not any(verdicts[:first]) and first == 1 + 2 * TRIAL_ROUNDS - 1     # at the 8th of each
     # ... and not before both kinds have their trial behind them, however slow the prediction's rounds are
-    assert not any(trial_verdicts(PredictionTrial(), [fast] + [slow] * 30 + [fast] * (TRIAL_ROUNDS - 1)))
+    assert not any(trial_verdicts(PredictionTrial(TRIAL_ROUNDS), [fast] + [slow] * 30 + [fast] * (TRIAL_ROUNDS - 1)))
     # a prediction the output follows delivers more, and is kept
     follows = timed_round(0.03, 25, predicted=True)
-    assert not any(trial_verdicts(PredictionTrial(), [fast] + [follows, fast] * 40))
+    assert not any(trial_verdicts(PredictionTrial(TRIAL_ROUNDS), [fast] + [follows, fast] * 40))
     # the first round (the prefill) counts towards neither: here it alone would make the others look slow
-    assert trial_verdicts(PredictionTrial(), [timed_round(60.0, 1)] + [slow, fast] * 10)[-1]
-    assert not trial_verdicts(PredictionTrial(), [fast, timed_round(60.0, 1)] + [slow, fast] * 10)[-1]
+    assert trial_verdicts(PredictionTrial(TRIAL_ROUNDS), [timed_round(60.0, 1)] + [slow, fast] * 10)[-1]
+    assert not trial_verdicts(PredictionTrial(TRIAL_ROUNDS), [fast, timed_round(60.0, 1)] + [slow, fast] * 10)[-1]
 
 
 def predicted_request(session_id: int = 2, method: str = "model+ngram") -> RequestState:
@@ -143,7 +144,7 @@ def predicted_request(session_id: int = 2, method: str = "model+ngram") -> Reque
     return RequestState(session_id=session_id, tokens=list(PROMPT_IDS), prompt_len=len(PROMPT_IDS),
                         max_new_tokens=64, sampling=generation_pb2.SamplingParams(top_p=1.0), fixed_k=None,
                         draft_mode=0, max_context=0, method=method, prediction=prediction,
-                        prediction_trial=trial_for(list(prediction), None),
+                        prediction_trial=trial_for(list(prediction), None, TRIAL_ROUNDS),
                         ngram=NgramIndex(2, 4, prediction, len(PROMPT_IDS)))
 
 
@@ -167,7 +168,8 @@ def test_a_useless_prediction_is_dropped_and_the_request_drafts_from_the_model_a
     lookup = prompt_lookup(state, selector, 8, with_model=True)
     assert lookup.drop_prediction                                         # ... nor on the target
     assert not prompt_lookup(predicted_request(3), selector, 8, with_model=True).drop_prediction
-    assert trial_for([5], 4) is None and trial_for([], None) is None   # its own K: no trial
+    assert trial_for([5], 4, 8) is None and trial_for([], None, 8) is None   # its own K: no trial
+    assert trial_for([5], None, 0) is None and trial_for([5], None, 8).rounds == 8    # 0: never dropped
 
 
 def test_the_target_drafts_from_the_prediction_its_session_start_carried(byte_engines, reference_generate):
