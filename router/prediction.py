@@ -34,23 +34,24 @@ class PredictionTrial:
     """Whether a request's prediction is worth drafting from, judged on the request's own rounds, since what the
     predicted regimes' statistics learn mixes good predictions with bad. A useless prediction (one the output does
     not follow) still yields chance n-gram matches, drafted at the predicted regime's long K and nearly all
-    rejected: on the heavy pair a shuffled one cost a request about an eighth of its speed (README, Predicted
-    outputs). So the trial keeps what the request's rounds that drafted from the prediction have delivered
+    rejected (a shuffled one cost a heavy-pair request 0.87x in session 49's run, 0.95-1.01x in later ones: README,
+    Predicted outputs). So the trial keeps what the request's rounds that drafted from the prediction have delivered
     (committed tokens per second of their wall time) and what its other rounds have (the draft model's, lookups in
-    its own context, plain decoding), each over about its last TRIAL_WINDOW rounds (or 2 x `rounds`), measured side
-    by side as the request runs. Once both have `rounds` rounds behind them (draft.prediction_trial_rounds), a
-    prediction whose rounds delivered less is useless. A prediction the output follows drafts nearly every round and delivers far more, so it is never
-    judged, or kept. The request's first round (its prefill) counts towards neither."""
+    its own context, plain decoding), each over about its last `window` rounds, measured side by side as the
+    request runs. Once both have `rounds` rounds behind them (draft.prediction_trial_rounds), a prediction whose
+    rounds delivered less is useless. A prediction the output follows drafts nearly every round and delivers far
+    more, so it is never judged, or kept. The request's first round (its prefill) counts towards neither."""
     rounds: int                 # draft.prediction_trial_rounds (> 0)
     predicted: Delivered = field(default_factory=Delivered)
     other: Delivered = field(default_factory=Delivered)
     started: bool = False       # the first round has been seen
 
-    @property
+    @functools.cached_property
     def window(self) -> int:
+        """The rounds each side's delivery is weighed over (Delivered's window): TRIAL_WINDOW, or 2 x `rounds`."""
         return max(TRIAL_WINDOW, 2 * self.rounds)
 
-    @property
+    @functools.cached_property
     def weight(self) -> float:
         """The weight (Delivered.rounds) of `rounds` rounds."""
         return self.window * (1 - (1 - 1 / self.window) ** self.rounds)
