@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
-# A recurrent layer's fields that a forward changes (tensors copied, flags as they are)
+# A recurrent layer's fields that a forward changes (tensors copied, flags as they are), those the layer has: its
+# token count (transformers 5.25 on, whose get_seq_length gives the positions of the next forward) among them
 STATE_FIELDS = ("conv_states", "recurrent_states", "is_conv_states_initialized", "is_recurrent_states_initialized",
-                "has_previous_state", "conv_kernel_size")
+                "has_previous_state", "conv_kernel_size", "cumulative_length_linear")
 MAX_CHECKPOINTS = 16    # a session's (a draft's K steps and a pre-draft's have one each): past that the oldest after
                         # the committed tokens go, and a rollback to them restores an earlier one and computes more
 
@@ -47,7 +48,8 @@ def _copied(value):
 
 
 def checkpoint(cache, length: int) -> Checkpoint:
-    return Checkpoint(length, tuple({name: _copied(getattr(layer, name)) for name in STATE_FIELDS}
+    return Checkpoint(length, tuple({name: _copied(getattr(layer, name)) for name in STATE_FIELDS
+                                     if hasattr(layer, name)}
                                     if isinstance(layer, LinearAttentionCacheLayerMixin) else None
                                     for layer in cache.layers))
 
