@@ -133,7 +133,8 @@ class NgramIndex:
     def drop_prediction(self) -> None:
         """Copy no more drafts from the prediction (it proved worth less than the request's other drafts:
         router/prediction.py); the context's own n-grams stay."""
-        self.prediction, self._last = None, None
+        if self.prediction is not None:         # (a target is told so with every lookup after)
+            self.prediction, self._last = None, None
 
     def _catch_up(self, tokens: list[int]) -> None:
         """Index the n-grams that end at positions [_next_end, len - 2]: each has a token after it."""

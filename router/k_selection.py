@@ -159,11 +159,16 @@ class KSelector:
         return dataclasses.replace(config, k=config.k_max) if source == NGRAM else config
 
     def attach(self, state: RequestState) -> None:
-        """Give the request its own controllers; a greedy one's method says which source the `k` gauge follows."""
+        """Give the request its own controllers, and say whether it runs on prompt lookup alone (for good: such a
+        request takes no draft replica); a greedy one's method says which source the `k` gauge follows."""
+        state.lookup_alone = self._lookup_alone(state)
+        self._own_controllers(state)
+
+    def _own_controllers(self, state: RequestState) -> None:
+        """The request's own controllers, one per source, of its regime."""
         name = regime(state)
         if name == "greedy":
             self._shown_source = _shown_source(state.method)
-        state.lookup_alone = self._lookup_alone(state)
         state.controller = {source: KController(self._config(source, name), random.Random(self._rng.getrandbits(64)),
                                                 pool=self.pools[(source, name)])
                             for source in SOURCE_NAMES}
@@ -398,15 +403,17 @@ class KSelector:
 
     def drop_prediction(self, state: RequestState) -> None:
         """A request's prediction proved useless (router.prediction.PredictionTrial): from its next round on its
-        lookups copy from its own context alone (the target told so with its next lookup), and it learns with fresh
-        controllers of its plain regime. It keeps model+ngram: where lookup in its context pays (the demo pair's
-        repetitive output), the source choice finds it; where not, the draft model's rounds win."""
+        lookups copy from its own context alone (the target told so with its next lookup: a decode run under way
+        ends, router.speculation.generate), and it learns with fresh controllers of its plain regime. It keeps
+        model+ngram: where lookup in its context pays (the demo pair's repetitive output), the source choice finds
+        it; where not, the draft model's rounds win. One that runs on lookup alone goes on so (it holds no draft
+        replica)."""
         state.prediction_dropped = True
         state.stats.prediction_dropped_at = state.generated
         if state.ngram is not None:
             state.ngram.drop_prediction()
         self.metrics.predictions_dropped.inc()
-        self.attach(state)
+        self._own_controllers(state)
 
     def update_config(self, config: ControllerConfig, ngram_tokens: int | None = None,
                       method: str | None = None, prediction_tokens: int | None = None) -> None:

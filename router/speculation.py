@@ -192,8 +192,9 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
     draft worker start that pre-draft right after its drafts (speculation.chain_predrafts). A model round hands
     its drafts straight to the target (speculation.hand_off) where it pre-drafts nothing beside its verify, or
     chains its pre-draft: one that sent its pre-draft itself would start its verify sooner but its pre-draft no
-    sooner, leaving the pre-draft less time. However the request ends, the workers' caches for this
-    session (the draft's if a draft call was sent) are released, in the background (release_later)."""
+    sooner, leaving the pre-draft less time. A decode run ends where the request drops its prediction
+    (router/prediction.py), so that the next one tells the target. However the request ends, the workers' caches
+    for this session (the draft's if a draft call was sent) are released, in the background (release_later)."""
     ready, planned, ended = None, None, None
     try:
         while not state.finish_reason:
@@ -203,13 +204,14 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
             steps, lookup = (1, None) if ready else run_plan(state, draft, policy, source, k)
             if steps > 1:
                 run = resilient_run(state, target, steps, recovery_s, source, policy.answer_delay_s(state), lookup)
+                predicting = state.predicting
                 async with contextlib.aclosing(run) as messages:
                     async for rounds in messages:
                         committed, between = conclude_all(state, policy, rounds, between), None
                         ended = time.perf_counter()
                         yield committed
-                        if state.finish_reason:
-                            break
+                        if state.finish_reason or state.predicting != predicting:   # a dropped prediction: the
+                            break                                   # next run's lookup tells the target
                 planned = None
                 continue
             if source == NGRAM:            # drafts the router looks up itself (decode runs off)

@@ -153,6 +153,7 @@ def test_a_useless_prediction_is_dropped_and_the_request_drafts_from_the_model_a
     selector = KSelector(SpeculationConfig(k=3), metrics, random.Random(0), ngram_tokens=8, prediction_tokens=24)
     state = predicted_request()
     selector.attach(state)
+    state.lookup_alone = True                 # as the selector runs some: such a request holds no draft replica
     assert state.ngram.propose(state.tokens, 3) == [50, 51, 52] and "prediction_token_ids" in state.target_start
     rounds = [timed_round(0.5, 1)] + [timed_round(0.02, 1, predicted=True), timed_round(0.01, 3)] * 10
     for round_ in rounds:
@@ -161,7 +162,7 @@ def test_a_useless_prediction_is_dropped_and_the_request_drafts_from_the_model_a
     assert state.prediction_dropped and not state.predicting and regime(state) == "greedy"
     assert state.method == "model+ngram" and state.stats.prediction_dropped_at == 1 + 4 * (TRIAL_ROUNDS - 1) + 1
     assert selector.controller(state, NGRAM) is selector.pools[(NGRAM, "greedy")]
-    assert selector.active[state.session_id][0] == "greedy"
+    assert selector.active[state.session_id][0] == "greedy" and state.lookup_alone     # (it still has none)
     assert metrics.predictions_dropped._value.get() == 1
     assert "prediction_token_ids" not in state.target_start               # a re-prefill carries it no more
     assert state.ngram.propose(PROMPT_IDS, 3) == []                       # nothing copied from it on the router
@@ -269,8 +270,9 @@ def test_a_prediction_dropped_mid_request_leaves_the_output_the_target_alones_an
         served, target, monkeypatch, method):
     """The trial's verdict forced at the request's second round (PredictionTrial.useless; the router runs in this
     process) with the exact prediction: the output is still the target alone's, the stats say where it was dropped,
-    and the rest takes more passes than the few of a prediction the output follows (13-17 against 3-7 here).
-    That the router's lookups then tell the target, and the target copies no more, is pinned above."""
+    and the rest takes more passes than the few of a prediction the output follows (13-17 against 3-7 here). The
+    decode run under way ends at the drop, and every later lookup run tells the target (which then copies no more
+    of it: pinned above)."""
     def at_second_round(trial, round_):
         trial.seen = getattr(trial, "seen", 0) + 1
         return trial.seen == 2
@@ -279,12 +281,32 @@ def test_a_prediction_dropped_mid_request_leaves_the_output_the_target_alones_an
     try:
         kept = generate(served, expected)
         monkeypatch.setattr(PredictionTrial, "useless", at_second_round)
+        runs = spy_on_decode_runs(monkeypatch)
         dropped = generate(served, expected)
     finally:
         served.reload(**before)
     assert list(kept.token_ids) == list(dropped.token_ids) == expected
     assert kept.stats.prediction_dropped_at == 0 and 0 < dropped.stats.prediction_dropped_at < 96
     assert dropped.stats.target_passes > 2 * kept.stats.target_passes, (dropped.stats, kept.stats)
+    assert not any(run["went_on"] for run in runs)          # the run under way when it was dropped ended there
+    after = [run["lookup"] for run in runs if run["after_drop"] and run["lookup"] is not None]
+    assert after and all(lookup.drop_prediction for lookup in after)     # ... and every lookup run after told so
+
+
+def spy_on_decode_runs(monkeypatch) -> list[dict]:
+    """Record each decode run the router starts (router.speculation.resilient_run): its lookup, whether the request
+    had dropped its prediction when it began, and whether the router asked it for more after a drop."""
+    from router import speculation
+    runs, real = [], speculation.resilient_run
+
+    async def spying(state, *args):
+        run = {"lookup": args[-1], "after_drop": state.prediction_dropped, "went_on": False}
+        runs.append(run)
+        async for rounds in real(state, *args):
+            yield rounds
+            run["went_on"] |= state.prediction_dropped and not run["after_drop"]
+    monkeypatch.setattr(speculation, "resilient_run", spying)
+    return runs
 
 
 def test_a_seeded_sampled_request_answers_the_same_tokens_with_a_prediction(served):
