@@ -127,12 +127,13 @@ class KSelector:
 
     def __init__(self, config: ControllerConfig, metrics: Metrics, rng: random.Random | None = None,
                  ngram_tokens: int = 8, method: str = "model", prediction_tokens: int = 32):
-        """`method` (draft.method) only says whose K the `k` gauge shows before a request has said (see show_k);
-        n-gram rounds draft up to `ngram_tokens` (draft.ngram_max_tokens), those of a request with a prediction up
-        to `prediction_tokens` (draft.prediction_max_tokens)."""
+        """`method` (draft.method) says whose K the `k` gauge shows before a request has said (see show_k) and
+        whether plain requests' deliveries are kept (_delivery); n-gram rounds draft up to `ngram_tokens`
+        (draft.ngram_max_tokens), those of a request with a prediction up to `prediction_tokens`
+        (draft.prediction_max_tokens)."""
         self._rng = rng or random.Random()
         self.config, self.ngram_tokens, self.prediction_tokens = config, ngram_tokens, prediction_tokens
-        self._shown_source = _shown_source(method)
+        self.method, self._shown_source = method, _shown_source(method)
         self.pools = Pools(lambda key: KController(self._config(*key), random.Random(self._rng.getrandbits(64))))
         for source in SOURCE_NAMES:          # the predicted regimes' are made when a request with a prediction comes
             for name in REGIMES[:2]:
@@ -392,7 +393,7 @@ class KSelector:
         own = (state.controller or {}).get(round_.source)
         if own is not None:
             own.observe(round_.k, round_.accepted, round_.timings)
-        kind = delivery_kind(state)
+        kind = self._delivery(state)
         if kind is not None and round_.parts:
             self.delivered[(kind, regime(state))].add(len(round_.committed), sum(round_.parts.values()),
                                                       self.config.cost_window)
@@ -400,6 +401,12 @@ class KSelector:
         self.metrics.observe_source(SOURCE_NAMES[round_.source], round_.k, round_.accepted)
         if state.predicting and state.prediction_trial is not None and state.prediction_trial.useless(round_):
             self.drop_prediction(state)
+
+    def _delivery(self, state: RequestState) -> str | None:
+        """The delivery a request's rounds count towards (delivery_kind), where someone reads it: a plain regime's
+        only on a model+ngram pool, the one whose new requests lookup_way sends one way or the other. (A request
+        with a prediction drafts model+ngram on a model pool too, and keeps it once it drops the prediction.)"""
+        return delivery_kind(state) if state.predicting or self.method == "model+ngram" else None
 
     def drop_prediction(self, state: RequestState) -> None:
         """A request's prediction proved useless (router.prediction.PredictionTrial): from its next round on its
@@ -423,7 +430,8 @@ class KSelector:
         warm-up (a predicted regime's n-gram controllers to its k_max, where they start)."""
         restart = config.k != self.config.k
         self.config = config
-        self._shown_source = self._shown_source if method is None else _shown_source(method)
+        if method is not None:
+            self.method, self._shown_source = method, _shown_source(method)
         self.ngram_tokens = self.ngram_tokens if ngram_tokens is None else ngram_tokens
         self.prediction_tokens = self.prediction_tokens if prediction_tokens is None else prediction_tokens
         owned = [(source, name, c) for name, controllers in self.active.values() for source, c in controllers.items()]

@@ -235,7 +235,7 @@ def method_run(method: str, rounds: int = 3000, cost=None, match_alpha: dict | N
     from engine.ngram import NgramIndex
     from tests.test_controller_measured import MEASURED
     cost, alpha = cost or MEASURED, alpha or LOOKUP_ALPHA
-    selector = KSelector(sequential(k_max=K_MAX), Metrics(), random.Random(5), ngram_tokens=K_MAX)
+    selector = KSelector(sequential(k_max=K_MAX), Metrics(), random.Random(5), ngram_tokens=K_MAX, method=method)
     rng, tokens, elapsed, used, last = random.Random(9), 0.0, 0.0, {}, MODEL
     for index in range(rounds):
         if index % REQUEST_ROUNDS == 0:
@@ -311,7 +311,7 @@ def test_a_model_plus_ngram_request_runs_on_lookup_alone_where_that_has_delivere
     more tokens per second, the other with chance random_probe; methods model and ngram, and a request with its own
     K, are never run so (and a request with its own K counts towards neither)."""
     from engine.ngram import NgramIndex
-    selector = KSelector(sequential(k_max=K_MAX, random_probe=0.1), Metrics(), random.Random(2))
+    selector = KSelector(sequential(k_max=K_MAX, random_probe=0.1), Metrics(), random.Random(2), method="model+ngram")
 
     def request(method="model+ngram", index=0, fixed_k=None):
         state = request_state(index, worker_pb2.DRAFT_MODE_GREEDY)
@@ -352,7 +352,8 @@ def test_the_lookup_way_is_decided_once_both_have_half_a_cost_window_behind_them
     """The decayed weight of rounds approaches cost_window and never reaches it: a warm-up as long as the window
     must still end."""
     from engine.ngram import NgramIndex
-    selector = KSelector(sequential(k_max=K_MAX, warmup_rounds=64, cost_window=64), Metrics(), random.Random(2))
+    selector = KSelector(sequential(k_max=K_MAX, warmup_rounds=64, cost_window=64), Metrics(), random.Random(2),
+                         method="model+ngram")
     for alone, seconds_per_token in ((False, 0.001), (True, 0.0005)):
         state = request_state(0, worker_pb2.DRAFT_MODE_GREEDY)
         state.ngram, state.method, state.lookup_alone = NgramIndex(2, 4), "model+ngram", alone

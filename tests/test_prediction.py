@@ -18,7 +18,7 @@ import pytest
 from engine.ngram import INDEX_STEP, Match, NgramIndex
 from protos.specpool.v1 import generation_pb2, worker_pb2
 from router.controller import RoundTimings
-from router.k_selection import KSelector, regime
+from router.k_selection import KSelector, delivery_kind, regime
 from router.metrics import Metrics
 from router.prediction import PredictionTrial, method_for, prediction_usage, trial_for
 from router.request_state import MODEL, NGRAM, RequestState, Round
@@ -171,6 +171,27 @@ def test_a_useless_prediction_is_dropped_and_the_request_drafts_from_the_model_a
     assert not prompt_lookup(predicted_request(3), selector, 8, with_model=True).drop_prediction
     assert trial_for([5], 4, 8) is None and trial_for([], None, 8) is None   # its own K: no trial
     assert trial_for([5], None, 0) is None and trial_for([5], None, 8).rounds == 8    # 0: never dropped
+
+
+def test_a_dropped_predictions_plain_rounds_feed_delivery_figures_only_where_a_model_plus_ngram_pool_reads_them():
+    """A request with a prediction drafts model+ngram on a model pool too, and keeps it once it drops the
+    prediction. Its predicted rounds feed its regime's delivery figures on either pool; its plain rounds feed the
+    plain regime's only on a model+ngram pool, whose new requests lookup_way sends by them. On a model pool nothing
+    reads them, and status would show figures of requests that are not there."""
+    for method, kept in (("model", False), ("model+ngram", True)):
+        selector = KSelector(SpeculationConfig(k=3), Metrics(), random.Random(0), ngram_tokens=8,
+                             prediction_tokens=24, method=method)
+        state = predicted_request()
+        selector.attach(state)
+        kind = delivery_kind(state)
+        selector.observe(state, timed_round(0.01, 3, predicted=True))
+        assert selector.delivered[(kind, "greedy predicted")].rounds == 1.0
+        selector.drop_prediction(state)
+        selector.observe(state, timed_round(0.01, 3))
+        assert (selector.delivered[(kind, "greedy")].rounds == 1.0) is kept, method
+    selector.update_config(SpeculationConfig(k=3), method="model")          # a reload to draft.method model
+    selector.observe(state, timed_round(0.01, 3))
+    assert selector.delivered[(kind, "greedy")].rounds == 1.0               # fed no more
 
 
 def test_the_target_drafts_from_the_prediction_its_session_start_carried(byte_engines, reference_generate):
