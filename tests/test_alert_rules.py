@@ -8,18 +8,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import promql_parser
 import pytest
 import yaml
-from prometheus_client.metrics import MetricWrapperBase
 
-from router.metrics import Metrics
+from tests.exported_metrics import METRIC, balanced, exported_series, unknown_labels, unknown_metrics
 
 RULES_FILE = Path(__file__).resolve().parent.parent / "deploy" / "prometheus-alerts.yaml"
 SEVERITIES = {"critical", "warning", "info"}
-METRIC = re.compile(r"specpool_[a-z_]+")
-SELECTOR = re.compile(r"(specpool_[a-z_]+)\s*\{([^}]*)\}")
-MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
-GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)")
 DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 
 
@@ -29,38 +25,7 @@ def load_rules() -> list[dict]:
 
 
 RULES = load_rules()
-
-
-def exported_series() -> dict[str, set[str]]:
-    """{sample name: its label names} of a router's registry, each labelled metric given one series (a labelled
-    metric with no series exports no sample) and specpool_worker_replicas set up as the router does."""
-    metrics = Metrics()
-    metrics.count_replicas({"draft": [], "target": []})
-    for metric in vars(metrics).values():
-        if isinstance(metric, MetricWrapperBase) and metric._labelnames:
-            metric.labels(*["x"] * len(metric._labelnames))
-    series: dict[str, set[str]] = {}
-    for family in metrics.registry.collect():
-        for sample in family.samples:
-            series.setdefault(sample.name, set()).update(sample.labels)
-    return series
-
-
 SERIES = exported_series()
-
-
-def unknown_metrics(text: str, series: dict[str, set[str]]) -> list[str]:
-    return sorted({name for name in METRIC.findall(text) if name not in series})
-
-
-def unknown_labels(expr: str, series: dict[str, set[str]]) -> list[str]:
-    """Labels matched in a selector that its metric lacks, and labels grouped on (by, without, on, ignoring) that
-    no metric of the expression has."""
-    wrong = [f"{name}{{{label}}}" for name, matchers in SELECTOR.findall(expr)
-             for label in MATCHER.findall(matchers) if label not in series.get(name, set())]
-    known = set().union(*(series.get(name, set()) for name in METRIC.findall(expr)))
-    grouped = [label.strip() for labels in GROUPING.findall(expr) for label in labels.split(",") if label.strip()]
-    return wrong + [f"by/without ({label})" for label in grouped if label not in known]
 
 
 def rule_id(rule: dict) -> str:
@@ -106,14 +71,11 @@ def test_every_ratio_is_guarded_against_no_traffic(rule):
 
 
 @pytest.mark.parametrize("rule", RULES, ids=rule_id)
-def test_every_expression_has_balanced_brackets(rule):
-    stack, pairs = [], {")": "(", "]": "[", "}": "{"}
-    for char in re.sub(r'"[^"]*"', '""', rule["expr"]):
-        if char in "([{":
-            stack.append(char)
-        elif char in pairs:
-            assert stack and stack.pop() == pairs[char], rule["expr"]
-    assert not stack, rule["expr"]
+def test_every_expression_parses_as_promql(rule):
+    """PromQL syntax, checked by a PromQL parser (promql-parser, the Rust parser's Python binding) on every
+    machine; promtool, below, checks the whole file where Prometheus is installed."""
+    assert balanced(rule["expr"]), rule["expr"]
+    promql_parser.parse(rule["expr"])
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus's) not installed")
@@ -129,6 +91,9 @@ def test_the_checks_catch_a_misspelt_metric_and_a_label_it_does_not_have():
     assert unknown_labels('specpool_worker_replicas{pool="target", status="ready"} == 0', SERIES) == [
         "specpool_worker_replicas{status}"]
     assert unknown_labels("sum by (pool) (rate(specpool_requests_total[5m]))", SERIES) == ["by/without (pool)"]
+    assert not balanced("sum(rate(specpool_requests_total[5m])") and balanced("sum(rate(specpool_requests_total[5m]))")
+    with pytest.raises(ValueError):
+        promql_parser.parse("sum by (code) rate(specpool_requests_total[5m])")
 
 
 def test_the_registry_exports_the_series_the_rules_rely_on():
