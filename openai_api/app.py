@@ -265,9 +265,7 @@ class Api:
         max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         generate = generate_request(body, prompt, max_tokens, logprobs)
-        structured = plan.structured_output()
-        if structured is not None:
-            generate.structured_output.CopyFrom(structured)
+        plan.prepare(generate)
         reasoning = reasoning_for(self.http.reasoning_parser, prompt)
         if reasoning is not None:
             reasoning.prepare(generate)

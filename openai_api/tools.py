@@ -314,6 +314,51 @@ def _glm_call(block: str) -> Call | None:
     return name.strip(), json.dumps(arguments)
 
 
+# Kimi K2's markers (special tokens in its tokenizer); the section's also written in the singular, as vLLM reads it
+KIMI_SECTIONS = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
+KIMI_SECTION_ENDS = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>")
+KIMI_CALL, KIMI_ARGUMENTS, KIMI_CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+_KIMI_ID = re.compile(r"\s*((?:functions\.)?([\w.-]+):\d+)\s*")      # functions.NAME:INDEX, NAME the call's
+
+
+def kimi_k2_blocks(text: str) -> tuple[str, list[tuple[str, Call | None]]] | None:
+    """Kimi K2's calls with the ids it writes: after `<|tool_calls_section_begin|>`, blocks
+    `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>{...}<|tool_call_end|>` (the last, and the
+    section, may be unclosed at EOS); (the text before the section and after its end, [(id, call or None)]), or
+    None where there is no section."""
+    start = min((at for at in map(text.find, KIMI_SECTIONS) if at >= 0), default=-1)
+    if start < 0:
+        return None
+    body = text[start:].split(">", 1)[1]
+    ends = [at for at in map(body.find, KIMI_SECTION_ENDS) if at >= 0]
+    body, after = (body[:min(ends)], body[min(ends):].split(">", 1)[1]) if ends else (body, "")
+    before, *blocks = body.split(KIMI_CALL)
+    if before.strip() or not blocks:
+        return text[:start] + after, [("", None)]
+    return text[:start] + after, [_kimi_call(block) for block in blocks]
+
+
+def _kimi_call(block: str) -> tuple[str, Call | None]:
+    """(the id, the call) of one block (what follows `<|tool_call_begin|>`); the call None where it is not one."""
+    head, sep, tail = block.partition(KIMI_ARGUMENTS)
+    tail, _, rest = tail.partition(KIMI_CALL_END)
+    named, arguments = _KIMI_ID.fullmatch(head), _json(tail.strip())
+    if not sep or not named or rest.strip() or not isinstance(arguments, dict):
+        return "", None
+    return named[1], (named[2], json.dumps(arguments))
+
+
+def kimi_k2_calls(text: str) -> Found | None:
+    found = kimi_k2_blocks(text)
+    return found and _found(found[0], [call for _, call in found[1]])
+
+
+def kimi_k2_ids(text: str) -> list[str]:
+    """The ids Kimi K2 wrote for its calls (`functions.get_weather:0`): its template writes them back as they were."""
+    found = kimi_k2_blocks(text)
+    return [call_id for call_id, _ in found[1]] if found else []
+
+
 def openai_calls(text: str) -> Found | None:
     """gpt-oss's calls: its harmony messages to `functions.NAME`, whose bodies are the arguments (JSON, written
     back as json.dumps writes it; a body that is not a JSON object as it is, a call cut short too); the other
@@ -377,14 +422,14 @@ def _as_kind(text: str, kind: str) -> Any:
     return value if value is not _NOT and _FITS[kind](value) else _NOT
 
 
-def held_from_opening(opening: str) -> Callable[[str], int]:
-    """For calls after text: a stream stops sending content at the start of `opening`, or of a tail that may
-    begin it."""
+def held_from_opening(*openings: str) -> Callable[[str], int]:
+    """For calls after text: a stream stops sending content at the start of the first of `openings`, or of a tail
+    that may begin one."""
     def held_from(text: str) -> int:
-        start = text.find(opening)
-        if start >= 0:
-            return start
-        tails = [n for n in range(1, len(opening)) if text.endswith(opening[:n])]
+        starts = [at for at in map(text.find, openings) if at >= 0]
+        if starts:
+            return min(starts)
+        tails = [n for opening in openings for n in range(1, len(opening)) if text.endswith(opening[:n])]
         return len(text) - max(tails, default=0)
     return held_from
 
@@ -414,6 +459,8 @@ class Parser:
     held_from: Callable[[str], int]            # streamed text -> where content must stop for now
     new_id: Callable[[], str] = new_call_id    # the ids of calls, as the model's template takes them back
     typed: bool = False                        # its calls' values are text, to type by the tools' schemas
+    ids: Callable[[str], list[str]] | None = None     # output text -> the ids it writes for its calls (None: new ones)
+    special: bool = False                      # its markers are special tokens: the request's text keeps them
 
 
 PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
@@ -424,6 +471,7 @@ PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
            "deepseek_v31": Parser(deepseek_calls, held_from_opening(DS_CALLS)),
            "deepseek_v3": Parser(functools.partial(deepseek_calls, v3=True), held_from_opening(DS_CALLS)),
            "glm45": Parser(glm45_calls, hermes_held_from, typed=True),
+           "kimi_k2": Parser(kimi_k2_calls, held_from_opening(*KIMI_SECTIONS), ids=kimi_k2_ids, special=True),
            "openai": Parser(openai_calls, held_from_opening(harmony.START))}
 
 
@@ -456,9 +504,14 @@ class ToolPlan:
         return {"type": "array", "minItems": 1, **({"maxItems": 1} if self.single else {}),
                 "items": {"anyOf": calls}, "x-guidance": AS_DUMPED, **({"$defs": defs} if defs else {})}
 
-    def structured_output(self) -> generation_pb2.StructuredOutput | None:
+    def prepare(self, generate: generation_pb2.GenerateRequest) -> None:
+        """The request as the tools ask it: a named or "required" call's structure; the special tokens kept in the
+        text where the parser's markers are special tokens (Kimi K2's, as vLLM keeps them for its parser)."""
         schema = self.schema()
-        return None if schema is None else generation_pb2.StructuredOutput(json_schema=json.dumps(schema))
+        if schema is not None:
+            generate.structured_output.json_schema = json.dumps(schema)
+        if self.calls_read and self.parser.special:
+            generate.keep_special_tokens = True
 
     def calls(self, text: str) -> Found | None:
         """(the text outside the calls, the calls) the output holds, or None: no calls, the text is content. Free
@@ -487,6 +540,13 @@ class ToolPlan:
     @property
     def new_id(self) -> Callable[[], str]:
         return self.parser.new_id if self.parser else new_call_id
+
+    def ids_for(self, text: str) -> Callable[[], str]:
+        """The ids of the calls `text` holds, in order: those it writes itself where its parser reads them (Kimi
+        K2's), else new ones."""
+        if self.calls_read and self.parser.ids is not None:
+            return iter(self.parser.ids(text)).__next__
+        return self.new_id
 
 
 def _hoisted(name: str, schema: dict) -> tuple[dict, dict]:
@@ -531,7 +591,7 @@ def message(plan: ToolPlan, text: str, finish_reason: str | None,
         return {"role": "assistant", "content": text}, finish_reason
     content, calls = found
     return ({"role": "assistant", "content": content if content.strip() else None,
-             "tool_calls": calls_message(calls, new_id or plan.new_id)}, finish_with_calls(plan, finish_reason))
+             "tool_calls": calls_message(calls, new_id or plan.ids_for(text))}, finish_with_calls(plan, finish_reason))
 
 
 def merged(delta: dict, last: dict) -> dict:
@@ -569,7 +629,7 @@ class ToolStream:
             return self._content(self.text), finish_reason
         content, calls = found                  # starts with the text sent: calls are held from their start
         delta = self._content(content)
-        return {**delta, "tool_calls": calls_message(calls, self.new_id or self.plan.new_id, delta=True)}, \
+        return {**delta, "tool_calls": calls_message(calls, self.new_id or self.plan.ids_for(self.text), delta=True)}, \
             finish_with_calls(self.plan, finish_reason)
 
     def _content(self, upto: str) -> dict:

@@ -33,7 +33,7 @@ def test_the_config_names_every_parser_and_refuses_another():
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
     assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
     with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral, pythonic, "
-                                          r"qwen3_coder, deepseek_v31, deepseek_v3, glm45, openai or \"\" "
+                                          r"qwen3_coder, deepseek_v31, deepseek_v3, glm45, kimi_k2, openai or \"\" "
                                           r"\(got 'xml'\)$"):
         config_from_dict({"http": {"tool_call_parser": "xml"}})
     with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: openai reads gpt-oss's harmony messages, which "
@@ -171,6 +171,68 @@ def test_glm45_parser_finds_the_calls_or_none(text, expected):
     assert PARSERS["glm45"].calls(text) == expected
 
 
+# Kimi K2's markers (special tokens in its tokenizer, kept in the text for its parser)
+K_SECTION, K_SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+K_CALL, K_ARGS, K_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+KIMI_OUTPUT = (f'Let me look.{K_SECTION}{K_CALL}functions.get_weather:0{K_ARGS}{{"city": "Oslo"}}{K_END}'
+               f'{K_CALL}functions.get_time:1{K_ARGS}{{}}{K_END}{K_SECTION_END}')
+
+
+@pytest.mark.parametrize("text, expected", [
+    (KIMI_OUTPUT, ("Let me look.", CALLS)),
+    (f"{K_SECTION}\n{K_CALL} functions.get_time:4 {K_ARGS} {{}} {K_END}\n{K_SECTION_END}",     # blank space
+     ("", [("get_time", "{}")])),
+    (f"{K_SECTION}{K_CALL}functions.get_time:0{K_ARGS}{{}}", ("", [("get_time", "{}")])),         # unclosed at EOS
+    (f"A{K_SECTION}{K_CALL}get_time:0{K_ARGS}{{}}{K_END}{K_SECTION_END}B", ("AB", [("get_time", "{}")])),  # no
+    (f"<|tool_call_section_begin|>{K_CALL}functions.get_time:0{K_ARGS}{{}}{K_END}<|tool_call_section_end|>",  # prefix;
+     ("", [("get_time", "{}")])),                                                                 # the singular
+    (f"{K_SECTION}{K_CALL}functions.ns.get_time:0{K_ARGS}{{}}{K_END}", ("", [("ns.get_time", "{}")])),   # dotted
+    ("no calls", None), (f"{K_SECTION}text", None),                                                      # no block
+    (f"{K_SECTION}{K_CALL}functions.get_time{K_ARGS}{{}}{K_END}", None),                                 # no index
+    (f"{K_SECTION}{K_CALL}functions.get_time:0{K_ARGS}[1]{K_END}", None),                   # not an object
+    (f"{K_SECTION}{K_CALL}functions.get_time:0{{}}{K_END}", None),                           # no argument marker
+    (f"{K_SECTION}x{K_CALL}functions.get_time:0{K_ARGS}{{}}{K_END}", None),                  # text beside a call
+    (f"{K_SECTION}{K_CALL}functions.get_time:0{K_ARGS}{{}}{K_END}x", None),
+])
+def test_kimi_k2_parser_finds_the_calls_or_none(text, expected):
+    """Kimi K2's `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>{...}<|tool_call_end|>`
+    blocks in its tool-call section, as vLLM's kimi_k2 parser reads them (the section's singular spelling too); the
+    text before the section and after its end is the content; a block may be unclosed at EOS."""
+    assert PARSERS["kimi_k2"].calls(text) == expected
+
+
+def test_kimi_k2_calls_keep_the_ids_it_wrote_whole_and_streamed():
+    """Its template writes an earlier answer's calls back with their ids (`functions.get_weather:0`, numbered
+    across the conversation), so the answer's ids are the ones the model wrote, not new `call_` ones."""
+    tool_plan = plan(parser="kimi_k2")
+    answer, finish = message(tool_plan, KIMI_OUTPUT, "stop")
+    assert [call["id"] for call in answer["tool_calls"]] == ["functions.get_weather:0", "functions.get_time:1"]
+    assert answer["content"] == "Let me look." and finish == "tool_calls"
+    stream = ToolStream(tool_plan)
+    streamed = [stream.feed(KIMI_OUTPUT[:20]), stream.feed(KIMI_OUTPUT[20:]), stream.finish("stop")[0]]
+    assert [call["id"] for delta in streamed for call in delta.get("tool_calls", [])] == [
+        "functions.get_weather:0", "functions.get_time:1"]
+    first, _ = message(plan(parser="kimi_k2", parallel_tool_calls=False), KIMI_OUTPUT, "stop")
+    assert [call["id"] for call in first["tool_calls"]] == ["functions.get_weather:0"]
+    assert plan(parser="hermes").ids_for(HERMES_OUTPUT)().startswith("call_")
+
+
+def test_only_a_parser_whose_markers_are_special_tokens_keeps_them_in_the_text():
+    """Kimi K2's markers are special tokens, which the output text leaves out unless asked: its auto calls keep
+    them (vLLM's kimi_k2 parser turns skip_special_tokens off the same way); other parsers, and kimi_k2 where no
+    free text is read for calls, leave the request as it was."""
+    from protos.specpool.v1 import generation_pb2
+
+    def prepared(choice, parser):
+        generate = generation_pb2.GenerateRequest()
+        plan(choice, parser).prepare(generate)
+        return generate
+    assert prepared("auto", "kimi_k2").keep_special_tokens
+    assert not prepared("auto", "hermes").keep_special_tokens and not prepared("none", "kimi_k2").keep_special_tokens
+    required = prepared("required", "kimi_k2")
+    assert not required.keep_special_tokens and json.loads(required.structured_output.json_schema)["type"] == "array"
+
+
 def test_qwen3_coder_values_are_typed_by_the_tools_schema():
     """As vLLM types them: a value reads as its property's type where it is one (a Python literal too for objects
     and arrays), else stays text; a property the schema does not list is text."""
@@ -234,6 +296,7 @@ def test_call_ids_are_what_the_models_template_takes_back():
     ("auto", "pythonic", "[not, a, call]"), ("auto", "qwen3_coder", QWEN3_CODER_OUTPUT),
     ("auto", "deepseek_v31", DEEPSEEK_V31_OUTPUT), ("auto", "deepseek_v3", DEEPSEEK_V3_OUTPUT),
     ("auto", "deepseek_v31", "plain <｜tool no call"), ("auto", "glm45", GLM45_OUTPUT),
+    ("auto", "kimi_k2", KIMI_OUTPUT), ("auto", "kimi_k2", "plain <|tool_calls no call"),
     ("named", "hermes", '{"city": "Oslo"}'), ("required", "hermes", '[{"name": "get_time", "parameters": {}}]')])
 def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, parser, text):
     """Cut into two or three pieces at every place: the content and calls a client assembles from the deltas are
