@@ -359,6 +359,35 @@ def kimi_k2_ids(text: str) -> list[str]:
     return [call_id for call_id, _ in found[1]] if found else []
 
 
+_MINIMAX_INVOKE = re.compile(r"<invoke name=([^<>\n]*)>(.*?)(?:</invoke>|(?=<invoke name=)|\Z)", flags=re.DOTALL)
+_MINIMAX_PARAMETER = re.compile(r"<parameter name=([^<>\n]*)>(.*?)(?:</parameter>|(?=<parameter name=)|\Z)",
+                                flags=re.DOTALL)
+
+
+def minimax_m2_calls(text: str) -> Found | None:
+    """MiniMax-M2's calls: `<minimax:tool_call>` blocks of `<invoke name="NAME"><parameter name="KEY">value
+    </parameter>...</invoke>` (the block, an invoke and its last value may be unclosed at EOS; the name quoted or
+    not); the text around the blocks is the content. Each value is its text, blank space trimmed, which ToolPlan
+    types by the tool's schema (typed_arguments), as vLLM's minimax_m2 parser reads them."""
+    pieces = re.split(r"<minimax:tool_call>(.*?)(?:</minimax:tool_call>|\Z)", text, flags=re.DOTALL)
+    return _found("".join(pieces[0::2]), [call for block in pieces[1::2] for call in _minimax_calls(block)])
+
+
+def _minimax_calls(block: str) -> list[Call | None]:
+    """The calls of one block; [None] where it holds none, text outside them, or an invoke without a name."""
+    invokes = _MINIMAX_INVOKE.findall(block)
+    if not invokes or _MINIMAX_INVOKE.sub("", block).strip():
+        return [None]
+    return [(_unquoted(name), json.dumps({_unquoted(key): value.strip() for key, value in
+                                          _MINIMAX_PARAMETER.findall(body)})) if _unquoted(name) else None
+            for name, body in invokes]
+
+
+def _unquoted(name: str) -> str:
+    name = name.strip()
+    return name[1:-1] if len(name) > 1 and name[0] == name[-1] and name[0] in "\"'" else name
+
+
 def openai_calls(text: str) -> Found | None:
     """gpt-oss's calls: its harmony messages to `functions.NAME`, whose bodies are the arguments (JSON, written
     back as json.dumps writes it; a body that is not a JSON object as it is, a call cut short too); the other
@@ -471,6 +500,7 @@ PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
            "deepseek_v31": Parser(deepseek_calls, held_from_opening(DS_CALLS)),
            "deepseek_v3": Parser(functools.partial(deepseek_calls, v3=True), held_from_opening(DS_CALLS)),
            "glm45": Parser(glm45_calls, hermes_held_from, typed=True),
+           "minimax_m2": Parser(minimax_m2_calls, held_from_opening("<minimax:tool_call>"), typed=True),
            "kimi_k2": Parser(kimi_k2_calls, held_from_opening(*KIMI_SECTIONS), ids=kimi_k2_ids, special=True),
            "openai": Parser(openai_calls, held_from_opening(harmony.START))}
 

@@ -29,7 +29,7 @@ POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # http.tool_call_parser's names (openai_api/tools.py PARSERS)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v31", "deepseek_v3",
-                     "glm45", "kimi_k2", "openai")
+                     "glm45", "minimax_m2", "kimi_k2", "openai")
 # http.reasoning_parser's names (openai_api/reasoning.py NAMES)
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
 BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)

@@ -33,7 +33,8 @@ def test_the_config_names_every_parser_and_refuses_another():
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
     assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
     with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral, pythonic, "
-                                          r"qwen3_coder, deepseek_v31, deepseek_v3, glm45, kimi_k2, openai or \"\" "
+                                          r"qwen3_coder, deepseek_v31, deepseek_v3, glm45, minimax_m2, kimi_k2, "
+                                          r"openai or \"\" "
                                           r"\(got 'xml'\)$"):
         config_from_dict({"http": {"tool_call_parser": "xml"}})
     with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: openai reads gpt-oss's harmony messages, which "
@@ -233,6 +234,29 @@ def test_only_a_parser_whose_markers_are_special_tokens_keeps_them_in_the_text()
     assert not required.keep_special_tokens and json.loads(required.structured_output.json_schema)["type"] == "array"
 
 
+MINIMAX_OUTPUT = ('Let me look.\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Oslo'
+                  '</parameter>\n</invoke>\n<invoke name="get_time">\n</invoke>\n</minimax:tool_call>')
+
+
+@pytest.mark.parametrize("text, expected", [
+    (MINIMAX_OUTPUT, ("Let me look.\n", CALLS)),
+    ('<minimax:tool_call><invoke name=get_weather><parameter name=city>\n  Oslo\n', ("", [CALLS[0]])),  # unquoted,
+    ("A<minimax:tool_call><invoke name='get_time'></invoke></minimax:tool_call>B", ("AB", [CALLS[1]])),  # unclosed
+    ('<minimax:tool_call><invoke name="f"><parameter name="a">1<parameter name="b">2</invoke>',          # values
+     ("", [("f", '{"a": "1", "b": "2"}')])),                                                            # unclosed
+    ("no calls", None), ("<minimax:tool_call>text</minimax:tool_call>", None),                          # no invoke
+    ('<minimax:tool_call>x<invoke name="f"></invoke></minimax:tool_call>', None),                      # text beside
+    ('<minimax:tool_call><invoke name=""></invoke></minimax:tool_call>', None),                        # no name
+    ("<minimax:tool_call>" + "<invoke name=" * 20000, None),                          # hostile: no quadratic scan
+    ('<minimax:tool_call><invoke name="f">' + "<parameter name=" * 20000, ("", [("f", "{}")])),
+])
+def test_minimax_m2_parser_finds_the_calls_or_none(text, expected):
+    """MiniMax-M2's `<minimax:tool_call>` blocks of `<invoke name="NAME">` with `<parameter name="KEY">` values, as
+    vLLM's minimax_m2 parser reads them: each value its text with blank space trimmed (typed by the tools' schema,
+    below), the text around the blocks the content."""
+    assert PARSERS["minimax_m2"].calls(text) == expected
+
+
 def test_qwen3_coder_values_are_typed_by_the_tools_schema():
     """As vLLM types them: a value reads as its property's type where it is one (a Python literal too for objects
     and arrays), else stays text; a property the schema does not list is text."""
@@ -256,6 +280,10 @@ def test_qwen3_coder_values_are_typed_by_the_tools_schema():
         PARSERS["glm45"]).calls("<tool_call>f<arg_key>n</arg_key><arg_value>3</arg_value><arg_key>s</arg_key>"
                                 "<arg_value>42</arg_value></tool_call>")
     assert typed == ("", [("f", '{"n": 3, "s": "42"}')])                # glm45's values typed the same way
+    typed = chat(tools=[{"type": "function", "function": {"name": "f", "parameters": schema}}]).tool_plan(
+        PARSERS["minimax_m2"]).calls('<minimax:tool_call><invoke name="f"><parameter name="n">3</parameter>'
+                                     '<parameter name="s">42</parameter></invoke></minimax:tool_call>')
+    assert typed == ("", [("f", '{"n": 3, "s": "42"}')])                # and minimax_m2's
 
 
 def test_an_auto_message_has_the_content_before_the_calls_and_finishes_with_tool_calls():
@@ -297,6 +325,7 @@ def test_call_ids_are_what_the_models_template_takes_back():
     ("auto", "deepseek_v31", DEEPSEEK_V31_OUTPUT), ("auto", "deepseek_v3", DEEPSEEK_V3_OUTPUT),
     ("auto", "deepseek_v31", "plain <｜tool no call"), ("auto", "glm45", GLM45_OUTPUT),
     ("auto", "kimi_k2", KIMI_OUTPUT), ("auto", "kimi_k2", "plain <|tool_calls no call"),
+    ("auto", "minimax_m2", MINIMAX_OUTPUT), ("auto", "minimax_m2", "plain <minimax:tool no call"),
     ("named", "hermes", '{"city": "Oslo"}'), ("required", "hermes", '[{"name": "get_time", "parameters": {}}]')])
 def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, parser, text):
     """Cut into two or three pieces at every place: the content and calls a client assembles from the deltas are
