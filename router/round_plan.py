@@ -46,6 +46,19 @@ def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
     return source, clamp_k(state, k)
 
 
+def lookup_first(state: RequestState, draft: DraftClient | None, policy: KPolicy) -> bool:
+    """Whether a round that a pre-draft hit makes a model round would have been planned on prompt lookup: the
+    context matches and plan_round's choice there is lookup. Such a round pre-drafts nothing, so that the next one
+    is planned again: otherwise each pre-draft hit chains the request to the draft model, as an exact prediction
+    was for six rounds after one round that measured the draft model (3 tokens a pass instead of 32)."""
+    if not lookup_allowed(state, draft):
+        return False
+    found = state.ngram.match(state.tokens)
+    if found is None:
+        return False
+    return state.fixed_k is not None or policy.choose_source(state, [MODEL, NGRAM], found.size) == NGRAM
+
+
 def ngram_round_k(state: RequestState, policy: KPolicy, k: int) -> int:
     """K of an n-gram round the router drafts itself: at most the drafts the policy finds worth proposing after
     a match as long as the one at hand, as a decode run's lookup drafts (KPolicy.match_k; none on its probe). A

@@ -34,7 +34,8 @@ from router.overlap import StagedCall, cancel, correction_guessed, guesses, sett
 from router.recovery import recover_target
 from router.request_state import MODEL, NGRAM, KPolicy, Proposal, RequestState, Round, clamp_k, logprobs_asked
 from router.request_stats import record, record_start
-from router.round_plan import choose_k, ngram_round_k, plan_round, predraft_k, prefill_alone, run_plan
+from router.round_plan import choose_k, lookup_first, ngram_round_k, plan_round, predraft_k, prefill_alone, \
+    run_plan
 from router.round_timing import round_parts, split_handed, split_time
 from router.worker_client import DraftClient, TargetClient
 
@@ -192,7 +193,8 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
     draft worker start that pre-draft right after its drafts (speculation.chain_predrafts). A model round hands
     its drafts straight to the target (speculation.hand_off) where it pre-drafts nothing beside its verify, or
     chains its pre-draft: one that sent its pre-draft itself would start its verify sooner but its pre-draft no
-    sooner, leaving the pre-draft less time. A decode run ends where the request drops its prediction
+    sooner, leaving the pre-draft less time. A round that a pre-draft hit made a model round pre-drafts nothing
+    where prompt lookup would have been planned (lookup_first). A decode run ends where the request drops its prediction
     (router/prediction.py), so that the next one tells the target. However the request ends, the workers' caches
     for this session (the draft's if a draft call was sent) are released, in the background (release_later)."""
     ready, planned, ended = None, None, None
@@ -216,7 +218,7 @@ async def generate(state: RequestState, draft: DraftClient | None, target: Targe
                 continue
             if source == NGRAM:            # drafts the router looks up itself (decode runs off)
                 k = ngram_round_k(state, policy, k)
-            overlap = policy.overlap and source == MODEL
+            overlap = policy.overlap and source == MODEL and not (ready and lookup_first(state, draft, policy))
             planned = choose_k(state, policy) if overlap else None
             if overlap and prefill_alone(state, policy, ready, k):
                 planned, k = k, 0

@@ -386,6 +386,31 @@ def test_an_ngram_run_of_model_plus_ngram_ends_at_a_miss_only_while_the_draft_mo
     assert ends == [True, False, True]
 
 
+class PicksModel(Policy):
+    def choose_source(self, state, candidates, match_size=0):
+        return candidates[0]
+
+
+@pytest.mark.parametrize("method, draft, policy, matched, fixed_k, expected", [
+    ("model+ngram", Draft(), Policy(), True, None, True),          # the context matches and lookup is picked
+    ("model+ngram", Draft(), Policy(), False, None, False),        # no match: the model round goes on as planned
+    ("model+ngram", Draft(), PicksModel(), True, None, False),     # the policy picks the model there anyway
+    ("model+ngram", Draft(), PicksModel(), True, 3, True),         # a request with its own K takes every match
+    ("model", Draft(), Policy(), True, None, False),               # method model, draft up: no lookup at all
+])
+def test_a_round_made_by_a_predraft_hit_pre_drafts_nothing_where_lookup_would_have_been_planned(
+        method, draft, policy, matched, fixed_k, expected):
+    """A pre-draft hit makes the next round a model round without planning it; where plan_round would have chosen
+    prompt lookup (an exact prediction matching again after one round that measured the draft model), that round
+    pre-drafts nothing, so that the round after it is planned again instead of chained to the model by hits."""
+    from router.round_plan import lookup_first
+    state = router_state(method)
+    state.fixed_k = fixed_k
+    if matched:
+        state.tokens += PROMPT[:3]
+    assert lookup_first(state, draft, policy) is expected
+
+
 def test_a_model_plus_ngram_request_run_on_lookup_alone_plans_its_rounds_as_ngram_does():
     """KSelector runs a model+ngram request on prompt lookup alone where that has delivered more: its rounds never
     go to the draft model, its lookup runs do not end at a miss, nor are they short probes of plain decoding while
