@@ -28,35 +28,37 @@ def choose_k(state: RequestState, policy: KPolicy, source: int = MODEL) -> int:
 
 def plan_round(state: RequestState, draft: DraftClient | None, policy: KPolicy,
                planned: int | None = None) -> tuple[int, int]:
-    """This round's proposal source and K. Candidates: the draft model (methods model and model+ngram, while the
-    draft worker is reachable) and prompt lookup (methods ngram and model+ngram, or as the fallback while the
-    draft worker is not), when the context's suffix occurred before. `planned`: a model K already chosen."""
-    model, lookup = model_allowed(state, draft), lookup_allowed(state, draft)
-    state.fell_back |= state.method != "ngram" and not state.lookup_alone and not model   # its rounds count towards
-    found = state.ngram.match(state.tokens) if lookup else None                            # no delivery (KSelector)
-    candidates = [s for s, ok in ((MODEL, model), (NGRAM, found is not None)) if ok]
-    if not candidates:
+    """This round's proposal source (planned_source) and K. `planned`: a model K already chosen."""
+    # a request that fell back to prompt lookup: its rounds count towards no delivery (KSelector)
+    state.fell_back |= state.method != "ngram" and not state.lookup_alone and not model_allowed(state, draft)
+    source = planned_source(state, draft, policy)
+    if source is None:
         return (MODEL if state.method != "ngram" else NGRAM), 0
-    # A request with its own K takes n-gram drafts whenever they match: a rule that depends only on the tokens
-    # (and on whether the draft worker is up), so a seeded request in sampled-draft mode (whose K is pinned for
-    # that reason) gives one output while its draft worker serves.
-    pick = len(candidates) > 1 and state.fixed_k is None
-    source = policy.choose_source(state, candidates, found.size) if pick else candidates[-1]
     k = planned if source == MODEL and planned is not None else choose_k(state, policy, source)
     return source, clamp_k(state, k)
 
 
+def planned_source(state: RequestState, draft: DraftClient | None, policy: KPolicy) -> int | None:
+    """The proposal source a round planned now takes, None where there is none. Candidates: the draft model
+    (methods model and model+ngram, while the draft worker is reachable) and prompt lookup (methods ngram and
+    model+ngram, or as the fallback while the draft worker is not), when the context's suffix occurred before."""
+    found = state.ngram.match(state.tokens) if lookup_allowed(state, draft) else None
+    candidates = [s for s, ok in ((MODEL, model_allowed(state, draft)), (NGRAM, found is not None)) if ok]
+    if not candidates:
+        return None
+    # A request with its own K takes n-gram drafts whenever they match: a rule that depends only on the tokens
+    # (and on whether the draft worker is up), so a seeded request in sampled-draft mode (whose K is pinned for
+    # that reason) gives one output while its draft worker serves.
+    pick = len(candidates) > 1 and state.fixed_k is None
+    return policy.choose_source(state, candidates, found.size) if pick else candidates[-1]
+
+
 def lookup_first(state: RequestState, draft: DraftClient | None, policy: KPolicy) -> bool:
-    """Whether a round that a pre-draft hit makes a model round would have been planned on prompt lookup: the
-    context matches and plan_round's choice there is lookup. Such a round pre-drafts nothing, so that the next one
-    is planned again: otherwise each pre-draft hit chains the request to the draft model, as an exact prediction
-    was for six rounds after one round that measured the draft model (3 tokens a pass instead of 32)."""
-    if not lookup_allowed(state, draft):
-        return False
-    found = state.ngram.match(state.tokens)
-    if found is None:
-        return False
-    return state.fixed_k is not None or policy.choose_source(state, [MODEL, NGRAM], found.size) == NGRAM
+    """Whether a round that a pre-draft hit makes a model round would have been planned on prompt lookup
+    (planned_source). Such a round pre-drafts nothing, so that the next one is planned again: otherwise each
+    pre-draft hit chains the request to the draft model, as an exact prediction was for six rounds after one round
+    that measured the draft model (3 tokens a pass instead of 32)."""
+    return planned_source(state, draft, policy) == NGRAM
 
 
 def ngram_round_k(state: RequestState, policy: KPolicy, k: int) -> int:
