@@ -442,8 +442,9 @@ class ChatRequest(SamplingBody, TemplateOptions):     # TemplateOptions' fields 
         if choice == "auto" and parser is None:
             raise ApiError(400, 'tool_choice: "auto" needs a tool-call parser: set http.tool_call_parser (one of '
                            f'{", ".join(PARSERS)}), or send "required" or a named function', "tool_choice")
+        earlier = sum(len(message.tool_calls or ()) for message in self.messages or () if message.role == "assistant")
         plan = ToolPlan(tuple(self.tools or ()), "named" if named else choice, named, parser,
-                        single=not self.parallel_tool_calls)
+                        single=not self.parallel_tool_calls, earlier_calls=earlier)
         try:
             asked = structured_output(self)
         except ValueError:          # two of them: generate_request refuses the body

@@ -353,6 +353,11 @@ def kimi_k2_calls(text: str) -> Found | None:
     return found and _found(found[0], [call for _, call in found[1]])
 
 
+def kimi_call_id(name: str, index: int) -> str:
+    """Kimi K2's id of a call: `functions.NAME:INDEX`, INDEX counting the conversation's calls from 0."""
+    return f"functions.{name}:{index}"
+
+
 def kimi_k2_ids(text: str) -> list[str]:
     """The ids Kimi K2 wrote for its calls (`functions.get_weather:0`): its template writes them back as they were."""
     found = kimi_k2_blocks(text)
@@ -490,6 +495,7 @@ class Parser:
     typed: bool = False                        # its calls' values are text, to type by the tools' schemas
     ids: Callable[[str], list[str]] | None = None     # output text -> the ids it writes for its calls (None: new ones)
     special: bool = False                      # its markers are special tokens: the request's text keeps them
+    numbered: bool = False                     # named and "required" calls get Kimi K2's ids (kimi_call_id)
 
 
 PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
@@ -501,7 +507,8 @@ PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
            "deepseek_v3": Parser(functools.partial(deepseek_calls, v3=True), held_from_opening(DS_CALLS)),
            "glm45": Parser(glm45_calls, hermes_held_from, typed=True),
            "minimax_m2": Parser(minimax_m2_calls, held_from_opening("<minimax:tool_call>"), typed=True),
-           "kimi_k2": Parser(kimi_k2_calls, held_from_opening(*KIMI_SECTIONS), ids=kimi_k2_ids, special=True),
+           "kimi_k2": Parser(kimi_k2_calls, held_from_opening(*KIMI_SECTIONS), ids=kimi_k2_ids, special=True,
+                             numbered=True),
            "openai": Parser(openai_calls, held_from_opening(harmony.START))}
 
 
@@ -514,6 +521,8 @@ class ToolPlan:
     parser: Parser | None = None           # auto's
     single: bool = False                   # parallel_tool_calls false: "required" asks for one call, and "auto"
                                            # keeps the first of several (as vLLM)
+    earlier_calls: int = 0                 # the tool calls of the conversation's assistant messages
+    id_source: Callable[[], str] | None = None     # where new call ids come from (None: the parser's; tests set it)
 
     def template_tools(self) -> list[dict] | None:
         """The tools as a chat template takes them (transformers' `tools`), or None without any."""
@@ -567,16 +576,19 @@ class ToolPlan:
         """Whether free text is read for calls (`auto`, with a parser)."""
         return self.choice == "auto" and self.parser is not None
 
+    def call_ids(self, text: str, calls: list[Call]) -> list[str]:
+        """The ids of `calls`, read from the output `text`: those the model wrote itself where its parser reads
+        them (Kimi K2's auto calls); Kimi K2's numbering for the calls it was made to write (named, "required"), as
+        vLLM gives them; else new ones, as the model's template takes them back."""
+        if self.calls_read and self.parser.ids is not None:
+            return self.parser.ids(text)
+        if self.parser is not None and self.parser.numbered:
+            return [kimi_call_id(name, self.earlier_calls + i) for i, (name, _) in enumerate(calls)]
+        return [self.new_id() for _ in calls]
+
     @property
     def new_id(self) -> Callable[[], str]:
-        return self.parser.new_id if self.parser else new_call_id
-
-    def ids_for(self, text: str) -> Callable[[], str]:
-        """The ids of the calls `text` holds, in order: those it writes itself where its parser reads them (Kimi
-        K2's), else new ones."""
-        if self.calls_read and self.parser.ids is not None:
-            return iter(self.parser.ids(text)).__next__
-        return self.new_id
+        return self.id_source or (self.parser.new_id if self.parser else new_call_id)
 
 
 def _hoisted(name: str, schema: dict) -> tuple[dict, dict]:
@@ -602,10 +614,11 @@ def _renamed(ref: str, name: str) -> str:
     return ref
 
 
-def calls_message(calls: list[Call], new_id: Callable[[], str], delta: bool = False) -> list[dict]:
+def calls_message(calls: list[Call], ids: list[str], delta: bool = False) -> list[dict]:
     """OpenAI's `tool_calls` (a stream's delta ones carry their index)."""
-    return [{**({"index": i} if delta else {}), "id": new_id(), "type": "function",
-             "function": {"name": name, "arguments": arguments}} for i, (name, arguments) in enumerate(calls)]
+    return [{**({"index": i} if delta else {}), "id": call_id, "type": "function",
+             "function": {"name": name, "arguments": arguments}}
+            for i, ((name, arguments), call_id) in enumerate(zip(calls, ids))]
 
 
 def finish_with_calls(plan: ToolPlan, finish_reason: str | None) -> str | None:
@@ -613,15 +626,14 @@ def finish_with_calls(plan: ToolPlan, finish_reason: str | None) -> str | None:
     return finish_reason if plan.choice == "named" or finish_reason == "length" else "tool_calls"
 
 
-def message(plan: ToolPlan, text: str, finish_reason: str | None,
-            new_id: Callable[[], str] | None = None) -> tuple[dict, str | None]:
+def message(plan: ToolPlan, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
     """The assistant message of a whole output, and its finish reason."""
     found = plan.calls(text)
     if not found:
         return {"role": "assistant", "content": text}, finish_reason
     content, calls = found
     return ({"role": "assistant", "content": content if content.strip() else None,
-             "tool_calls": calls_message(calls, new_id or plan.ids_for(text))}, finish_with_calls(plan, finish_reason))
+             "tool_calls": calls_message(calls, plan.call_ids(text, calls))}, finish_with_calls(plan, finish_reason))
 
 
 def merged(delta: dict, last: dict) -> dict:
@@ -635,7 +647,6 @@ class ToolStream:
     """One choice's stream: content deltas as they come, up to where calls may start; the calls at the end (a
     named function's arguments as they come)."""
     plan: ToolPlan
-    new_id: Callable[[], str] | None = None    # None: the plan's
     text: str = ""
     sent: int = 0                          # characters of text sent as content
     opened: bool = False                   # named: the call's first delta (id, name) has gone
@@ -659,7 +670,7 @@ class ToolStream:
             return self._content(self.text), finish_reason
         content, calls = found                  # starts with the text sent: calls are held from their start
         delta = self._content(content)
-        return {**delta, "tool_calls": calls_message(calls, self.new_id or self.plan.ids_for(self.text), delta=True)}, \
+        return {**delta, "tool_calls": calls_message(calls, self.plan.call_ids(self.text, calls), delta=True)}, \
             finish_with_calls(self.plan, finish_reason)
 
     def _content(self, upto: str) -> dict:
@@ -673,6 +684,6 @@ class ToolStream:
         call = {"index": 0, "function": {"arguments": piece}}
         if not self.opened:
             self.opened = True
-            call = {"index": 0, "id": (self.new_id or self.plan.new_id)(), "type": "function",
+            call = {"index": 0, "id": self.plan.call_ids("", [(self.plan.named, "")])[0], "type": "function",
                     "function": {"name": self.plan.named, "arguments": piece}}
         return {"tool_calls": [call]}

@@ -3,6 +3,7 @@ against the whole message at every split of the output, the "required" schema ag
 tool_choice a request cannot have, and the chat template's prompt against transformers' own rendering with tools.
 The whole stack (the demo pair served over HTTP) is in tests/test_openai_http.py."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -215,7 +216,38 @@ def test_kimi_k2_calls_keep_the_ids_it_wrote_whole_and_streamed():
         "functions.get_weather:0", "functions.get_time:1"]
     first, _ = message(plan(parser="kimi_k2", parallel_tool_calls=False), KIMI_OUTPUT, "stop")
     assert [call["id"] for call in first["tool_calls"]] == ["functions.get_weather:0"]
-    assert plan(parser="hermes").ids_for(HERMES_OUTPUT)().startswith("call_")
+    assert plan(parser="hermes").call_ids(HERMES_OUTPUT, CALLS)[0].startswith("call_")
+
+
+KIMI_HISTORY = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [
+                    {"id": "functions.get_time:0", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+                    {"id": "functions.get_time:1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "functions.get_time:0", "content": "noon"},
+                {"role": "tool", "tool_call_id": "functions.get_time:1", "content": "noon"},
+                {"role": "user", "content": "and the weather?"}]
+
+
+@pytest.mark.parametrize("messages, first", [(None, 0), (KIMI_HISTORY, 2)])
+def test_kimi_k2_numbers_the_calls_it_was_made_to_write_across_the_conversation(messages, first):
+    """A named or "required" call is written as JSON, with no id from the model: under kimi_k2 its id is Kimi's
+    `functions.NAME:INDEX`, INDEX counting on from the calls of the conversation's assistant messages, as vLLM
+    numbers them (Kimi's template writes ids back as they were); other parsers give new `call_` ones."""
+    body = {"messages": messages} if messages else {}
+    required = plan("required", "kimi_k2", **body)
+    output = json.dumps([{"name": "get_weather", "parameters": {"city": "Oslo"}}, {"name": "get_time", "parameters": {}}])
+    answer, _ = message(required, output, "stop")
+    expected = [f"functions.get_weather:{first}", f"functions.get_time:{first + 1}"]
+    assert [call["id"] for call in answer["tool_calls"]] == expected
+    stream = ToolStream(required)
+    streamed = [stream.feed(output[:9]), stream.feed(output[9:]), stream.finish("stop")[0]]
+    assert [call["id"] for delta in streamed for call in delta.get("tool_calls", [])] == expected
+    named = plan({"type": "function", "function": {"name": "get_weather"}}, "kimi_k2", **body)
+    answer, _ = message(named, '{"city": "Oslo"}', "stop")
+    assert [call["id"] for call in answer["tool_calls"]] == [f"functions.get_weather:{first}"]
+    stream = ToolStream(named)
+    assert stream.feed('{"city"')["tool_calls"][0]["id"] == f"functions.get_weather:{first}"
+    assert message(plan("required", "hermes", **body), output, "stop")[0]["tool_calls"][0]["id"].startswith("call_")
 
 
 def test_only_a_parser_whose_markers_are_special_tokens_keeps_them_in_the_text():
@@ -288,7 +320,7 @@ def test_qwen3_coder_values_are_typed_by_the_tools_schema():
 
 def test_an_auto_message_has_the_content_before_the_calls_and_finishes_with_tool_calls():
     ids = iter(["call_1", "call_2"])
-    answer, finish = message(plan(), HERMES_OUTPUT, "stop", lambda: next(ids))
+    answer, finish = message(replace(plan(), id_source=lambda: next(ids)), HERMES_OUTPUT, "stop")
     assert answer == {"role": "assistant", "content": "Let me look.\n\n", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
         {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}
@@ -332,8 +364,8 @@ def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, 
     the whole message's, character for character (a content never includes a piece of a call's markup; only
     whitespace is null in the whole message)."""
     named = {"type": "function", "function": {"name": "get_weather"}}
-    tool_plan = plan(named if choice == "named" else choice, parser)
-    whole, finish = message(tool_plan, text, "stop", lambda: "call_x")
+    tool_plan = replace(plan(named if choice == "named" else choice, parser), id_source=lambda: "call_x")
+    whole, finish = message(tool_plan, text, "stop")
     expected = (whole["content"] or "", [(c["function"]["name"], c["function"]["arguments"])
                                          for c in whole.get("tool_calls", [])], finish)
     for cut in range(len(text) + 1):
@@ -345,7 +377,7 @@ def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, 
 def assembled(tool_plan: ToolPlan, pieces: list[str]) -> tuple[str, list, str]:
     """(content, calls, finish reason) a client assembles from a stream's chunks, OpenAI's way (content
     concatenated, a call's name and arguments concatenated by index), the last piece in the finishing chunk."""
-    stream, deltas = ToolStream(tool_plan, new_id=lambda: "call_x"), []
+    stream, deltas = ToolStream(tool_plan), []
     for piece in pieces[:-1]:
         deltas.append(stream.feed(piece))
     delta = stream.feed(pieces[-1])
