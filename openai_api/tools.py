@@ -11,7 +11,8 @@ The tools reach the model through its chat template (`tools`, as transformers pa
   `mistral` (the output a JSON array of `{"name": ..., "arguments": ...}`, after `[TOOL_CALLS]`) or `pythonic`
   (the output a Python list of calls, `[get_weather(city="Oslo")]`: Llama 3.2 and 4) or `qwen3_coder`
   (`<tool_call><function=get_weather><parameter=city>Oslo</parameter></function></tool_call>`, values typed by the
-  tool's schema), `deepseek_v31`, `deepseek_v3` or `glm45` (`<tool_call>get_weather<arg_key>city</arg_key>
+  tool's schema), `deepseek_v31`, `deepseek_v3`, `deepseek_v32` or `deepseek_v4` (DeepSeek V3.2's and V4's DSML
+  `<｜DSML｜invoke name="get_weather">` blocks) or `glm45` (`<tool_call>get_weather<arg_key>city</arg_key>
   <arg_value>Oslo</arg_value></tool_call>`: GLM-4.5 to 4.7, values typed as qwen3_coder's) or `openai` (gpt-oss's
   harmony messages to `functions.NAME`, openai_api/harmony.py; with the `openai_gptoss` reasoning parser, which
   hands it the content with each call written back as one message).
@@ -393,6 +394,95 @@ def _unquoted(name: str) -> str:
     return name[1:-1] if len(name) > 1 and name[0] == name[-1] and name[0] in "\"'" else name
 
 
+DSML = "\uff5cDSML\uff5c"      # DeepSeek V3.2's and V4's markup, `<｜DSML｜invoke name="...">` (fullwidth bars)
+_DSML_INVOKE = re.compile(rf'<{DSML}invoke\s+name="([^"]+)"\s*>')
+_DSML_PARAMETER = re.compile(rf'<{DSML}parameter\s+name="([^"]+)"\s+string="(true|false)"\s*>')
+
+
+def dsml_calls(text: str, wrapper: str) -> Found | None:
+    """DeepSeek V3.2's (`wrapper` function_calls) and V4's (tool_calls) calls: `<｜DSML｜function_calls>` blocks of
+    `<｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY" string="true|false">value</｜DSML｜parameter>...
+    </｜DSML｜invoke>`, each block, invoke and value closed, as vLLM's parsers read them; the text around the blocks
+    is the content. A value's `string` attribute goes with it ([text, is a string]) for dsml_arguments, which types
+    it by the tool's schema. Each marker is found once (str.find), so hostile output costs linear time."""
+    opening, closing = f"<{DSML}{wrapper}>", f"</{DSML}{wrapper}>"
+    content, calls, at = [], [], 0
+    while (start := text.find(opening, at)) >= 0 and (end := text.find(closing, start)) >= 0:
+        content.append(text[at:start])
+        calls += _dsml_calls(text[start + len(opening):end])
+        at = end + len(closing)
+    return _found("".join(content) + text[at:], calls)
+
+
+def _element(text: str, head: re.Pattern, closing: str, at: int) -> tuple[tuple, str | None, int] | None:
+    """(head's groups, the body up to `closing` or None where it is not closed, where the element ends) for the
+    element whose head starts at `at`; None where none does."""
+    opened = head.match(text, at)
+    if not opened:
+        return None
+    end = text.find(closing, opened.end())
+    return (opened.groups(), text[opened.end():end], end + len(closing)) if end >= 0 else (opened.groups(), None, 0)
+
+
+_BLANK = re.compile(r"\s*")
+
+
+def _dsml_calls(block: str) -> list[Call | None]:
+    """The calls of one block; [None] where it holds none, an invoke not closed, or text outside them."""
+    calls, at = [], 0
+    while (at := _BLANK.match(block, at).end()) < len(block):
+        invoke = _element(block, _DSML_INVOKE, f"</{DSML}invoke>", at)
+        if invoke is None or invoke[1] is None:
+            return [None]
+        (name,), body, at = invoke
+        calls.append((name, json.dumps(dict(_dsml_values(body)))))
+    return calls or [None]
+
+
+def _dsml_values(body: str):
+    """(key, [text, is a string]) of each closed parameter in an invoke's body (text between them ignored, as vLLM
+    reads them; none after one not closed)."""
+    at = 0
+    while (start := body.find(f"<{DSML}parameter", at)) >= 0:
+        parameter = _element(body, _DSML_PARAMETER, f"</{DSML}parameter>", start)
+        if parameter is None:
+            at = start + 1
+            continue
+        (key, string), value, at = parameter
+        if value is None:
+            return
+        yield key, [value, string == "true"]
+
+
+def dsml_arguments(arguments: str, schema: dict | None) -> str:
+    """dsml_calls' arguments as vLLM gives them: a `string="true"` value as its text; another typed by its property
+    in the tool's schema (typed_arguments' rules), or read as JSON where the property has types but none fits (text
+    where it has none); a lone `arguments` or `input` object the schema does not name unwrapped."""
+    properties = _properties(schema)
+    typed = {key: text if string else _dsml_typed(text, properties.get(key))
+             for key, (text, string) in json.loads(arguments).items()}
+    return json.dumps(_unwrapped(typed, properties))
+
+
+def _dsml_typed(text: str, schema: Any) -> Any:
+    value, kinds = _typed(text, schema), _kinds(schema)
+    if value is not text or not kinds or "string" in kinds:
+        return value
+    read = _json(text)
+    return text if read is None and text.strip() != "null" else read
+
+
+def _unwrapped(values: dict, properties: dict) -> dict:
+    """A model's `{"arguments": {...}}` (or `input`) around the schema's own properties taken off, as vLLM repairs it."""
+    for wrapper in ("arguments", "input"):
+        inner = values.get(wrapper)
+        inner = _json(inner) if isinstance(inner, str) else inner
+        if list(values) == [wrapper] and wrapper not in properties and isinstance(inner, dict) and \
+                set(inner) <= set(properties):
+            return inner
+    return values
+
+
 def openai_calls(text: str) -> Found | None:
     """gpt-oss's calls: its harmony messages to `functions.NAME`, whose bodies are the arguments (JSON, written
     back as json.dumps writes it; a body that is not a JSON object as it is, a call cut short too); the other
@@ -417,17 +507,25 @@ def typed_arguments(arguments: str, schema: dict | None) -> str:
     """Arguments whose values are all text (Qwen3-Coder's), typed by the tool's parameters schema, as vLLM types
     them: each value whose property's type is integer, number, boolean, null, object or array and whose text reads
     as one; anything else, and a property the schema does not list, stays text."""
-    properties = schema.get("properties") if isinstance(schema, dict) else None
-    properties = properties if isinstance(properties, dict) else {}
+    properties = _properties(schema)
     return json.dumps({key: _typed(value, properties.get(key)) for key, value in json.loads(arguments).items()})
+
+
+def _properties(schema: dict | None) -> dict:
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    return properties if isinstance(properties, dict) else {}
+
+
+def _kinds(schema: Any) -> list:
+    """A property's JSON Schema types, as a list."""
+    kinds = schema.get("type") if isinstance(schema, dict) else None
+    return [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
 
 
 def _typed(text: str, schema: Any) -> Any:
     """A value's text as the first of its property's types that it reads as; text where none (a property without a
     type is a string, as vLLM has it)."""
-    kinds = schema.get("type") if isinstance(schema, dict) else None
-    kinds = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
-    for kind in kinds:
+    for kind in _kinds(schema):
         value = _as_kind(text.strip(), kind) if isinstance(kind, str) else _NOT
         if value is not _NOT:
             return value
@@ -492,7 +590,8 @@ class Parser:
     calls: Callable[[str], Found | None]       # output text -> (its text outside the calls, the calls), or None
     held_from: Callable[[str], int]            # streamed text -> where content must stop for now
     new_id: Callable[[], str] = new_call_id    # the ids of calls, as the model's template takes them back
-    typed: bool = False                        # its calls' values are text, to type by the tools' schemas
+    typed: Callable[[str, dict | None], str] | None = None   # (arguments, the tool's parameters schema) -> the
+                                                             # arguments typed (its calls' values are text)
     ids: Callable[[str], list[str]] | None = None     # output text -> the ids it writes for its calls (None: new ones)
     special: bool = False                      # its markers are special tokens: the request's text keeps them
     numbered: bool = False                     # named and "required" calls get Kimi K2's ids (kimi_call_id)
@@ -502,11 +601,15 @@ PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
            "llama3_json": Parser(llama3_json_calls, whole_output_held_from("{", "<|python_tag|>")),
            "mistral": Parser(mistral_calls, whole_output_held_from("[", "[TOOL_CALLS]"), mistral_call_id),
            "pythonic": Parser(pythonic_calls, whole_output_held_from("[", "<|python_start|>")),
-           "qwen3_coder": Parser(qwen3_coder_calls, hermes_held_from, typed=True),
+           "qwen3_coder": Parser(qwen3_coder_calls, hermes_held_from, typed=typed_arguments),
            "deepseek_v31": Parser(deepseek_calls, held_from_opening(DS_CALLS)),
            "deepseek_v3": Parser(functools.partial(deepseek_calls, v3=True), held_from_opening(DS_CALLS)),
-           "glm45": Parser(glm45_calls, hermes_held_from, typed=True),
-           "minimax_m2": Parser(minimax_m2_calls, held_from_opening("<minimax:tool_call>"), typed=True),
+           "deepseek_v32": Parser(functools.partial(dsml_calls, wrapper="function_calls"),
+                                  held_from_opening(f"<{DSML}function_calls>"), typed=dsml_arguments, special=True),
+           "deepseek_v4": Parser(functools.partial(dsml_calls, wrapper="tool_calls"),
+                                 held_from_opening(f"<{DSML}tool_calls>"), typed=dsml_arguments, special=True),
+           "glm45": Parser(glm45_calls, hermes_held_from, typed=typed_arguments),
+           "minimax_m2": Parser(minimax_m2_calls, held_from_opening("<minimax:tool_call>"), typed=typed_arguments),
            "kimi_k2": Parser(kimi_k2_calls, held_from_opening(*KIMI_SECTIONS), ids=kimi_k2_ids, special=True,
                              numbered=True),
            "openai": Parser(openai_calls, held_from_opening(harmony.START))}
@@ -568,7 +671,7 @@ class ToolPlan:
             return None
         calls = found[1][:1] if self.single else found[1]       # parallel_tool_calls false: the first, as vLLM
         if self.parser.typed:
-            calls = [(name, typed_arguments(arguments, schemas[name])) for name, arguments in calls]
+            calls = [(name, self.parser.typed(arguments, schemas[name])) for name, arguments in calls]
         return found[0], calls
 
     @property

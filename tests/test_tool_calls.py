@@ -34,7 +34,8 @@ def test_the_config_names_every_parser_and_refuses_another():
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
     assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
     with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral, pythonic, "
-                                          r"qwen3_coder, deepseek_v31, deepseek_v3, glm45, minimax_m2, kimi_k2, "
+                                          r"qwen3_coder, deepseek_v31, deepseek_v3, deepseek_v32, deepseek_v4, glm45, "
+                                          r"minimax_m2, kimi_k2, "
                                           r"openai or \"\" "
                                           r"\(got 'xml'\)$"):
         config_from_dict({"http": {"tool_call_parser": "xml"}})
@@ -261,6 +262,7 @@ def test_only_a_parser_whose_markers_are_special_tokens_keeps_them_in_the_text()
         plan(choice, parser).prepare(generate)
         return generate
     assert prepared("auto", "kimi_k2").keep_special_tokens
+    assert prepared("auto", "deepseek_v32").keep_special_tokens and prepared("auto", "deepseek_v4").keep_special_tokens
     assert not prepared("auto", "hermes").keep_special_tokens and not prepared("none", "kimi_k2").keep_special_tokens
     required = prepared("required", "kimi_k2")
     assert not required.keep_special_tokens and json.loads(required.structured_output.json_schema)["type"] == "array"
@@ -287,6 +289,61 @@ def test_minimax_m2_parser_finds_the_calls_or_none(text, expected):
     vLLM's minimax_m2 parser reads them: each value its text with blank space trimmed (typed by the tools' schema,
     below), the text around the blocks the content."""
     assert PARSERS["minimax_m2"].calls(text) == expected
+
+
+DS = "\uff5cDSML\uff5c"
+DSML_CALLS = (f'<{DS}invoke name="get_weather">\n<{DS}parameter name="city" string="true">Oslo</{DS}parameter>\n'
+              f'</{DS}invoke>\n<{DS}invoke name="get_time">\n</{DS}invoke>\n')
+DSML_OUTPUT = f"Let me look.\n\n<{DS}function_calls>\n{DSML_CALLS}</{DS}function_calls>"
+DSV4_OUTPUT = f"Let me look.\n\n<{DS}tool_calls>\n{DSML_CALLS}</{DS}tool_calls>"
+
+
+@pytest.mark.parametrize("parser, text, expected", [
+    ("deepseek_v32", DSML_OUTPUT, ("Let me look.\n\n", CALLS)),
+    ("deepseek_v4", DSV4_OUTPUT, ("Let me look.\n\n", CALLS)),
+    ("deepseek_v32", DSV4_OUTPUT, None), ("deepseek_v4", DSML_OUTPUT, None),         # each its own wrapper
+    ("deepseek_v32", f"A<{DS}function_calls><{DS}invoke name=\"get_time\"></{DS}invoke></{DS}function_calls>B",
+     ("AB", [CALLS[1]])),                                                             # the text around: content
+    ("deepseek_v32", DSML_OUTPUT.removesuffix(f"</{DS}function_calls>"), None),      # unclosed at EOS: content,
+    ("deepseek_v32", f"<{DS}function_calls><{DS}invoke name=\"get_time\">", None),         # as vLLM reads it whole
+    ("deepseek_v32", f"<{DS}function_calls>x<{DS}invoke name=\"get_time\"></{DS}invoke></{DS}function_calls>", None),
+    ("deepseek_v32", f"<{DS}function_calls>text</{DS}function_calls>", None),         # no invoke
+    ("deepseek_v32", "no calls", None),
+    ("deepseek_v32", f"<{DS}function_calls>" + f"<{DS}invoke name=\"" * 20000, None),  # hostile: linear time
+    ("deepseek_v32", f"<{DS}function_calls>" * 20000, None),
+    ("deepseek_v32", f'<{DS}function_calls><{DS}invoke name="get_time">' + f'<{DS}parameter name="a" string="true">'
+     * 20000 + f"</{DS}invoke></{DS}function_calls>", ("", [CALLS[1]])),
+    ("deepseek_v32", f"<{DS}function_calls>" + f'<{DS}invoke name="get_time"></{DS}invoke>' * 20000
+     + f"</{DS}function_calls>", ("", [CALLS[1]] * 20000)),
+])
+def test_deepseek_dsml_parsers_find_the_calls_or_none(parser, text, expected):
+    """DeepSeek V3.2's `<｜DSML｜function_calls>` and V4's `<｜DSML｜tool_calls>` blocks of `<｜DSML｜invoke name=...>`
+    with `<｜DSML｜parameter name=... string="true|false">` values, as vLLM's deepseek_v32 and deepseek_v4 parsers read
+    them: the block, each invoke and each value closed; the text around the blocks the content."""
+    assert plan(parser=parser).calls(text) == expected
+
+
+def test_deepseek_dsml_values_are_text_or_typed_by_the_tools_schema():
+    """As vLLM gives them: a `string="true"` value is its text whatever the schema; a `string="false"` one reads
+    as its property's type, or as JSON where the property has types but none fits, and stays text where the schema
+    gives it no type; a lone `arguments` object around the schema's own properties is taken off."""
+    schema = {"properties": {"n": {"type": "integer"}, "s": {"type": "string"}, "o": {"type": "object"},
+                             "x": {"type": "integer"}, "b": {"type": "boolean"}, "any": {}}}
+    tool_plan = chat(tools=[{"type": "function", "function": {"name": "f", "parameters": schema}}]).tool_plan(
+        PARSERS["deepseek_v32"])
+
+    def arguments(*values):
+        body = "".join(f'<{DS}parameter name="{key}" string="{string}">{value}</{DS}parameter>'
+                       for key, string, value in values)
+        found = tool_plan.calls(f'<{DS}function_calls><{DS}invoke name="f">{body}</{DS}invoke></{DS}function_calls>')
+        return json.loads(found[1][0][1])
+    assert arguments(("n", "false", "3"), ("s", "false", "42"), ("o", "false", '{"k": [1, null]}'),
+                     ("x", "false", "2.5"), ("b", "false", "true"), ("any", "false", "[1]"), ("extra", "false", "7")) \
+        == {"n": 3, "s": "42", "o": {"k": [1, None]}, "x": 2.5, "b": True, "any": "[1]", "extra": "7"}
+    assert arguments(("n", "true", "3"), ("s", "true", " keep  spaces ")) == {"n": "3", "s": " keep  spaces "}
+    assert arguments(("x", "false", "three")) == {"x": "three"}
+    assert arguments(("arguments", "false", '{"n": 1, "s": "a"}')) == {"n": 1, "s": "a"}
+    assert arguments(("arguments", "false", '{"zz": 1}')) == {"arguments": '{"zz": 1}'}
 
 
 def test_qwen3_coder_values_are_typed_by_the_tools_schema():
@@ -358,6 +415,8 @@ def test_call_ids_are_what_the_models_template_takes_back():
     ("auto", "deepseek_v31", "plain <｜tool no call"), ("auto", "glm45", GLM45_OUTPUT),
     ("auto", "kimi_k2", KIMI_OUTPUT), ("auto", "kimi_k2", "plain <|tool_calls no call"),
     ("auto", "minimax_m2", MINIMAX_OUTPUT), ("auto", "minimax_m2", "plain <minimax:tool no call"),
+    ("auto", "deepseek_v32", DSML_OUTPUT), ("auto", "deepseek_v4", DSV4_OUTPUT + " after"),
+    ("auto", "deepseek_v32", f"plain <{DS}function no call"),
     ("named", "hermes", '{"city": "Oslo"}'), ("required", "hermes", '[{"name": "get_time", "parameters": {}}]')])
 def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, parser, text):
     """Cut into two or three pieces at every place: the content and calls a client assembles from the deltas are
