@@ -12,7 +12,8 @@ The tools reach the model through its chat template (`tools`, as transformers pa
   (the output a Python list of calls, `[get_weather(city="Oslo")]`: Llama 3.2 and 4) or `qwen3_coder`
   (`<tool_call><function=get_weather><parameter=city>Oslo</parameter></function></tool_call>`, values typed by the
   tool's schema), `deepseek_v31`, `deepseek_v3`, `deepseek_v32` or `deepseek_v4` (DeepSeek V3.2's and V4's DSML
-  `<｜DSML｜invoke name="get_weather">` blocks) or `glm45` (`<tool_call>get_weather<arg_key>city</arg_key>
+  `<｜DSML｜invoke name="get_weather">` blocks) or `gemma4` (`<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}
+  <tool_call|>`) or `glm45` (`<tool_call>get_weather<arg_key>city</arg_key>
   <arg_value>Oslo</arg_value></tool_call>`: GLM-4.5 to 4.7, values typed as qwen3_coder's) or `openai` (gpt-oss's
   harmony messages to `functions.NAME`, openai_api/harmony.py; with the `openai_gptoss` reasoning parser, which
   hands it the content with each call written back as one message).
@@ -454,6 +455,95 @@ def _dsml_values(body: str):
         yield key, [value, string == "true"]
 
 
+GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'    # Gemma 4's (special tokens)
+_GEMMA_HEAD = re.compile(r"call:([\w\-.]+)\{")
+GEMMA_DEPTH = 64          # objects and arrays nested deeper than this: not a call (the parser recurses)
+
+
+def gemma4_calls(text: str) -> Found | None:
+    """Gemma 4's calls: `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:42,on:true,o:{...},a:[...]}<tool_call|>` blocks,
+    each closed, as vLLM's gemma4 parser reads them (strings between `<|"|>` quotes, other values true, false, null,
+    numbers or bare text); the text around the blocks is the content. Each marker is found once, and each value read
+    once, so hostile output costs linear time."""
+    content, calls, at = [], [], 0
+    while (start := text.find(GEMMA_CALL, at)) >= 0 and (end := text.find("}" + GEMMA_CALL_END, start)) >= 0:
+        content.append(text[at:start])
+        head = _GEMMA_HEAD.match(text, start + len(GEMMA_CALL))
+        calls.append(_gemma_call(head[1], text[head.end():end]) if head and head.end() <= end + 1 else None)
+        at = end + 1 + len(GEMMA_CALL_END)
+    return _found("".join(content) + text[at:], calls)
+
+
+def _gemma_call(name: str, arguments: str) -> Call | None:
+    try:
+        values, _ = _gemma_object(arguments, 0, "", 0)
+    except RecursionError:
+        return None
+    return None if values is None else (name, json.dumps(values))
+
+
+def _gemma_object(text: str, at: int, closing: str, depth: int) -> tuple[dict | None, int]:
+    """The `key:value` pairs from `at` to `closing` (or the end), and where they end; None nested too deep."""
+    values = {}
+    while (at := _GEMMA_GAP.match(text, at).end()) < len(text) and text[at] != closing:
+        colon = text.find(":", at)
+        if colon < 0:
+            break
+        key = text[at:colon].strip()
+        key = key[len(GEMMA_QUOTE):-len(GEMMA_QUOTE)] if len(key) > 1 and key.startswith(GEMMA_QUOTE) and \
+            key.endswith(GEMMA_QUOTE) else key
+        values[key], at = _gemma_value(text, _GEMMA_BLANK.match(text, colon + 1).end(), depth)
+        if values[key] is _TOO_DEEP:
+            return None, at
+    return values, at + (at < len(text))
+
+
+def _gemma_array(text: str, at: int, depth: int) -> tuple[list | None, int]:
+    items = []
+    while (at := _GEMMA_GAP.match(text, at).end()) < len(text) and text[at] != "]":
+        item, end = _gemma_value(text, at, depth)
+        if item is _TOO_DEEP:
+            return None, end
+        if end == at:                   # a stray `}`: the array ends here
+            break
+        items.append(item)
+        at = end
+    return items, at + (at < len(text))
+
+
+def _gemma_value(text: str, at: int, depth: int) -> tuple[Any, int]:
+    """The value at `at` and where it ends: a quoted string (the rest, where it is not closed), an object, an
+    array, or bare text up to `,`, `}` or `]` read as true, false, null or a number where it is one."""
+    if text.startswith(GEMMA_QUOTE, at):
+        end = text.find(GEMMA_QUOTE, at + len(GEMMA_QUOTE))
+        end = len(text) if end < 0 else end
+        return text[at + len(GEMMA_QUOTE):end], end + len(GEMMA_QUOTE)
+    if at < len(text) and text[at] in "{[":
+        if depth >= GEMMA_DEPTH:
+            return _TOO_DEEP, len(text)
+        found, end = _gemma_object(text, at + 1, "}", depth + 1) if text[at] == "{" else \
+            _gemma_array(text, at + 1, depth + 1)
+        return (_TOO_DEEP if found is None else found), end
+    end = _GEMMA_BARE.match(text, at).end()
+    return _gemma_bare(text[at:end].strip()), end
+
+
+def _gemma_bare(word: str) -> Any:
+    if word in ("true", "false"):
+        return word == "true"
+    if word.lower() in ("null", "none", "nil"):
+        return None
+    try:
+        number = float(word) if "." in word else int(word)
+    except ValueError:
+        return word
+    return number if math.isfinite(number) else word
+
+
+_GEMMA_GAP, _GEMMA_BLANK, _GEMMA_BARE = re.compile(r"[ ,\n\t]*"), re.compile(r"[ \n\t]*"), re.compile(r"[^,}\]]*")
+_TOO_DEEP = object()
+
+
 def dsml_arguments(arguments: str, schema: dict | None) -> str:
     """dsml_calls' arguments as vLLM gives them: a `string="true"` value as its text; another typed by its property
     in the tool's schema (typed_arguments' rules), or read as JSON where the property has types but none fits (text
@@ -608,6 +698,7 @@ PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
                                   held_from_opening(f"<{DSML}function_calls>"), typed=dsml_arguments, special=True),
            "deepseek_v4": Parser(functools.partial(dsml_calls, wrapper="tool_calls"),
                                  held_from_opening(f"<{DSML}tool_calls>"), typed=dsml_arguments, special=True),
+           "gemma4": Parser(gemma4_calls, held_from_opening(GEMMA_CALL), special=True),
            "glm45": Parser(glm45_calls, hermes_held_from, typed=typed_arguments),
            "minimax_m2": Parser(minimax_m2_calls, held_from_opening("<minimax:tool_call>"), typed=typed_arguments),
            "kimi_k2": Parser(kimi_k2_calls, held_from_opening(*KIMI_SECTIONS), ids=kimi_k2_ids, special=True,

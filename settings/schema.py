@@ -29,7 +29,7 @@ POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # http.tool_call_parser's names (openai_api/tools.py PARSERS)
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v31", "deepseek_v3",
-                     "deepseek_v32", "deepseek_v4", "glm45", "minimax_m2", "kimi_k2", "openai")
+                     "deepseek_v32", "deepseek_v4", "gemma4", "glm45", "minimax_m2", "kimi_k2", "openai")
 # http.reasoning_parser's names (openai_api/reasoning.py NAMES)
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
 BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)
@@ -374,7 +374,7 @@ class HttpConfig:
     model_name: str = ""             # the model's id in /v1/models ("": the target model folder's name)
     tool_call_parser: str = ""       # how tool_choice "auto" reads calls in the output: hermes | llama3_json |
                                      # mistral | pythonic | qwen3_coder | deepseek_v31 | deepseek_v3 |
-                                     # deepseek_v32 | deepseek_v4 | glm45 | minimax_m2 | kimi_k2 |
+                                     # deepseek_v32 | deepseek_v4 | gemma4 | glm45 | minimax_m2 | kimi_k2 |
                                      # openai (gpt-oss; with reasoning_parser openai_gptoss)
                                      # ("": "auto" is refused; "required" and named functions need none)
     reasoning_parser: str = ""       # how chat answers split a thinking model's reasoning from its content:

@@ -34,7 +34,7 @@ def test_the_config_names_every_parser_and_refuses_another():
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
     assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
     with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral, pythonic, "
-                                          r"qwen3_coder, deepseek_v31, deepseek_v3, deepseek_v32, deepseek_v4, glm45, "
+                                          r"qwen3_coder, deepseek_v31, deepseek_v3, deepseek_v32, deepseek_v4, gemma4, glm45, "
                                           r"minimax_m2, kimi_k2, "
                                           r"openai or \"\" "
                                           r"\(got 'xml'\)$"):
@@ -252,9 +252,9 @@ def test_kimi_k2_numbers_the_calls_it_was_made_to_write_across_the_conversation(
 
 
 def test_only_a_parser_whose_markers_are_special_tokens_keeps_them_in_the_text():
-    """Kimi K2's markers are special tokens, which the output text leaves out unless asked: its auto calls keep
-    them (vLLM's kimi_k2 parser turns skip_special_tokens off the same way); other parsers, and kimi_k2 where no
-    free text is read for calls, leave the request as it was."""
+    """Kimi K2's and Gemma 4's markers are special tokens, which the output text leaves out unless asked: their
+    auto calls keep them (vLLM's parsers turn skip_special_tokens off the same way, DeepSeek's DSML ones too); other
+    parsers, and these where no free text is read for calls, leave the request as it was."""
     from protos.specpool.v1 import generation_pb2
 
     def prepared(choice, parser):
@@ -262,7 +262,7 @@ def test_only_a_parser_whose_markers_are_special_tokens_keeps_them_in_the_text()
         plan(choice, parser).prepare(generate)
         return generate
     assert prepared("auto", "kimi_k2").keep_special_tokens
-    assert prepared("auto", "deepseek_v32").keep_special_tokens and prepared("auto", "deepseek_v4").keep_special_tokens
+    assert all(prepared("auto", parser).keep_special_tokens for parser in ("deepseek_v32", "deepseek_v4", "gemma4"))
     assert not prepared("auto", "hermes").keep_special_tokens and not prepared("none", "kimi_k2").keep_special_tokens
     required = prepared("required", "kimi_k2")
     assert not required.keep_special_tokens and json.loads(required.structured_output.json_schema)["type"] == "array"
@@ -346,6 +346,46 @@ def test_deepseek_dsml_values_are_text_or_typed_by_the_tools_schema():
     assert arguments(("arguments", "false", '{"zz": 1}')) == {"arguments": '{"zz": 1}'}
 
 
+Q = '<|"|>'      # Gemma 4's string quote
+GEMMA_OUTPUT = (f"Let me look.<|tool_call>call:get_weather{{city:{Q}Oslo{Q}}}<tool_call|>"
+                "<|tool_call>call:get_time{}<tool_call|>")
+
+
+@pytest.mark.parametrize("text, expected", [
+    (GEMMA_OUTPUT, ("Let me look.", CALLS)),
+    (f"A<|tool_call>call:get_time{{}}<tool_call|>B", ("AB", [CALLS[1]])),              # the text around: content
+    (f"<|tool_call>call:get_weather{{city:{Q}Oslo{Q}}}", None),                          # not closed: content
+    ("<|tool_call>get_time{}<tool_call|>", None), ("<|tool_call>call:get_time<tool_call|>", None),  # no call:NAME{
+    ("no calls", None),
+    ("<|tool_call>" * 20000, None),                                                       # hostile: linear time,
+    ("<|tool_call>call:get_time{a:" + "[" * 100000 + "}<tool_call|>", None),              # no recursion past 64
+    (f"<|tool_call>call:get_time{{a:{Q}" + "x" * 100000 + "}<tool_call|>", ("", [("get_time", json.dumps(
+        {"a": "x" * 100000}))])),                                                         # a string never closed
+])
+def test_gemma4_parser_finds_the_calls_or_none(text, expected):
+    """Gemma 4's `<|tool_call>call:NAME{key:value,...}<tool_call|>` blocks, each closed, as vLLM's gemma4 parser reads
+    them; the text around the blocks the content."""
+    assert plan(parser="gemma4").calls(text) == expected
+
+
+def test_gemma4_values_are_quoted_strings_or_read_as_json_would_write_them():
+    """Its own value syntax, as vLLM reads it: `<|"|>`-quoted strings (a `}` or `,` inside kept), keys bare or
+    quoted, true / false, null / none / nil, integers, numbers with a point, nested objects and arrays; a bare word
+    that is none of them, or a number JSON cannot write, stays text; nesting past GEMMA_DEPTH is not a call."""
+    from openai_api.tools import GEMMA_DEPTH, gemma4_calls
+    body = (f"s:{Q}a, b}}{Q},{Q}quoted key{Q}:1, n:42,x:2.5,on:true,off:false,z:None,o:{{k:[1,{Q}b{Q},{{}}]}},"
+            f"word:maybe,big:1.0e999,e:1e5,empty:")
+    found = gemma4_calls(f"<|tool_call>call:f{{{body}}}<tool_call|>")
+    assert json.loads(found[1][0][1]) == {"s": "a, b}", "quoted key": 1, "n": 42, "x": 2.5, "on": True, "off": False,
+                                          "z": None, "o": {"k": [1, "b", {}]}, "word": "maybe", "big": "1.0e999",
+                                          "e": "1e5", "empty": ""}
+    nested = "a:" + "[" * GEMMA_DEPTH + "]" * GEMMA_DEPTH
+    assert gemma4_calls(f"<|tool_call>call:f{{{nested}}}<tool_call|>")[1][0][0] == "f"
+    assert gemma4_calls("<|tool_call>call:f{a:" + "[" * (GEMMA_DEPTH + 1) + "}<tool_call|>") is None
+    for stray in ("a:[}],b:2", "a:[1,", "a:]"):                       # malformed, read to its end all the same
+        assert gemma4_calls(f"<|tool_call>call:f{{{stray}}}<tool_call|>")[1][0][0] == "f"
+
+
 def test_qwen3_coder_values_are_typed_by_the_tools_schema():
     """As vLLM types them: a value reads as its property's type where it is one (a Python literal too for objects
     and arrays), else stays text; a property the schema does not list is text."""
@@ -416,7 +456,8 @@ def test_call_ids_are_what_the_models_template_takes_back():
     ("auto", "kimi_k2", KIMI_OUTPUT), ("auto", "kimi_k2", "plain <|tool_calls no call"),
     ("auto", "minimax_m2", MINIMAX_OUTPUT), ("auto", "minimax_m2", "plain <minimax:tool no call"),
     ("auto", "deepseek_v32", DSML_OUTPUT), ("auto", "deepseek_v4", DSV4_OUTPUT + " after"),
-    ("auto", "deepseek_v32", f"plain <{DS}function no call"),
+    ("auto", "deepseek_v32", f"plain <{DS}function no call"), ("auto", "gemma4", GEMMA_OUTPUT),
+    ("auto", "gemma4", "plain <|tool no call"),
     ("named", "hermes", '{"city": "Oslo"}'), ("required", "hermes", '[{"name": "get_time", "parameters": {}}]')])
 def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, parser, text):
     """Cut into two or three pieces at every place: the content and calls a client assembles from the deltas are
