@@ -1,5 +1,8 @@
 """Stop strings: matched on the decoded output, across token boundaries, as the tokens arrive.
 
+A stop token or EOS that ends the output is one of its tokens, but not of its text (as vLLM has it, also where the
+text keeps special tokens; with include_stop_str_in_output it is).
+
 The text is cut before the first stop string, which is not returned (after it, with vLLM's
 include_stop_str_in_output); the tokens end with the one that completed it. While streaming, only text that could
 still be the start of a stop string is held back. A stop string completed by one of the output's first
@@ -49,6 +52,8 @@ class StopStrings:
             if cut is not None:
                 text, self.held = self.held[:cut], ""
                 return Piece(i + 1, text, stopped=True)
+        if final:                       # a character the last tokens left incomplete: as it is
+            self.held += self.detokenizer.push([], final=True)
         keep = 0 if final else self._prefix_len()
         text, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
         return Piece(len(tokens), text)
@@ -78,6 +83,13 @@ class Chunk:
     finish_reason: int = 0   # set on the request's last chunk
 
 
+def ended_by_token(state, tokens: list[int]) -> bool:
+    """Whether `tokens` end the output with a stop token or EOS, whose text is then left out (as vLLM leaves it
+    out, special or not; with include_stop_str_in_output it stays)."""
+    ends = {generation_pb2.FINISH_REASON_STOP: state.stop_ids, generation_pb2.FINISH_REASON_EOS: state.eos_ids}
+    return bool(tokens) and not state.include_stop and tokens[-1] in ends.get(state.finish_reason, ())
+
+
 async def output_chunks(rounds: AsyncIterator[list[int]], state, tokenizer) -> AsyncIterator[Chunk]:
     """A request's committed tokens (`rounds`: Router.run) as chunks of output with its stop strings
     applied. A stop string ends the request: state.finish_reason becomes STOP and the tokens after the one
@@ -85,8 +97,9 @@ async def output_chunks(rounds: AsyncIterator[list[int]], state, tokenizer) -> A
     output = StopStrings(IncrementalDetokenizer(tokenizer, not state.keep_special), tuple(state.stop_strings),
                          state.min_new_tokens, state.include_stop)
     async for tokens in rounds:
-        start = state.generated - len(tokens)
-        piece = output.push(tokens, final=bool(state.finish_reason))
+        start, silent = state.generated - len(tokens), ended_by_token(state, tokens)
+        piece = output.push(tokens[:len(tokens) - silent], final=bool(state.finish_reason))
+        piece.kept += silent and not piece.stopped
         if piece.stopped:
             end = state.prompt_len + start + piece.kept
             del state.tokens[end:], state.logprobs[start + piece.kept:]

@@ -69,3 +69,42 @@ def test_no_match_sends_everything_and_holds_back_only_prefixes(tokenizer):
     head = tokenizer.encode("def f(self):\n    self.").ids
     assert output.push(head, final=False).text == "def f(self"          # "):\n    self." could still be a stop
     assert output.push(tokenizer.encode("y").ids, final=True).text == "):\n    self.y"
+
+
+@pytest.mark.parametrize("keep_special", [False, True])
+@pytest.mark.parametrize("include_stop", [False, True])
+def test_a_stop_token_or_eos_that_ends_the_output_is_in_its_tokens_not_its_text(tokenizer, keep_special, include_stop):
+    """As vLLM: the token that ends the output (a stop token id, ordinary or special, or EOS) is the output's last
+    token, but its text is left out, also where the text keeps special tokens, in whatever batches the rounds
+    commit; include_stop_str_in_output keeps it. A token that ends nothing (EOS under ignore_eos) keeps its text."""
+    import asyncio
+
+    from protos.specpool.v1 import generation_pb2
+    from router.request_state import RequestState
+    from router.speculation import commit
+    from router.stopping import output_chunks
+    body, eos = tokenizer.encode(TEXT).ids[:12], tokenizer.token_to_id("<|endoftext|>")
+    plain_stop = body[9]
+    for stop_ids, eos_ids, last, reason in (({plain_stop}, {eos}, plain_stop, generation_pb2.FINISH_REASON_STOP),
+                                            ((), {eos}, eos, generation_pb2.FINISH_REASON_EOS),
+                                            ({eos}, (), eos, generation_pb2.FINISH_REASON_STOP),
+                                            ((), (), eos, generation_pb2.FINISH_REASON_LENGTH)):
+        output = body[:9] + [last, 0, 0]
+        for seed in range(5):
+            state = RequestState(session_id=1, tokens=[0], prompt_len=1, max_new_tokens=10, sampling=None, fixed_k=None,
+                                 draft_mode=0, max_context=100, stop_ids=frozenset(stop_ids),
+                                 eos_ids=frozenset(eos_ids), include_stop=include_stop, keep_special=keep_special)
+
+            async def rounds(rng=random.Random(seed), at=0):
+                while not state.finish_reason:
+                    batch = output[at:at + rng.randint(1, 4)]
+                    at += len(batch)
+                    yield commit(state, batch)
+
+            async def chunks():
+                return [chunk async for chunk in output_chunks(rounds(), state, tokenizer)]
+            sent = asyncio.run(chunks())
+            assert [t for chunk in sent for t in chunk.token_ids] == output[:10] and state.finish_reason == reason
+            shown = include_stop or reason == generation_pb2.FINISH_REASON_LENGTH
+            expected = tokenizer.decode(output[:10] if shown else output[:9], skip_special_tokens=not keep_special)
+            assert "".join(chunk.text for chunk in sent) == expected
