@@ -160,6 +160,13 @@ def new_cache(model):
     return cache
 
 
+def decoder(model):
+    """The model without its LM head: get_decoder()'s, or the `model` inside where that gives the model itself
+    (transformers 5.25's Llama4ForCausalLM)."""
+    inner = model.get_decoder()
+    return model.model if inner is model else inner
+
+
 class RaggedBatch:
     """Several sessions' KV caches padded into one batch cache, so one forward serves them all.
 
@@ -224,7 +231,7 @@ class RaggedBatch:
         self.lengths = [n + len(t) for n, t in zip(self.lengths, token_lists)]
         inputs.update({cache_keyword(type(self.model)): self.cache, "use_cache": True})
         if decoder_only:
-            return self.model.get_decoder()(**inputs).last_hidden_state          # [B, n_new, hidden]
+            return decoder(self.model)(**inputs).last_hidden_state               # [B, n_new, hidden]
         return self.model(**inputs, logits_to_keep=keep).logits                  # [B, kept, vocab] or [kept, vocab]
 
     def _drop_unneeded(self) -> None:

@@ -79,14 +79,54 @@ def _qwen3_next(t):    # Gated DeltaNet (linear attention: a recurrent state, no
                              linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
 
+def _gemma4(t):    # Gemma 4: sliding and global layers interleaved
+    shape = {**SHAPE, "num_hidden_layers": 3}
+    return t.Gemma4TextConfig(**shape, head_dim=8, sliding_window=WINDOW,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+
+
+def _olmo3(t):     # OLMo 3: sliding and full layers
+    return t.Olmo3Config(**SHAPE, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
+
+
+def _exaone4(t):   # EXAONE 4: sliding and full layers
+    return t.Exaone4Config(**SHAPE, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
+
+
+def _seed_oss(t):  # Seed-OSS: full attention
+    return t.SeedOssConfig(**SHAPE, head_dim=8)
+
+
+def _llama4(t):    # Llama 4's text model: chunked attention (a layer attends within its chunk of WINDOW tokens), MoE
+    return t.Llama4TextConfig(**SHAPE, head_dim=8, num_local_experts=4, num_experts_per_tok=1,
+                              attention_chunk_size=WINDOW, intermediate_size_mlp=64)
+
+
+def _qwen3_5(t):   # Qwen3.5: Gated DeltaNet (recurrent, as Qwen3-Next's) and full attention
+    return t.Qwen3_5TextConfig(**SHAPE, head_dim=8, layer_types=["linear_attention", "full_attention"],
+                               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                               linear_value_head_dim=8)
+
+
+def _deepseek_v32(t):  # DeepSeek V3.2: V3's latent attention with a sparse-attention indexer, whose keys the cache
+    return t.DeepseekV32Config(**{**SHAPE, "num_key_value_heads": 4}, kv_lora_rank=16, q_lora_rank=16,   # holds too
+                               qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4,
+                               num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+                               topk_group=1)
+
+
 FAMILIES = {"llama": _llama, "qwen2-sliding": _qwen2, "qwen3": _qwen3, "mistral-sliding": _mistral,
             "gemma2-hybrid": _gemma2, "gemma3-hybrid": _gemma3, "gpt2": _gpt2, "phi3": _phi3, "mixtral-moe": _mixtral,
             "qwen3-moe": _qwen3_moe, "gpt-oss-hybrid": _gpt_oss, "deepseek-v3-mla": _deepseek_v3,
-            "glm4-moe": _glm4_moe, "qwen3-next-linear": _qwen3_next}
+            "glm4-moe": _glm4_moe, "qwen3-next-linear": _qwen3_next, "gemma4-hybrid": _gemma4,
+            "olmo3-hybrid": _olmo3, "exaone4-hybrid": _exaone4, "seed-oss": _seed_oss, "llama4-chunked": _llama4,
+            "qwen3.5-linear": _qwen3_5, "deepseek-v3.2-dsa": _deepseek_v32}
 SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma2-hybrid", "gemma3-hybrid",      # some layers attend over a window
-           "gpt-oss-hybrid"}
+           "gpt-oss-hybrid", "gemma4-hybrid", "olmo3-hybrid", "exaone4-hybrid", "llama4-chunked"}
 NO_TP_PLAN = {"gpt2"}
-RECURRENT = {"qwen3-next-linear"}      # some layers hold a recurrent state: rolled back to checkpoints, not batched
+RECURRENT = {"qwen3-next-linear", "qwen3.5-linear"}
+UNPADDED = {"deepseek-v3.2-dsa"}       # some cache layers are neither attention nor recurrent (DSA's indexer keys):
+                                       # cropped on rollback, one row per forward      # some layers hold a recurrent state: rolled back to checkpoints, not batched
 
 
 def build_family(name: str, out: Path, seed: int = 0, draft_noise: float = 0.3) -> tuple[str, str]:
