@@ -17,6 +17,10 @@ the content its other messages' text, each call in it written back as one messag
 tool-call parser reads the calls. Its markers are special tokens, so its requests keep them in their text. Under
 structured output the structure is the body of its `final` message, after any analysis (StructuredOutput.
 harmony_final), and the output splits as usual.
+
+`gemma4` reads Gemma 4's thinking channel as the <think> format is read: `<|channel>thought\n`, the reasoning,
+`<channel|>`, then the answer; the `thought\n` label is not reasoning, and the markers are special tokens, kept in
+its requests' text.
 """
 from __future__ import annotations
 
@@ -27,34 +31,42 @@ from openai_api import harmony
 from protos.specpool.v1 import generation_pb2
 
 START, END = "<think>", "</think>"
+GEMMA_START, GEMMA_END, GEMMA_LABEL = "<|channel>", "<channel|>", "thought\n"    # Gemma 4's thinking channel
 
 
 @dataclass(frozen=True)
 class ReasoningParser:
-    """The <think> format's (`deepseek_r1`, `qwen3`)."""
-    opens_reasoning: bool       # the prompt opened the thinking: the output begins as reasoning without <think>
+    """The <think> format's (`deepseek_r1`, `qwen3`), or another with markers of its own (`gemma4`:
+    `<|channel>thought\n...<channel|>`, its `thought\n` label left out of the reasoning, as vLLM leaves it out)."""
+    opens_reasoning: bool       # the prompt opened the thinking: the output begins as reasoning without the start
+    start: str = START
+    end: str = END
+    label: str = ""             # what the reasoning begins with that is not reasoning (Gemma 4's channel name)
+    special: bool = False       # the markers are special tokens: the request's text keeps them
 
     def prepare(self, generate: generation_pb2.GenerateRequest) -> None:
-        """A structure follows the reasoning: free text up to </think> (opened by <think> unless the prompt opened
-        it, and then optional)."""
+        """A structure follows the reasoning: free text up to the end marker (opened by the start marker unless the
+        prompt opened it, and then optional); special markers kept in the text."""
+        if self.special:
+            generate.keep_special_tokens = True
         if generate.HasField("structured_output"):
-            generate.structured_output.reasoning_end = END
-            generate.structured_output.reasoning_start = "" if self.opens_reasoning else START
+            generate.structured_output.reasoning_end = self.end
+            generate.structured_output.reasoning_start = "" if self.opens_reasoning else self.start
 
     def split(self, text: str) -> tuple[str | None, str]:
         """(the reasoning, None where the output does not reason; the content) of a whole output."""
         body = self.body(text)
         if body is None:
             return None, text
-        reasoning, _, content = body.partition(END)
-        return reasoning, content
+        reasoning, _, content = body.partition(self.end)
+        return reasoning.removeprefix(self.label), content
 
     def span(self, text: str) -> tuple[int, int] | None:
         """Where the reasoning lies in a whole output, (start, end) in characters; None where it does not reason."""
         body = self.body(text)
         if body is None:
             return None
-        start, end = len(text) - len(body), body.find(END)
+        start, end = len(text) - len(body), body.find(self.end)
         return start, start + (len(body) if end < 0 else end)
 
     def reasoning_tokens(self, pieces: list[str]) -> int:
@@ -71,16 +83,17 @@ class ReasoningParser:
         span = self.span(text)
         if span is None:
             return 0
-        return tokens_ending_by(pieces, span[1] + len(END) if text.startswith(END, span[1]) else len(text))
+        return tokens_ending_by(pieces, span[1] + len(self.end) if text.startswith(self.end, span[1]) else len(text))
 
     def stream(self) -> "ReasoningStream":
         return ReasoningStream(self)
 
     def body(self, text: str) -> str | None:
-        """What follows an opening <think> (the output itself where it opens as reasoning), None: no reasoning."""
+        """What follows an opening start marker (the output itself where it opens as reasoning), None: no
+        reasoning."""
         opened = text.lstrip()
-        if opened.startswith(START):
-            return opened[len(START):]
+        if opened.startswith(self.start):
+            return opened[len(self.start):]
         return text if self.opens_reasoning else None
 
 
@@ -152,8 +165,9 @@ def _content(message: harmony.Message, text: str) -> str:
     return harmony.call_block(message, text, closed=bool(message.end) or message.stop < len(text))
 
 
-NAMES = ("deepseek_r1", "qwen3", "openai_gptoss")     # the <think> format twice, and harmony, as vLLM names them
-HARMONY = HarmonyParser()
+NAMES = ("deepseek_r1", "qwen3", "gemma4", "openai_gptoss")   # the <think> format twice, Gemma 4's channel and
+HARMONY = HarmonyParser()                                      # harmony, as vLLM names them
+MARKERS = {"gemma4": dict(start=GEMMA_START, end=GEMMA_END, label=GEMMA_LABEL, special=True)}
 
 
 def for_request(name: str, prompt: str) -> ReasoningParser | HarmonyParser | None:
@@ -164,7 +178,8 @@ def for_request(name: str, prompt: str) -> ReasoningParser | HarmonyParser | Non
         return None
     if name == "openai_gptoss":
         return HARMONY
-    return ReasoningParser(opens_reasoning=prompt.rstrip().endswith(START))
+    markers = MARKERS.get(name, {})
+    return ReasoningParser(opens_reasoning=prompt.rstrip().endswith(markers.get("start", START)), **markers)
 
 
 class ReasoningStream:
@@ -176,13 +191,15 @@ class ReasoningStream:
         self.state = "opening"      # opening (not known yet whether it reasons), reasoning, content
         self.held = ""
         self.said = False           # some reasoning was sent
+        self.labelled = not parser.label    # the reasoning's label is past (or it has none)
 
     def feed(self, piece: str) -> tuple[str | None, str]:
         """(the reasoning to send, None: none; the content to send)."""
         self.held += piece
         if self.state == "opening":
             opened = self.held.lstrip()
-            if START.startswith(opened) and opened != START:      # blank, or a part of <think>: not known yet
+            start = self.parser.start
+            if start.startswith(opened) and opened != start:      # blank, or a part of <think>: not known yet
                 return None, ""
             self._decided()
         return self._sent(final=False)
@@ -200,15 +217,20 @@ class ReasoningStream:
     def _sent(self, final: bool) -> tuple[str | None, str]:
         """What can be sent now: reasoning up to </think> (or all at the end), holding a tail that may begin it;
         an empty reasoning once, where it ends without any (the whole answer's `reasoning` is "")."""
-        reasoning = None
+        reasoning, end = None, self.parser.end
+        if self.state == "reasoning" and not self.labelled:
+            label = self.parser.label
+            if label.startswith(self.held) and len(self.held) < len(label) and not final:
+                return None, ""                 # may still be the label
+            self.held, self.labelled = self.held.removeprefix(label), True
         if self.state == "reasoning":
-            at = self.held.find(END)
+            at = self.held.find(end)
             if at < 0 and not final:
-                keep = max((n for n in range(1, len(END)) if self.held.endswith(END[:n])), default=0)
+                keep = max((n for n in range(1, len(end)) if self.held.endswith(end[:n])), default=0)
                 reasoning, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
                 return self._said(reasoning or None), ""
             at = len(self.held) if at < 0 else at
-            reasoning, self.held, self.state = self.held[:at], self.held[at + len(END):], "content"
+            reasoning, self.held, self.state = self.held[:at], self.held[at + len(end):], "content"
             reasoning = self._said(reasoning if reasoning or not self.said else None)
         content, self.held = self.held, ""
         return reasoning, content

@@ -31,7 +31,7 @@ DTYPE_NAMES = ("float32", "float16", "bfloat16")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v31", "deepseek_v3",
                      "deepseek_v32", "deepseek_v4", "gemma4", "glm45", "minimax_m2", "kimi_k2", "openai")
 # http.reasoning_parser's names (openai_api/reasoning.py NAMES)
-REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "gemma4", "openai_gptoss")
 BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)
 # Upper bounds of the counts that size a round's work. Speculating past a few dozen tokens never pays (E[K] grows
 # at most by the product of the acceptance rates, which falls geometrically, while the draft's time grows with K),
@@ -378,7 +378,7 @@ class HttpConfig:
                                      # openai (gpt-oss; with reasoning_parser openai_gptoss)
                                      # ("": "auto" is refused; "required" and named functions need none)
     reasoning_parser: str = ""       # how chat answers split a thinking model's reasoning from its content:
-                                     # deepseek_r1 | qwen3 | openai_gptoss ("": no split, the reasoning is content)
+                                     # deepseek_r1 | qwen3 | gemma4 | openai_gptoss ("": no split, the reasoning is content)
     store_responses: int = 1000      # the Responses API's stored responses kept, the last used
                                      # (previous_response_id, GET /v1/responses/{id}); 0: none stored
     store_responses_mb: int = 256    # ... and at most this much of their text, the last used kept

@@ -15,7 +15,7 @@ from tests.test_tool_calls import HERMES_OUTPUT, plan
 THOUGHT = "<think>\nThe user wants a point.\n</think>\n\n"
 # the output begins as reasoning (the prompt ended with <think>), or only after an opening <think> of its own
 PARSERS = {"opened": ReasoningParser(opens_reasoning=True), "unopened": ReasoningParser(opens_reasoning=False),
-           "harmony": HARMONY}
+           "harmony": HARMONY, "gemma4": for_request("gemma4", "<|turn>model\n")}
 
 
 @pytest.mark.parametrize("parser, text, expected", [
@@ -28,6 +28,11 @@ PARSERS = {"opened": ReasoningParser(opens_reasoning=True), "unopened": Reasonin
     ("unopened", "Four. <think>x</think>", (None, "Four. <think>x</think>")),  # <think> must open the output
     ("unopened", "<think>cut", ("cut", "")),
     ("unopened", "", (None, "")), ("opened", "", ("", "")),
+    ("gemma4", "<|channel>thought\nIt is 4.<channel|>Four.", ("It is 4.", "Four.")),    # Gemma 4's channel, its
+    ("gemma4", "<|channel>It is 4.<channel|>Four.", ("It is 4.", "Four.")),             # label left out
+    ("gemma4", "<|channel>thought\nStill", ("Still", "")), ("gemma4", "<|channel>thou", ("thou", "")),
+    ("gemma4", "Four. <|channel>x<channel|>", (None, "Four. <|channel>x<channel|>")),
+    ("gemma4", THOUGHT + "Four.", (None, THOUGHT + "Four.")),                  # <think> is not its marker
 ])
 def test_a_whole_output_splits_at_its_first_think_end(parser, text, expected):
     assert PARSERS[parser].split(text) == expected
@@ -38,6 +43,7 @@ def test_a_whole_output_splits_at_its_first_think_end(parser, text, expected):
     ("qwen3", "<|im_start|>assistant\n", False),                # Qwen3 thinking on: the model writes <think>
     ("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n", False),      # enable_thinking false
     ("deepseek_r1", "<|Assistant|></think>", False),            # DeepSeek V3.1's non-thinking mode
+    ("gemma4", "<|turn>model\n", False),                        # Gemma 4: the model opens its channel
     ("", "<think>", None)])                                    # no parser
 def test_the_prompt_says_whether_the_output_opens_as_reasoning(name, prompt, opens):
     parser = for_request(name, prompt)
@@ -45,7 +51,8 @@ def test_the_prompt_says_whether_the_output_opens_as_reasoning(name, prompt, ope
 
 
 TEXTS = ["It is 4.</think>\n\nFour.", "  <think>a</think>b", "plain", "<thi", " <think", "a</thin", "<think></think>",
-         "x</think>y</think>z", "", "<think>", "</think>x"]
+         "x</think>y</think>z", "", "<think>", "</think>x", "<|channel>thought\nIt is 4.<channel|>Four.",
+         "<|channel>thought", "<|channel>though", "<|channel>thoughts\n<channel|>", "<|chan", "<|channel><channel|>x"]
 
 
 @pytest.mark.parametrize("parser", sorted(PARSERS))
@@ -153,13 +160,18 @@ def test_a_structure_asked_for_follows_the_reasoning(opens, start):
     free = generation_pb2.GenerateRequest()
     ReasoningParser(opens_reasoning=opens).prepare(free)
     assert not free.HasField("structured_output") and not free.keep_special_tokens
+    gemma = generation_pb2.GenerateRequest(structured_output=generation_pb2.StructuredOutput(json_object=True))
+    for_request("gemma4", "<|turn>model\n").prepare(gemma)          # Gemma 4's markers: special tokens, kept
+    assert (gemma.structured_output.reasoning_end, gemma.structured_output.reasoning_start,
+            gemma.keep_special_tokens) == ("<channel|>", "<|channel>", True)
 
 
 def test_the_config_names_the_reasoning_parsers():
     from openai_api.reasoning import NAMES
     from settings.schema import REASONING_PARSERS, ConfigError, config_from_dict
     assert NAMES == REASONING_PARSERS
-    with pytest.raises(ConfigError, match=r"^http\.reasoning_parser: one of deepseek_r1, qwen3, openai_gptoss or \"\" "
+    with pytest.raises(ConfigError, match=r"^http\.reasoning_parser: one of deepseek_r1, qwen3, gemma4, openai_gptoss or "
+                                          r"\"\" "
                                           r"\(got 'x'\)$"):
         config_from_dict({"http": {"reasoning_parser": "x"}})
 
