@@ -20,7 +20,7 @@ harmony_final), and the output splits as usual.
 
 `gemma4` reads Gemma 4's thinking channel as the <think> format is read: `<|channel>thought\n`, the reasoning,
 `<channel|>`, then the answer; the `thought\n` label is not reasoning, and the markers are special tokens, kept in
-its requests' text.
+its requests' text. `seed_oss` reads Seed-OSS's `<seed:think>...</seed:think>` the same way.
 """
 from __future__ import annotations
 
@@ -165,9 +165,10 @@ def _content(message: harmony.Message, text: str) -> str:
     return harmony.call_block(message, text, closed=bool(message.end) or message.stop < len(text))
 
 
-NAMES = ("deepseek_r1", "qwen3", "gemma4", "openai_gptoss")   # the <think> format twice, Gemma 4's channel and
-HARMONY = HarmonyParser()                                      # harmony, as vLLM names them
-MARKERS = {"gemma4": dict(start=GEMMA_START, end=GEMMA_END, label=GEMMA_LABEL, special=True)}
+NAMES = ("deepseek_r1", "qwen3", "gemma4", "seed_oss", "openai_gptoss")    # the <think> format twice, Gemma 4's
+HARMONY = HarmonyParser()                                      # channel, Seed-OSS's and harmony, as vLLM names them
+MARKERS = {"gemma4": dict(start=GEMMA_START, end=GEMMA_END, label=GEMMA_LABEL, special=True),
+           "seed_oss": dict(start="<seed:think>", end="</seed:think>")}
 
 
 def for_request(name: str, prompt: str) -> ReasoningParser | HarmonyParser | None:

@@ -11,7 +11,7 @@ The tools reach the model through its chat template (`tools`, as transformers pa
   `mistral` (the output a JSON array of `{"name": ..., "arguments": ...}`, after `[TOOL_CALLS]`) or `pythonic`
   (the output a Python list of calls, `[get_weather(city="Oslo")]`: Llama 3.2 and 4) or `qwen3_coder`
   (`<tool_call><function=get_weather><parameter=city>Oslo</parameter></function></tool_call>`, values typed by the
-  tool's schema), `deepseek_v31`, `deepseek_v3`, `deepseek_v32` or `deepseek_v4` (DeepSeek V3.2's and V4's DSML
+  tool's schema) or `seed_oss` (the same in `<seed:tool_call>` blocks), `deepseek_v31`, `deepseek_v3`, `deepseek_v32` or `deepseek_v4` (DeepSeek V3.2's and V4's DSML
   `<｜DSML｜invoke name="get_weather">` blocks) or `gemma4` (`<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}
   <tool_call|>`) or `glm45` (`<tool_call>get_weather<arg_key>city</arg_key>
   <arg_value>Oslo</arg_value></tool_call>`: GLM-4.5 to 4.7, values typed as qwen3_coder's) or `openai` (gpt-oss's
@@ -232,11 +232,12 @@ def pythonic_calls(text: str) -> Found | None:
     return _found(text[:lead], [_pythonic_call(node) for node in tree.elts]) if isinstance(tree, ast.List) else None
 
 
-def qwen3_coder_calls(text: str) -> Found | None:
+def qwen3_coder_calls(text: str, tag: str = "tool_call") -> Found | None:
     """Qwen3-Coder's XML calls: `<tool_call><function=NAME><parameter=KEY>value</parameter>...</function>
-    </tool_call>` blocks (the last may be unclosed), the text around them content. Each value is the text between
-    its tags, one line end trimmed at each side: text, which ToolPlan types by the tool's schema (typed_arguments)."""
-    pieces = re.split(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, flags=re.DOTALL)    # text, block, text, ...
+    </tool_call>` blocks (the last may be unclosed), the text around them content; Seed-OSS's the same in
+    `<seed:tool_call>` blocks (`tag`). Each value is the text between its tags, one line end trimmed at each side:
+    text, which ToolPlan types by the tool's schema (typed_arguments)."""
+    pieces = re.split(rf"<{tag}>(.*?)(?:</{tag}>|\Z)", text, flags=re.DOTALL)    # text, block, text, ...
     return _found("".join(pieces[0::2]), [call for block in pieces[1::2] for call in _xml_calls(block)])
 
 
@@ -692,6 +693,8 @@ PARSERS = {"hermes": Parser(hermes_calls, hermes_held_from),
            "mistral": Parser(mistral_calls, whole_output_held_from("[", "[TOOL_CALLS]"), mistral_call_id),
            "pythonic": Parser(pythonic_calls, whole_output_held_from("[", "<|python_start|>")),
            "qwen3_coder": Parser(qwen3_coder_calls, hermes_held_from, typed=typed_arguments),
+           "seed_oss": Parser(functools.partial(qwen3_coder_calls, tag="seed:tool_call"),
+                              held_from_opening("<seed:tool_call>"), typed=typed_arguments),
            "deepseek_v31": Parser(deepseek_calls, held_from_opening(DS_CALLS)),
            "deepseek_v3": Parser(functools.partial(deepseek_calls, v3=True), held_from_opening(DS_CALLS)),
            "deepseek_v32": Parser(functools.partial(dsml_calls, wrapper="function_calls"),

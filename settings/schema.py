@@ -28,10 +28,10 @@ DRAFT_METHODS = ("model", "ngram", "model+ngram")
 POLICIES = ("fixed", "threshold", "goodput")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 # http.tool_call_parser's names (openai_api/tools.py PARSERS)
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "deepseek_v31", "deepseek_v3",
-                     "deepseek_v32", "deepseek_v4", "gemma4", "glm45", "minimax_m2", "kimi_k2", "openai")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "seed_oss", "deepseek_v31",
+                     "deepseek_v3", "deepseek_v32", "deepseek_v4", "gemma4", "glm45", "minimax_m2", "kimi_k2", "openai")
 # http.reasoning_parser's names (openai_api/reasoning.py NAMES)
-REASONING_PARSERS = ("deepseek_r1", "qwen3", "gemma4", "openai_gptoss")
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "gemma4", "seed_oss", "openai_gptoss")
 BUILTIN_PREFIX = "builtin:"        # engine.model_pair's offline pairs (builtin:random-pair/draft)
 # Upper bounds of the counts that size a round's work. Speculating past a few dozen tokens never pays (E[K] grows
 # at most by the product of the acceptance rates, which falls geometrically, while the draft's time grows with K),
@@ -373,12 +373,13 @@ class HttpConfig:
     chat_template: str = ""          # a Jinja chat template file, for a model whose tokenizer has none
     model_name: str = ""             # the model's id in /v1/models ("": the target model folder's name)
     tool_call_parser: str = ""       # how tool_choice "auto" reads calls in the output: hermes | llama3_json |
-                                     # mistral | pythonic | qwen3_coder | deepseek_v31 | deepseek_v3 |
+                                     # mistral | pythonic | qwen3_coder | seed_oss | deepseek_v31 | deepseek_v3 |
                                      # deepseek_v32 | deepseek_v4 | gemma4 | glm45 | minimax_m2 | kimi_k2 |
                                      # openai (gpt-oss; with reasoning_parser openai_gptoss)
                                      # ("": "auto" is refused; "required" and named functions need none)
     reasoning_parser: str = ""       # how chat answers split a thinking model's reasoning from its content:
-                                     # deepseek_r1 | qwen3 | gemma4 | openai_gptoss ("": no split, the reasoning is content)
+                                     # deepseek_r1 | qwen3 | gemma4 | seed_oss | openai_gptoss ("": no split,
+                                     # the reasoning is content)
     store_responses: int = 1000      # the Responses API's stored responses kept, the last used
                                      # (previous_response_id, GET /v1/responses/{id}); 0: none stored
     store_responses_mb: int = 256    # ... and at most this much of their text, the last used kept

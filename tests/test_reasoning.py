@@ -15,7 +15,8 @@ from tests.test_tool_calls import HERMES_OUTPUT, plan
 THOUGHT = "<think>\nThe user wants a point.\n</think>\n\n"
 # the output begins as reasoning (the prompt ended with <think>), or only after an opening <think> of its own
 PARSERS = {"opened": ReasoningParser(opens_reasoning=True), "unopened": ReasoningParser(opens_reasoning=False),
-           "harmony": HARMONY, "gemma4": for_request("gemma4", "<|turn>model\n")}
+           "harmony": HARMONY, "gemma4": for_request("gemma4", "<|turn>model\n"),
+           "seed_oss": for_request("seed_oss", "<seed:bos>assistant\n")}
 
 
 @pytest.mark.parametrize("parser, text, expected", [
@@ -33,6 +34,8 @@ PARSERS = {"opened": ReasoningParser(opens_reasoning=True), "unopened": Reasonin
     ("gemma4", "<|channel>thought\nStill", ("Still", "")), ("gemma4", "<|channel>thou", ("thou", "")),
     ("gemma4", "Four. <|channel>x<channel|>", (None, "Four. <|channel>x<channel|>")),
     ("gemma4", THOUGHT + "Four.", (None, THOUGHT + "Four.")),                  # <think> is not its marker
+    ("seed_oss", "<seed:think>It is 4.</seed:think>Four.", ("It is 4.", "Four.")),      # Seed-OSS's markers
+    ("seed_oss", THOUGHT + "Four.", (None, THOUGHT + "Four.")),
 ])
 def test_a_whole_output_splits_at_its_first_think_end(parser, text, expected):
     assert PARSERS[parser].split(text) == expected
@@ -52,7 +55,8 @@ def test_the_prompt_says_whether_the_output_opens_as_reasoning(name, prompt, ope
 
 TEXTS = ["It is 4.</think>\n\nFour.", "  <think>a</think>b", "plain", "<thi", " <think", "a</thin", "<think></think>",
          "x</think>y</think>z", "", "<think>", "</think>x", "<|channel>thought\nIt is 4.<channel|>Four.",
-         "<|channel>thought", "<|channel>though", "<|channel>thoughts\n<channel|>", "<|chan", "<|channel><channel|>x"]
+         "<|channel>thought", "<|channel>though", "<|channel>thoughts\n<channel|>", "<|chan", "<|channel><channel|>x",
+         "<seed:think>a</seed:think>b", "<seed:th"]
 
 
 @pytest.mark.parametrize("parser", sorted(PARSERS))
@@ -170,7 +174,7 @@ def test_the_config_names_the_reasoning_parsers():
     from openai_api.reasoning import NAMES
     from settings.schema import REASONING_PARSERS, ConfigError, config_from_dict
     assert NAMES == REASONING_PARSERS
-    with pytest.raises(ConfigError, match=r"^http\.reasoning_parser: one of deepseek_r1, qwen3, gemma4, openai_gptoss or "
+    with pytest.raises(ConfigError, match=r"^http\.reasoning_parser: one of deepseek_r1, qwen3, gemma4, seed_oss, openai_gptoss or "
                                           r"\"\" "
                                           r"\(got 'x'\)$"):
         config_from_dict({"http": {"reasoning_parser": "x"}})

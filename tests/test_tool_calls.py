@@ -34,7 +34,8 @@ def test_the_config_names_every_parser_and_refuses_another():
     assert tuple(PARSERS) == TOOL_CALL_PARSERS
     assert config_from_dict({"http": {"tool_call_parser": "hermes"}}).http.tool_call_parser == "hermes"
     with pytest.raises(ConfigError, match=r"^http\.tool_call_parser: one of hermes, llama3_json, mistral, pythonic, "
-                                          r"qwen3_coder, deepseek_v31, deepseek_v3, deepseek_v32, deepseek_v4, gemma4, glm45, "
+                                          r"qwen3_coder, seed_oss, deepseek_v31, deepseek_v3, deepseek_v32, deepseek_v4, "
+                                          r"gemma4, glm45, "
                                           r"minimax_m2, kimi_k2, "
                                           r"openai or \"\" "
                                           r"\(got 'xml'\)$"):
@@ -346,6 +347,19 @@ def test_deepseek_dsml_values_are_text_or_typed_by_the_tools_schema():
     assert arguments(("arguments", "false", '{"zz": 1}')) == {"arguments": '{"zz": 1}'}
 
 
+SEED_OUTPUT = ("Let me look.\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+               "</function>\n</seed:tool_call><seed:tool_call><function=get_time></function></seed:tool_call>")
+
+
+def test_seed_oss_reads_qwen3_coders_calls_in_its_own_blocks():
+    """Seed-OSS's `<seed:tool_call>` blocks hold Qwen3-Coder's `<function=NAME><parameter=KEY>` calls, read and
+    typed as qwen3_coder's are (vLLM's seed_oss parser is qwen3_coder's with that wrapper); `<tool_call>` is not its."""
+    assert plan(parser="seed_oss").calls(SEED_OUTPUT) == ("Let me look.\n", CALLS)
+    qwen = SEED_OUTPUT.replace("seed:tool_call", "tool_call")
+    assert plan(parser="seed_oss").calls(qwen) is None and plan(parser="qwen3_coder").calls(qwen) == (
+        "Let me look.\n", CALLS)
+
+
 Q = '<|"|>'      # Gemma 4's string quote
 GEMMA_OUTPUT = (f"Let me look.<|tool_call>call:get_weather{{city:{Q}Oslo{Q}}}<tool_call|>"
                 "<|tool_call>call:get_time{}<tool_call|>")
@@ -458,6 +472,7 @@ def test_call_ids_are_what_the_models_template_takes_back():
     ("auto", "deepseek_v32", DSML_OUTPUT), ("auto", "deepseek_v4", DSV4_OUTPUT + " after"),
     ("auto", "deepseek_v32", f"plain <{DS}function no call"), ("auto", "gemma4", GEMMA_OUTPUT),
     ("auto", "gemma4", "plain <|tool no call"),
+    ("auto", "seed_oss", SEED_OUTPUT), ("auto", "seed_oss", "plain <seed:tool no call"),
     ("named", "hermes", '{"city": "Oslo"}'), ("required", "hermes", '[{"name": "get_time", "parameters": {}}]')])
 def test_every_split_of_the_output_streams_what_the_whole_message_holds(choice, parser, text):
     """Cut into two or three pieces at every place: the content and calls a client assembles from the deltas are
