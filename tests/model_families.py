@@ -108,11 +108,17 @@ def _qwen3_5(t):   # Qwen3.5: Gated DeltaNet (recurrent, as Qwen3-Next's) and fu
                                linear_value_head_dim=8)
 
 
+DSA = dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4,
+           num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
+           index_head_dim=8, index_n_heads=2)
+
+
 def _deepseek_v32(t):  # DeepSeek V3.2: V3's latent attention with a sparse-attention indexer, whose keys the cache
-    return t.DeepseekV32Config(**{**SHAPE, "num_key_value_heads": 4}, kv_lora_rank=16, q_lora_rank=16,   # holds too
-                               qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4,
-                               num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
-                               topk_group=1)
+    return t.DeepseekV32Config(**{**SHAPE, "num_key_value_heads": 4}, **DSA)                            # holds too
+
+
+def _glm5(t):          # GLM-5 (glm_moe_dsa): latent attention with DeepSeek's sparse-attention indexer, MoE
+    return t.GlmMoeDsaConfig(**{**SHAPE, "num_key_value_heads": 4}, **DSA)
 
 
 FAMILIES = {"llama": _llama, "qwen2-sliding": _qwen2, "qwen3": _qwen3, "mistral-sliding": _mistral,
@@ -120,12 +126,12 @@ FAMILIES = {"llama": _llama, "qwen2-sliding": _qwen2, "qwen3": _qwen3, "mistral-
             "qwen3-moe": _qwen3_moe, "gpt-oss-hybrid": _gpt_oss, "deepseek-v3-mla": _deepseek_v3,
             "glm4-moe": _glm4_moe, "qwen3-next-linear": _qwen3_next, "gemma4-hybrid": _gemma4,
             "olmo3-hybrid": _olmo3, "exaone4-hybrid": _exaone4, "seed-oss": _seed_oss, "llama4-chunked": _llama4,
-            "qwen3.5-linear": _qwen3_5, "deepseek-v3.2-dsa": _deepseek_v32}
+            "qwen3.5-linear": _qwen3_5, "deepseek-v3.2-dsa": _deepseek_v32, "glm5-dsa": _glm5}
 SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma2-hybrid", "gemma3-hybrid",      # some layers attend over a window
            "gpt-oss-hybrid", "gemma4-hybrid", "olmo3-hybrid", "exaone4-hybrid", "llama4-chunked"}
 NO_TP_PLAN = {"gpt2"}
 RECURRENT = {"qwen3-next-linear", "qwen3.5-linear"}
-UNPADDED = {"deepseek-v3.2-dsa"}       # some cache layers are neither attention nor recurrent (DSA's indexer keys):
+UNPADDED = {"deepseek-v3.2-dsa", "glm5-dsa"}       # some cache layers are neither attention nor recurrent (DSA's indexer keys):
                                        # cropped on rollback, one row per forward      # some layers hold a recurrent state: rolled back to checkpoints, not batched
 
 
