@@ -72,9 +72,18 @@ class Session:
         can (RaggedBatch.crop_row), else on its own cache."""
         if self.length > position:
             if self._batch is None or not self._batch.crop_row(self._row, position):
-                self.cache.crop(position - self.length)   # negative: number of tokens to drop
+                self._crop_own(position)
             self.length = position
         del self.tokens[position:]
+
+
+    def _crop_own(self, position: int) -> None:
+        """Its own cache cropped to `position` tokens; SessionLost where transformers' layers cannot go back there
+        (DeepSeek V4's windowed compressed layers, which roll back only while past states are recorded)."""
+        try:
+            self.cache.crop(position - self.length)   # negative: number of tokens to drop
+        except RuntimeError as exc:
+            raise SessionLost(f"the cache cannot roll back to {position} tokens: {exc}") from exc
 
 
 class SessionStore:

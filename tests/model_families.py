@@ -117,6 +117,14 @@ def _deepseek_v32(t):  # DeepSeek V3.2: V3's latent attention with a sparse-atte
     return t.DeepseekV32Config(**{**SHAPE, "num_key_value_heads": 4}, **DSA)                            # holds too
 
 
+def _deepseek_v4(t):   # DeepSeek V4: windowed compressed attention (its layers roll back only within the window),
+    shape = {**SHAPE, "num_key_value_heads": 1}                                         # hash-routed experts, then MoE
+    return t.DeepseekV4Config(**shape, q_lora_rank=16, head_dim=16, qk_rope_head_dim=8, o_groups=2, o_lora_rank=16,
+                              n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, index_n_heads=2,
+                              index_head_dim=16, sliding_window=WINDOW, mlp_layer_types=["hash_moe", "moe"],
+                              layer_types=["heavily_compressed_attention", "compressed_sparse_attention"])
+
+
 def _glm5(t):          # GLM-5 (glm_moe_dsa): latent attention with DeepSeek's sparse-attention indexer, MoE
     return t.GlmMoeDsaConfig(**{**SHAPE, "num_key_value_heads": 4}, **DSA)
 
@@ -126,13 +134,15 @@ FAMILIES = {"llama": _llama, "qwen2-sliding": _qwen2, "qwen3": _qwen3, "mistral-
             "qwen3-moe": _qwen3_moe, "gpt-oss-hybrid": _gpt_oss, "deepseek-v3-mla": _deepseek_v3,
             "glm4-moe": _glm4_moe, "qwen3-next-linear": _qwen3_next, "gemma4-hybrid": _gemma4,
             "olmo3-hybrid": _olmo3, "exaone4-hybrid": _exaone4, "seed-oss": _seed_oss, "llama4-chunked": _llama4,
-            "qwen3.5-linear": _qwen3_5, "deepseek-v3.2-dsa": _deepseek_v32, "glm5-dsa": _glm5}
+            "qwen3.5-linear": _qwen3_5, "deepseek-v3.2-dsa": _deepseek_v32, "glm5-dsa": _glm5,
+            "deepseek-v4": _deepseek_v4}
 SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma2-hybrid", "gemma3-hybrid",      # some layers attend over a window
            "gpt-oss-hybrid", "gemma4-hybrid", "olmo3-hybrid", "exaone4-hybrid", "llama4-chunked"}
 NO_TP_PLAN = {"gpt2"}
 RECURRENT = {"qwen3-next-linear", "qwen3.5-linear"}
-UNPADDED = {"deepseek-v3.2-dsa", "glm5-dsa"}       # some cache layers are neither attention nor recurrent (DSA's indexer keys):
-                                       # cropped on rollback, one row per forward      # some layers hold a recurrent state: rolled back to checkpoints, not batched
+UNPADDED = {"deepseek-v3.2-dsa", "glm5-dsa", "deepseek-v4"}       # some cache layers are neither attention nor recurrent (DSA's indexer keys):
+                                       # cropped on rollback, one row per forward
+RESTARTED = {"deepseek-v4"}            # a rollback past the window cannot be cropped: the session starts again      # some layers hold a recurrent state: rolled back to checkpoints, not batched
 
 
 def build_family(name: str, out: Path, seed: int = 0, draft_noise: float = 0.3) -> tuple[str, str]:
@@ -155,7 +165,8 @@ def build_family(name: str, out: Path, seed: int = 0, draft_noise: float = 0.3) 
         if role == "draft":
             with torch.no_grad():
                 for param in model.parameters():
-                    param.add_(torch.randn_like(param) * draft_noise * param.std().nan_to_num(0.0))
+                    spread = param.std().nan_to_num(0.0) if param.numel() > 1 else 0.0
+                    param.add_(torch.randn_like(param) * draft_noise * spread)
         path = out / role
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)

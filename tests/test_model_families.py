@@ -14,7 +14,7 @@ import pytest
 from engine.sessions import SessionLost
 from engine.prefill_chunks import Prefilled
 from protos.specpool.v1 import generation_pb2, worker_pb2
-from tests.model_families import FAMILIES, NO_TP_PLAN, RECURRENT, SLIDING, UNPADDED, reference
+from tests.model_families import FAMILIES, NO_TP_PLAN, RECURRENT, RESTARTED, SLIDING, UNPADDED, reference
 
 PROMPTS = [list(range(40, 43)), [7, 9, 11, 200, 13] * 3, list(range(60, 90)), [33] * 20]
 KS = [1, 3, 4, 2]
@@ -48,10 +48,11 @@ GREEDY = generation_pb2.SamplingParams(temperature=0.0, top_p=1.0)
 
 
 def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: int, batched: bool = True,
-              sampling=GREEDY, mode: int = worker_pb2.DRAFT_MODE_GREEDY):
+              sampling=GREEDY, mode: int = worker_pb2.DRAFT_MODE_GREEDY, restart: bool = False):
     """Speculative decoding of every prompt (greedy unless told): each round is one propose_batch and one
     verify_batch over all unfinished requests, as a worker batches concurrent calls (batched=False: one call at a
-    time). Returns each request's new tokens and every round's (drafts, number accepted)."""
+    time). Returns each request's new tokens and every round's (drafts, number accepted). `restart`: a session a
+    worker lost starts again from its committed tokens, as the router starts it (its round: None)."""
     held = [0] * len(prompts)                  # what both workers hold of each request: its committed tokens
     tokens, rounds = [list(p) for p in prompts], []
     while live := [i for i, p in enumerate(prompts) if len(tokens[i]) - len(p) < max_new]:
@@ -61,6 +62,8 @@ def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: i
         proposals = [worker_pb2.ProposeRequest(**call, k=min(ks[i], n - 1), mode=mode)
                      for i, n, call in zip(live, left, calls)]
         drafted = draft.propose_batch(proposals) if batched else [draft.propose(p) for p in proposals]
+        if restart and lost_rows(live, drafted, held, rounds):
+            continue
         verifies = [worker_pb2.VerifyRequest(**call, draft_token_ids=d.draft_token_ids,
                                              draft_hidden_states=d.draft_hidden_states)
                     for call, d in zip(calls, drafted)]
@@ -68,6 +71,8 @@ def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: i
         while rests := [(n, v.rest) for n, v in enumerate(verdicts) if isinstance(v, Prefilled)]:  # prefill chunks
             for (n, _), verdict in zip(rests, target.verify_batch([rest for _, rest in rests])):
                 verdicts[n] = verdict
+        if restart and lost_rows(live, verdicts, held, rounds):
+            continue
         for i, d, v in zip(live, drafted, verdicts):
             assert isinstance(v, worker_pb2.VerifyResponse), v
             rounds.append((list(d.draft_token_ids), v.num_accepted))
@@ -76,7 +81,16 @@ def speculate(draft, target, prompts: list[list[int]], ks: list[int], max_new: i
     return [t[len(p):] for t, p in zip(tokens, prompts)], rounds
 
 
-@pytest.mark.parametrize("family", [name for name in FAMILIES if name not in RECURRENT])
+def lost_rows(live: list[int], answers: list, held: list[int], rounds: list) -> bool:
+    """Whether any of the rows' answers is SessionLost: those sessions start again (held 0, a None round)."""
+    lost = [i for i, answer in zip(live, answers) if isinstance(answer, SessionLost)]
+    for i in lost:
+        held[i] = 0
+        rounds.append(None)
+    return bool(lost)
+
+
+@pytest.mark.parametrize("family", [name for name in FAMILIES if name not in RECURRENT | RESTARTED])
 @pytest.mark.filterwarnings("error::FutureWarning")     # no API transformers has deprecated (past_key_values=...)
 def test_batched_speculation_is_identical_to_the_target_alone(family_models, family):
     from draft_worker.proposer import DraftEngine
@@ -95,6 +109,21 @@ def test_batched_speculation_is_identical_to_the_target_alone(family_models, fam
     accepted, drafted = sum(n for _, n in rounds), sum(len(d) for d, _ in rounds)
     assert 0 < accepted < drafted                 # some drafts accepted, some rolled back
     assert speculate(*engines(), PROMPTS, KS, MAX_NEW, batched=False) == (out, rounds)   # every row as if alone
+
+
+@pytest.mark.parametrize("family", sorted(RESTARTED))
+def test_a_session_whose_cache_cannot_roll_back_starts_again_and_stays_identical(family_models, family):
+    """DeepSeek V4's layers keep a window that transformers cannot crop back past: such a rollback is SessionLost
+    (not a failed request), and the router starts the session again from its committed tokens, as it does for any
+    lost session; the greedy output is the target alone's."""
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+
+    draft_path, target_path = family_models[family]
+    draft, target = DraftEngine(draft_path), TargetEngine(target_path, draft_path)
+    out, rounds = speculate(draft, target, PROMPTS, KS, MAX_NEW, restart=True)
+    assert out == reference(target_path, PROMPTS, MAX_NEW)
+    assert rounds.count(None) > 0                   # some sessions were started again
 
 
 @pytest.mark.parametrize("family", sorted(RECURRENT))
@@ -250,9 +279,9 @@ def verify_round(target) -> list:
 
 @pytest.mark.parametrize("breakage", ["forward", "rollback"])
 def test_a_session_that_fails_fails_alone(family_models, breakage):
-    """One session's cache breaks (its forward raises, or its rollback does, as transformers' sliding cache did):
-    that request alone gets the error and its session is dropped (the router re-prefills it); every other row of
-    the batch gets exactly the answer it gets with nothing broken."""
+    """One session's cache breaks (its forward raises), or cannot roll back (as transformers' sliding cache could
+    not): that request alone gets the error, or SessionLost (the router re-prefills it, as for DeepSeek V4), and
+    its session is dropped; every other row of the batch gets exactly the answer it gets with nothing broken."""
     expected = verify_round(started_target(family_models))
     target = started_target(family_models)
     cache = target.sessions._sessions[1].cache
@@ -263,7 +292,7 @@ def test_a_session_that_fails_fails_alone(family_models, breakage):
             raise RuntimeError("'crop' was called, but the current layer does not track past states")
         cache.crop = crop
     results = verify_round(target)
-    assert isinstance(results[1], (RuntimeError, IndexError)), results[1]
+    assert isinstance(results[1], SessionLost if breakage == "rollback" else (RuntimeError, IndexError)), results[1]
     others = [(r.num_accepted, r.next_token_id) for i, r in enumerate(results) if i != 1]
     assert others == [(r.num_accepted, r.next_token_id) for i, r in enumerate(expected) if i != 1]
     assert 1 not in target.sessions._sessions
@@ -308,7 +337,7 @@ def test_tp2_speculation_is_identical_to_the_target_alone(family_models):
 
     store = host_store("127.0.0.1")     # held here while the ranks join it: no other process can take its port
     port = store.port
-    families = {name: paths for name, paths in family_models.items() if name not in NO_TP_PLAN}
+    families = {name: paths for name, paths in family_models.items() if name not in NO_TP_PLAN | RESTARTED}
     context = mp.get_context("spawn")
     out = context.Queue()
     ranks = [context.Process(target=tp_rank, args=(rank, port, families, out, LONG_CONTEXT)) for rank in range(2)]
