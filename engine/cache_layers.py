@@ -81,6 +81,32 @@ def _appended(held, buffer, new):
     return view, (room, view)
 
 
+class IndexedLayer(GrowingLayer):
+    """A full-attention layer that also holds a sparse-attention indexer's keys, [B, columns, index_head_dim]
+    (DeepSeek V3.2's and GLM-5's DSA; transformers' DynamicIndexedLayer): a column for each of its keys', cropped,
+    padded into a batch and handed back with them (indexer_view)."""
+
+    def __init__(self):
+        super().__init__()
+        self.indexer_keys: torch.Tensor | None = None
+
+    def update_indexer(self, keys: torch.Tensor) -> torch.Tensor:        # [B, n_new, index_head_dim]
+        self.indexer_keys = keys if self.indexer_keys is None else torch.cat([self.indexer_keys, keys], dim=1)
+        return self.indexer_keys
+
+    def crop(self, max_length: int) -> None:
+        super().crop(max_length)
+        if self.indexer_keys is not None:
+            self.indexer_keys = self.indexer_keys[:, :self.keys.shape[-2]]
+
+
+def indexer_view(layer, row: int, columns):
+    """Batch row `row`'s indexer keys at `columns` (a slice: a view; an index tensor: a copy), None for a layer
+    without them."""
+    keys = getattr(layer, "indexer_keys", None)
+    return None if keys is None else keys[row:row + 1, columns]
+
+
 class WindowLayer(GrowingLayer):
     """A sliding-window layer holding its last window - 1 + ROLLBACK_TOKENS columns, and up to 1/SPARE_SHARE of
     them more (drops wait until that many are due, so that appends between them go in place); more until the next

@@ -10,7 +10,8 @@ from typing import Callable
 import torch
 
 from engine.sessions import Session
-from engine.cache_layers import GrowingLayer, WindowLayer, first_column, head, row_view, starts_at
+from engine.cache_layers import (GrowingLayer, IndexedLayer, WindowLayer, first_column, head, indexer_view, row_view,
+                                 starts_at)
 from engine.recurrent_states import kept, rewindable
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -96,19 +97,20 @@ def model_info(model) -> dict:
 
 
 def _layer_kinds(model) -> tuple[str, ...]:
-    """The kind of each cache layer transformers would give this model: "full", "sliding" or "other" (the state
-    of a recurrent or linear-attention layer). Worked out once per model."""
+    """The kind of each cache layer transformers would give this model: "full", "sliding", "indexed" (full, with a
+    sparse-attention indexer's keys) or "other" (the state of a recurrent or linear-attention layer, or layers
+    transformers cannot crop freely). Worked out once per model."""
     return tuple(kind for kind, _ in _layers(model))
 
 
 def _layers(model) -> tuple[tuple[str, int | None], ...]:
     """(kind, sliding window or None) of each cache layer transformers would give this model, once per model."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+    from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer, DynamicSlidingWindowLayer
 
     layers = getattr(model, "_specpool_layers", None)
     if layers is None:
-        names = {DynamicLayer: "full", DynamicSlidingWindowLayer: "sliding"}
+        names = {DynamicLayer: "full", DynamicSlidingWindowLayer: "sliding", DynamicIndexedLayer: "indexed"}
         layers = tuple((names.get(type(layer), "other"), getattr(layer, "sliding_window", None))
                        for layer in DynamicCache(config=model.config).layers)
         model._specpool_layers = layers
@@ -127,6 +129,12 @@ def windowed(model) -> bool:
 
 
 batchable = attention_only
+
+
+def prefix_cacheable(model) -> bool:
+    """Whether the engine's prefix cache (engine/prefix_cache.py, keys and values only) can hold its blocks: an
+    attention-only model without indexer keys."""
+    return attention_only(model) and "indexed" not in _layer_kinds(model)
 
 
 def widest_window(model) -> int:
@@ -156,7 +164,8 @@ def new_cache(model):
     if not attention_only(model):
         return DynamicCache(config=model.config)
     cache = DynamicCache()
-    cache.layers.extend(WindowLayer(window) if kind == "sliding" else GrowingLayer() for kind, window in _layers(model))
+    kinds = {"sliding": WindowLayer, "indexed": lambda _: IndexedLayer(), "full": lambda _: GrowingLayer()}
+    cache.layers.extend(kinds[kind](window) for kind, window in _layers(model))
     return cache
 
 
@@ -210,6 +219,8 @@ class RaggedBatch:
             width = max(layer.keys.shape[2] for layer in layers if layer is not None)   # a window layer's: fewer
             self.cache.update(_padded(layers, "keys", width), _padded(layers, "values", width), index)
             starts_at(self.cache.layers[index], past - width)
+            if isinstance(self.cache.layers[index], IndexedLayer):
+                self.cache.layers[index].indexer_keys = _padded_indexer(layers, width)
 
     def _gapped(self, token_lists: list[list[int]]) -> bool:
         """Whether this forward would leave padding inside some row's columns."""
@@ -283,6 +294,8 @@ class RaggedBatch:
             else:
                 own.layers[index].keys, own.layers[index].values = keys, values
             starts_at(own.layers[index], first)
+            if isinstance(layer, IndexedLayer):
+                own.layers[index].indexer_keys = indexer_view(layer, i, take)
         self._handed[i] = own.layers[0].keys
         return own
 
@@ -346,6 +359,8 @@ def fork_session(model, session: Session, length: int) -> Session:
             count = head(layer, length)
             fork.cache.update(layer.keys[:, :, :count], layer.values[:, :, :count], index)
             starts_at(fork.cache.layers[index], first_column(layer))
+            if isinstance(layer, IndexedLayer):
+                fork.cache.layers[index].indexer_keys = indexer_view(layer, 0, slice(0, count))
     return fork
 
 
@@ -357,6 +372,16 @@ def _padded(layers: list, kind: str, width: int) -> torch.Tensor:   # [B, heads,
         if layer is not None:
             held = getattr(layer, kind)[0]
             out[i, :, width - held.shape[1]:] = held
+    return out
+
+
+def _padded_indexer(layers: list, width: int) -> torch.Tensor:   # [B, width, index_head_dim]
+    """One layer's indexer keys of each row (None: a row holding nothing) right-aligned in `width` columns."""
+    like = next(layer.indexer_keys for layer in layers if layer is not None)
+    out = like.new_zeros((len(layers), width, like.shape[2]))
+    for i, layer in enumerate(layers):
+        if layer is not None:
+            out[i, width - layer.indexer_keys.shape[1]:] = layer.indexer_keys[0]
     return out
 
 

@@ -110,7 +110,11 @@ def _qwen3_5(t):   # Qwen3.5: Gated DeltaNet (recurrent, as Qwen3-Next's) and fu
 
 DSA = dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4,
            num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
-           index_head_dim=8, index_n_heads=2)
+           index_head_dim=8, index_n_heads=32, index_topk=6)
+# DSA: each query attends to its indexer's top 6 keys, so the sparse selection matters at these contexts. With 32
+# indexer heads a score of exactly 0 (every head's ReLU zero) is improbable: such scores tie, and which of tied keys
+# top-k keeps depends on the tensor's shape, so with 2 heads even transformers' generate() and a one-token-at-a-time
+# run of the same model disagree.
 
 
 def _deepseek_v32(t):  # DeepSeek V3.2: V3's latent attention with a sparse-attention indexer, whose keys the cache
@@ -139,10 +143,11 @@ FAMILIES = {"llama": _llama, "qwen2-sliding": _qwen2, "qwen3": _qwen3, "mistral-
 SLIDING = {"qwen2-sliding", "mistral-sliding", "gemma2-hybrid", "gemma3-hybrid",      # some layers attend over a window
            "gpt-oss-hybrid", "gemma4-hybrid", "olmo3-hybrid", "exaone4-hybrid", "llama4-chunked"}
 NO_TP_PLAN = {"gpt2"}
-RECURRENT = {"qwen3-next-linear", "qwen3.5-linear"}
-UNPADDED = {"deepseek-v3.2-dsa", "glm5-dsa", "deepseek-v4"}       # some cache layers are neither attention nor recurrent (DSA's indexer keys):
-                                       # cropped on rollback, one row per forward
-RESTARTED = {"deepseek-v4"}            # a rollback past the window cannot be cropped: the session starts again      # some layers hold a recurrent state: rolled back to checkpoints, not batched
+RECURRENT = {"qwen3-next-linear", "qwen3.5-linear"}    # some layers hold a recurrent state: rolled back to
+                                                       # checkpoints, not batched
+UNPADDED = {"deepseek-v4"}             # some cache layers are neither attention nor recurrent (V4's compressed
+                                       # windows): cropped on rollback, one row per forward
+RESTARTED = {"deepseek-v4"}            # a rollback past the window cannot be cropped: the session starts again
 
 
 def build_family(name: str, out: Path, seed: int = 0, draft_noise: float = 0.3) -> tuple[str, str]:
