@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from engine.batching import BatchStats, forward_groups, only_answer, run_isolated
 from engine.constraints import session_constraint, warm_grammar_tokenizer
-from engine.modeling import RaggedBatch, batchable, fork_session, load_model, prefix_cacheable, replayer
+from engine.modeling import RaggedBatch, batchable, fork_session, load_model, replayer
 from engine.penalties import penalize
 from engine.prefill_chunks import chunk_ends, prefilled
 from engine.prefix_cache import PrefixCache, lookup_stats
@@ -103,7 +103,7 @@ class DraftEngine:
         self.head = self.model.get_output_embeddings()
         self.sessions = SessionStore(max_sessions, replay=replayer(self.model))   # replay: a recurrent model's
         self.batched = batchable(self.model)
-        self.prefixes = PrefixCache(prefix_cache_tokens if prefix_cacheable(self.model) else 0)
+        self.prefixes = PrefixCache(prefix_cache_tokens if self.batched else 0)   # only caches that crop and concat
         self.prefill_chunk = prefill_chunk_tokens   # 0: a call's new tokens in one forward, however many
         self.stats = BatchStats()
         warm_grammar_tokenizer(model_path, self.model)      # the target's EOS tokens, if the draft's are the same

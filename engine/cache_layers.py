@@ -193,12 +193,15 @@ def row_view(layer, row: int, columns):
 
 
 def block_view(layer, start: int, stop: int):
-    """(keys, values) of absolute columns [start, stop) of a one-row layer, copied; None where a window layer no
-    longer holds all of them (engine.prefix_cache keeps such a block without that layer)."""
+    """(keys, values) of absolute columns [start, stop) of a one-row layer, copied, and an IndexedLayer's indexer
+    keys third; None where a window layer no longer holds all of them (engine.prefix_cache keeps such a block
+    without that layer)."""
     if start < first_column(layer):
         return None
     cut = layer.columns(start, stop) if isinstance(layer, WindowLayer) else slice(start, stop)
-    return layer.keys[:, :, cut].clone(), layer.values[:, :, cut].clone()
+    indexer = indexer_view(layer, 0, cut)
+    return (layer.keys[:, :, cut].clone(), layer.values[:, :, cut].clone()) + (() if indexer is None else
+                                                                               (indexer.clone(),))
 
 
 def servable(present: list[bool], window: int, block: int) -> int:

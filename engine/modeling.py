@@ -131,12 +131,6 @@ def windowed(model) -> bool:
 batchable = attention_only
 
 
-def prefix_cacheable(model) -> bool:
-    """Whether the engine's prefix cache (engine/prefix_cache.py, keys and values only) can hold its blocks: an
-    attention-only model without indexer keys."""
-    return attention_only(model) and "indexed" not in _layer_kinds(model)
-
-
 def widest_window(model) -> int:
     """The widest sliding window of the model's layers (0: none)."""
     return max((window for kind, window in _layers(model) if kind == "sliding"), default=0)

@@ -4,7 +4,8 @@ request, a session re-prefilled after a worker lost it) computes only the tokens
 
 A context is cut into blocks of `block` tokens. Block i is named by a digest of block i - 1's name and its own
 tokens, so a name stands for the whole prefix up to it; a cached block holds its keys and values on every layer
-([1, kv_heads, block, head_dim] each, on the model's device). A session that starts (holds nothing yet) on a
+([1, kv_heads, block, head_dim] each, on the model's device; DeepSeek V3.2's and GLM-5's sparse-attention indexer
+keys too, [1, block, index_head_dim]). A session that starts (holds nothing yet) on a
 context whose first n blocks are cached gets their concatenation as its KV cache, and its first forward computes
 only the rest: always at least the context's last token, whose logits the call needs. After that forward, the
 context's full blocks that were not cached yet are copied in, and so are, as a session ends (its release), the
@@ -102,9 +103,11 @@ class PrefixCache:
         from engine.cache_layers import starts_at
         held = next((n for n in range(len(pieces)) if pieces[-1 - n] is None), len(pieces))   # the held tail
         tail = pieces[len(pieces) - held:]
-        cache.update(torch.cat([keys for keys, _ in tail], dim=2), torch.cat([values for _, values in tail], dim=2),
+        cache.update(torch.cat([piece[0] for piece in tail], dim=2), torch.cat([piece[1] for piece in tail], dim=2),
                      index)
         starts_at(cache.layers[index], (len(pieces) - held) * self.block)
+        if tail and len(tail[0]) > 2:                  # an IndexedLayer's indexer keys
+            cache.layers[index].indexer_keys = torch.cat([piece[2] for piece in tail], dim=1)
 
     def remember(self, session: Session, context) -> None:
         """Copy in the full blocks of `context` (the first tokens `session` holds) that are not cached yet."""
@@ -143,7 +146,7 @@ class PrefixCache:
 
 
 def block_bytes(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-    return sum(piece[0].nbytes + piece[1].nbytes for piece in layers if piece is not None)
+    return sum(tensor.nbytes for piece in layers if piece is not None for tensor in piece)
 
 
 def lookup_stats(request, found: int) -> PrefixCacheStats:

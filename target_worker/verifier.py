@@ -13,7 +13,7 @@ from engine.batching import BatchStats, forward_groups, only_answer, prefills, r
 from engine.constraints import session_constraint, warm_grammar_tokenizer
 from engine.ngram import LookupMissed, NgramIndex
 from engine.modeling import (batchable, check_same_vocabulary, extend_batch, load_lm_head, load_model,
-                             prefix_cacheable, replayer)
+                             replayer)
 from engine.penalties import penalize
 from engine.prefill_chunks import chunk_ends, prefilled
 from engine.prefix_cache import PrefixCache, lookup_stats
@@ -87,7 +87,7 @@ class TargetEngine:
         self.draft_head = load_lm_head(draft_model_path, draft_dtype, device if not tp_plan else self.model.device)
         self.sessions = SessionStore(max_sessions, replay=replayer(self.model))   # replay: a recurrent model's
         self.batched = batchable(self.model)
-        self.prefixes = PrefixCache(prefix_cache_tokens if prefix_cacheable(self.model) else 0)
+        self.prefixes = PrefixCache(prefix_cache_tokens if self.batched else 0)   # only caches that crop and concat
         self.prefill_chunk = prefill_chunk_tokens   # 0: a call's new tokens in one forward, however many
         self.isolate = not tp_plan        # a TP group's ranks must stay in step: a failed forward is the group's
         self.stats = BatchStats()

@@ -111,6 +111,26 @@ def test_batched_speculation_is_identical_to_the_target_alone(family_models, fam
     assert speculate(*engines(), PROMPTS, KS, MAX_NEW, batched=False) == (out, rounds)   # every row as if alone
 
 
+@pytest.mark.parametrize("family", ["llama", "deepseek-v3.2-dsa", "glm5-dsa"])
+def test_a_prefix_cache_changes_no_answer(family_models, family):
+    """Sessions that start on cached blocks (engine/prefix_cache.py; DSA's blocks hold the indexer's keys too), one
+    call at a time so that each start finds what the ones before it left, get every draft and verdict they get
+    with no cache, and do find blocks."""
+    from draft_worker.proposer import DraftEngine
+    from target_worker.verifier import TargetEngine
+    from tests.test_prefix_cache import SHARED
+
+    draft_path, target_path = family_models[family]
+    prompts = [SHARED + [11, 12, 13], SHARED + [11, 12, 13], SHARED[:33] + [200, 201], [3, 4, 5]]
+    plain = speculate(DraftEngine(draft_path), TargetEngine(target_path, draft_path), prompts, KS, MAX_NEW,
+                      batched=False)
+    target = TargetEngine(target_path, draft_path, prefix_cache_tokens=1024)
+    attach, found = target.prefixes.attach, []
+    target.prefixes.attach = lambda *args: found.append(attach(*args)) or found[-1]
+    cached = speculate(DraftEngine(draft_path, prefix_cache_tokens=1024), target, prompts, KS, MAX_NEW, batched=False)
+    assert cached == plain and found[:4] == [0, 32, 32, 0]        # each session's start: the tokens it found
+
+
 @pytest.mark.parametrize("family", sorted(RESTARTED))
 def test_a_session_whose_cache_cannot_roll_back_starts_again_and_stays_identical(family_models, family):
     """DeepSeek V4's layers keep a window that transformers cannot crop back past: such a rollback is SessionLost
