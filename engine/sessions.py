@@ -76,7 +76,6 @@ class Session:
             self.length = position
         del self.tokens[position:]
 
-
     def _crop_own(self, position: int) -> None:
         """Its own cache cropped to `position` tokens; SessionLost where transformers' layers cannot go back there
         (DeepSeek V4's windowed compressed layers, which roll back only while past states are recorded)."""
