@@ -406,14 +406,20 @@ def dsml_calls(text: str, wrapper: str) -> Found | None:
     `<｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY" string="true|false">value</｜DSML｜parameter>...
     </｜DSML｜invoke>`, each block, invoke and value closed, as vLLM's parsers read them; the text around the blocks
     is the content. A value's `string` attribute goes with it ([text, is a string]) for dsml_arguments, which types
-    it by the tool's schema. Each marker is found once (str.find), so hostile output costs linear time."""
-    opening, closing = f"<{DSML}{wrapper}>", f"</{DSML}{wrapper}>"
-    content, calls, at = [], [], 0
+    it by the tool's schema."""
+    content, blocks = closed_blocks(text, f"<{DSML}{wrapper}>", f"</{DSML}{wrapper}>")
+    return _found(content, [call for block in blocks for call in _dsml_calls(block)])
+
+
+def closed_blocks(text: str, opening: str, closing: str) -> tuple[str, list[str]]:
+    """(the text outside them, their bodies) of the `opening` ... `closing` blocks of `text`, each closed (one
+    not closed is text). Each marker is found once (str.find), so hostile output costs linear time."""
+    content, bodies, at = [], [], 0
     while (start := text.find(opening, at)) >= 0 and (end := text.find(closing, start)) >= 0:
         content.append(text[at:start])
-        calls += _dsml_calls(text[start + len(opening):end])
+        bodies.append(text[start + len(opening):end])
         at = end + len(closing)
-    return _found("".join(content) + text[at:], calls)
+    return "".join(content) + text[at:], bodies
 
 
 def _element(text: str, head: re.Pattern, closing: str, at: int) -> tuple[tuple, str | None, int] | None:
@@ -458,7 +464,7 @@ def _dsml_values(body: str):
 
 GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'    # Gemma 4's (special tokens)
 _GEMMA_HEAD = re.compile(r"call:([\w\-.]+)\{")
-GEMMA_DEPTH = 64          # objects and arrays nested deeper than this: not a call (the parser recurses)
+GEMMA_DEPTH = 64          # objects and arrays nested deeper than this: not a call (the parser recurses once a level)
 
 
 def gemma4_calls(text: str) -> Found | None:
@@ -466,21 +472,15 @@ def gemma4_calls(text: str) -> Found | None:
     each closed, as vLLM's gemma4 parser reads them (strings between `<|"|>` quotes, other values true, false, null,
     numbers or bare text); the text around the blocks is the content. Each marker is found once, and each value read
     once, so hostile output costs linear time."""
-    content, calls, at = [], [], 0
-    while (start := text.find(GEMMA_CALL, at)) >= 0 and (end := text.find("}" + GEMMA_CALL_END, start)) >= 0:
-        content.append(text[at:start])
-        head = _GEMMA_HEAD.match(text, start + len(GEMMA_CALL))
-        calls.append(_gemma_call(head[1], text[head.end():end]) if head and head.end() <= end + 1 else None)
-        at = end + 1 + len(GEMMA_CALL_END)
-    return _found("".join(content) + text[at:], calls)
+    content, blocks = closed_blocks(text, GEMMA_CALL, "}" + GEMMA_CALL_END)
+    return _found(content, [_gemma_call(block) for block in blocks])
 
 
-def _gemma_call(name: str, arguments: str) -> Call | None:
-    try:
-        values, _ = _gemma_object(arguments, 0, "", 0)
-    except RecursionError:
-        return None
-    return None if values is None else (name, json.dumps(values))
+def _gemma_call(block: str) -> Call | None:
+    """The call of one block (`call:NAME{` and its arguments), None where it is not one."""
+    head = _GEMMA_HEAD.match(block)
+    values = _gemma_object(block, head.end(), "", 0)[0] if head else None
+    return None if values is None else (head[1], json.dumps(values))
 
 
 def _gemma_object(text: str, at: int, closing: str, depth: int) -> tuple[dict | None, int]:
