@@ -768,6 +768,21 @@ def test_auto_reads_the_hermes_calls_the_model_writes(served):
     assert plain.choices[0].message.tool_calls is None and plain.choices[0].finish_reason == "length"
 
 
+def test_the_eos_that_ends_an_answer_is_not_in_its_text_even_with_special_tokens_kept(served):
+    """As vLLM: the EOS that stops generation is the answer's last token but not in its text, also with
+    `skip_special_tokens: false` (as the kimi_k2, DSML and gemma4 parsers ask), whole and streamed; with
+    `include_stop_str_in_output` it is (the output here forced by a regex, after which the grammar ends it with EOS)."""
+    body = dict(model=served.model, messages=CHAT, max_tokens=32, temperature=0,
+                extra_body={"guided_regex": r"Checking\.", "skip_special_tokens": False})
+    answer = served.client.chat.completions.create(**body)
+    assert (answer.choices[0].message.content, answer.choices[0].finish_reason) == ("Checking.", "stop")
+    streamed = served.client.chat.completions.create(**body, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == "Checking."
+    kept = served.client.chat.completions.create(**{**body, "extra_body": {**body["extra_body"],
+                                                                         "include_stop_str_in_output": True}})
+    assert kept.choices[0].message.content == "Checking.<|endoftext|>"
+
+
 def test_deprecated_functions_answer_what_the_tools_they_stand_for_answer(served):
     """`functions` with a named `function_call`, greedy: `message.function_call` holds the arguments a named
     tool_choice gets (tested against the target alone above), whole and streamed; "auto" reads a call as tools'
